@@ -1,0 +1,128 @@
+"""MathAdapter: the echo2sdk TaskAdapter for math problems (procedural, or from files)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import random
+from collections.abc import Iterator
+
+from echo2sdk.core.interfaces import Score, Task
+from echo2sdk.errors import ConfigError
+
+from . import problems
+from .files import load_problems
+from .reward import score_response
+
+__all__ = ["MathAdapter", "DEFAULT_SYSTEM_PROMPT"]
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful math assistant. Reason briefly, then write the final answer "
+    "inside \\boxed{}, for example \\boxed{12}."
+)
+
+
+class MathAdapter:
+    """Math problems scored by math-verify.
+
+    difficulty:    1..5 for procedural problems (ignored when `files` is given):
+                   1 single-digit addition, 2 two-digit addition/subtraction, 3 multiplication,
+                   4 one-step linear equation, 5 fraction arithmetic.
+    files:         JSONL or Parquet problem files (see echo2_math.files); None = procedural.
+                   Read when `tasks()` is first called, so a scoring-only worker never needs them.
+    format_reward: reward for exactly one non-empty, balanced \\boxed{...}, on top of 1.0 if correct.
+    system_prompt: replaces DEFAULT_SYSTEM_PROMPT.
+    max_problems:  the stream stops after this many tasks; None = endless.
+    """
+
+    def __init__(
+        self,
+        difficulty: int = 1,
+        files: list[str] | None = None,
+        format_reward: float = 0.1,
+        system_prompt: str | None = None,
+        max_problems: int | None = None,
+    ):
+        if isinstance(difficulty, bool) or not isinstance(difficulty, int) or difficulty not in problems.LEVELS:
+            raise ConfigError(f"difficulty must be an integer from 1 to 5, got {difficulty!r}")
+        if isinstance(files, (str, os.PathLike)):
+            files = [files]
+        if files is not None:
+            if not isinstance(files, (list, tuple)) or not all(isinstance(f, (str, os.PathLike)) for f in files):
+                raise ConfigError(f"files must be a list of paths, got {files!r}")
+            if not files:
+                raise ConfigError("files is an empty list; give at least one path, or None for procedural problems")
+            files = [os.fspath(f) for f in files]
+        if isinstance(format_reward, bool) or not isinstance(format_reward, (int, float)) or not (
+            math.isfinite(format_reward) and format_reward >= 0
+        ):
+            raise ConfigError(f"format_reward must be a finite number >= 0, got {format_reward!r}")
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ConfigError(f"system_prompt must be a string or None, got {system_prompt!r}")
+        if max_problems is not None and (
+            isinstance(max_problems, bool) or not isinstance(max_problems, int) or max_problems < 1
+        ):
+            raise ConfigError(f"max_problems must be a positive integer or None, got {max_problems!r}")
+        self.difficulty = difficulty
+        self.files = files
+        self.format_reward = float(format_reward)
+        self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+        self.max_problems = max_problems
+        self._records: list[tuple[str, int, problems.Problem]] | None = None
+
+    def _options(self) -> dict[str, object]:
+        return {
+            "difficulty": self.difficulty,
+            "files": self.files,
+            "format_reward": self.format_reward,
+            "system_prompt": self.system_prompt,
+            "max_problems": self.max_problems,
+        }
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in self._options().items() if k != "system_prompt"}
+        return "MathAdapter(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MathAdapter) and self._options() == other._options()
+
+    def _task(self, seed: int, index: int, problem: problems.Problem, info: dict[str, object]) -> Task:
+        messages = (
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": problem.question},
+        )
+        return Task(id=f"{seed}-{index}", messages=messages, answer=problem.answer, info=info)
+
+    def tasks(self, seed: int) -> Iterator[Task]:
+        """Seeded procedural problems (endless), or the files' problems cycled with a fresh seeded
+        shuffle each epoch. Stops after `max_problems` tasks if set. Task ids are f"{seed}-{index}".
+        File errors (missing file, bad line) raise AdapterError here, not at the first next()."""
+        if self.files is not None and self._records is None:
+            self._records = load_problems(self.files)
+        stream = self._file_tasks(seed) if self.files is not None else self._procedural_tasks(seed)
+        return itertools.islice(stream, self.max_problems) if self.max_problems is not None else stream
+
+    def _procedural_tasks(self, seed: int) -> Iterator[Task]:
+        rng = random.Random(seed)
+        for index in itertools.count():
+            problem = problems.generate(rng, self.difficulty)
+            yield self._task(seed, index, problem, {"difficulty": self.difficulty})
+
+    def _file_tasks(self, seed: int) -> Iterator[Task]:
+        records = self._records
+        assert records is not None
+        rng = random.Random(seed)
+        index = 0
+        for epoch in itertools.count():
+            order = list(range(len(records)))
+            rng.shuffle(order)
+            for k in order:
+                source, position, problem = records[k]
+                yield self._task(seed, index, problem, {"source": source, "position": position, "epoch": epoch})
+                index += 1
+
+    def score(self, task: Task, response: str) -> Score:
+        """R = 1.0 * correct + format_reward * format_ok; never raises on a malformed response.
+        Score.info: format_ok, extracted (the boxed text), reason (why not correct) when not correct."""
+        return score_response(task.answer, response, self.format_reward)

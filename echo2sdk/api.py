@@ -1,0 +1,112 @@
+"""Echo2: the script-level entry point (paper appendix F).
+
+    echo = Echo2(policy="smollm2-135m")
+    echo.set(dataset="math", staleness=3)
+    echo.warmup()
+    echo.run()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from echo2sdk.config import Config, load_config, validate_config
+from echo2sdk.errors import ConfigError
+
+__all__ = ["Echo2"]
+
+# Short names accepted by Echo2.set(...) and where they live in the config.
+_ALIASES = {
+    "staleness": "learner.staleness",
+    "S": "learner.staleness",
+    "kappa": "learner.kappa",
+    "steps": "learner.steps",
+    "R": "learner.trajectories_per_step",
+    "lr": "learner.lr",
+    "beta": "learner.beta",
+    "workers": "rollout.workers",
+    "group_size": "rollout.group_size",
+    "backend": "rollout.backend",
+    "out": "run.out",
+    "seed": "run.seed",
+}
+
+
+class Echo2:
+    def __init__(self, policy: str | None = None, reference: str | bool | None = None, config: Config | None = None):
+        data = (config or Config()).model_dump()
+        if policy is not None:
+            data["model"]["policy"] = str(policy)
+        if reference is not None:
+            if isinstance(reference, str) and reference != data["model"]["policy"]:
+                raise ConfigError(
+                    f"reference={reference!r}: the reference must be the initial policy {data['model']['policy']!r}"
+                )
+            data["model"]["reference"] = bool(reference)
+        self.config = validate_config(data, "Echo2(...)")
+        self._adapter = None
+        self._trainer = None
+
+    @classmethod
+    def from_config(cls, path: str, overrides: list[str] | tuple[str, ...] = ()) -> Echo2:
+        return cls(config=load_config(path, overrides))
+
+    def set(self, **values: Any) -> Echo2:
+        """Set run options: `dataset=` (adapter name or adapter stream), short names such as
+        `staleness=3`, or dotted config keys via `**{"learner.lr": 1e-5}`."""
+        data = self.config.model_dump()
+        for key, value in values.items():
+            if key == "dataset":
+                self._set_dataset(data, value)
+                continue
+            path = _ALIASES.get(key, key).split(".")
+            node = data
+            for part in path[:-1]:
+                if not isinstance(node.get(part), dict):
+                    raise ConfigError(f"Echo2.set: unknown option {key!r} (known: dataset, {', '.join(_ALIASES)})")
+                node = node[part]
+            if path[-1] not in node and len(path) > 1 and not path[0] == "task":
+                raise ConfigError(f"Echo2.set: unknown option {key!r}")
+            node[path[-1]] = value
+        self.config = validate_config(data, "Echo2.set(...)")
+        return self
+
+    def _set_dataset(self, data: dict[str, Any], value: Any) -> None:
+        if isinstance(value, str):
+            data["task"] = {"adapter": value, "options": {}}
+        elif hasattr(value, "spec"):  # an adapter or a stream that can be rebuilt in a worker process
+            name, options = value.spec()
+            data["task"] = {"adapter": name, "options": dict(options)}
+            self._adapter = getattr(value, "adapter", value)
+        else:
+            raise ConfigError(
+                f"Echo2.set: dataset={value!r} must be an adapter name (e.g. 'math') or an adapter stream"
+            )
+
+    def _trainer_(self):
+        from echo2sdk.core.trainer import Trainer
+
+        if self._trainer is None or self._trainer.cfg != self.config:
+            self._trainer = Trainer(self.config, adapter=None)
+        return self._trainer
+
+    def warmup(self) -> dict[str, Any]:
+        """Load the learner, start the coordinator and local workers, and wait until every local worker
+        has joined. Returns what was measured."""
+        import time
+
+        tr = self._trainer_()
+        t0 = time.perf_counter()
+        tr.setup()
+        deadline = time.monotonic() + 300
+        while len(tr.coordinator.alive_workers()) < self.config.rollout.workers and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return {"workers": len(tr.coordinator.alive_workers()), "setup_s": time.perf_counter() - t0}
+
+    def run(self) -> dict[str, Any]:
+        tr = self._trainer_()
+        try:
+            return tr.run()
+        finally:
+            tr.close()
+            self._trainer = None

@@ -1,0 +1,163 @@
+"""Run configuration: pydantic models loaded from TOML. Unknown keys are errors that name the key."""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from echo2sdk.errors import ConfigError
+
+__all__ = ["Config", "ModelConfig", "TaskConfig", "RolloutConfig", "LearnerConfig", "RunConfig", "load_config"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    policy: str = Field("smollm2-135m", description="model name (smollm2-135m, tiny-random) or local HF folder")
+    reference: bool = Field(True, description="keep a frozen reference policy for the KL term (used when beta > 0)")
+
+
+class TaskConfig(_Section):
+    adapter: str = Field("math", description="data-plane adapter: a registered name or 'pkg.mod:Class'")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the adapter")
+
+
+class RolloutConfig(_Section):
+    backend: str = Field("hf", description="inference backend registered in group echo2sdk.backends")
+    backend_options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the backend")
+    workers: int = Field(2, ge=0, description="local worker processes the run starts (0: only remote workers)")
+    group_size: int = Field(4, ge=2, description="n: samples per prompt (one GRPO group)")
+    tasks_per_request: int = Field(2, ge=1, description="prompts a worker pulls and generates in one batch")
+    max_new_tokens: int = Field(96, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    threads: int = Field(1, ge=1, description="torch threads per local worker process")
+
+
+class LearnerConfig(_Section):
+    steps: int = Field(40, ge=1, description="learner updates to run")
+    trajectories_per_step: int = Field(32, ge=2, description="R: trajectories consumed per learner step")
+    staleness: int = Field(3, ge=2, description="S: admit only v >= v_t - S")
+    kappa: int | None = Field(None, ge=1, description="publish every kappa steps (default S - 1)")
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    beta: float = Field(0.0, ge=0, description="KL coefficient to the reference policy")
+    clip_eps: float = Field(0.2, gt=0, description="epsilon of the clipped ratio")
+    is_cap: float = Field(2.0, gt=0, description="C: truncation of min(pi_old / pi_sampler, C)")
+    adv_eps: float = Field(1e-4, gt=0, description="eps in (R_i - mean_G) / (std_G + eps)")
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch: int = Field(8, ge=1, description="sequences per forward/backward (gradient accumulation)")
+    bf16: bool = Field(True, description="bf16 autocast for forward/backward (CPU and GPU)")
+    threads: int | None = Field(None, ge=1, description="torch threads in the learner (default: all cores)")
+    max_len: int = Field(1024, ge=8, description="longest prompt + response admitted, in tokens")
+    order: Literal["fifo", "freshest"] = Field("fifo", description="which admissible groups are sampled first")
+    snapshot_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    data_timeout_s: float = Field(600.0, gt=0, description="give up if no admissible data arrives for this long")
+
+    @model_validator(mode="after")
+    def _check(self) -> LearnerConfig:
+        k = self.staleness - 1 if self.kappa is None else self.kappa
+        if k > self.staleness - 1:
+            raise ValueError(f"kappa={k} must be <= S - 1 = {self.staleness - 1} (paper section 4.1)")
+        return self
+
+
+class RunConfig(_Section):
+    out: str = Field("runs/latest", description="output folder: metrics.jsonl, summary.json, checkpoint/")
+    seed: int = 0
+    host: str = Field("127.0.0.1", description="coordinator bind address")
+    port: int = Field(0, ge=0, le=65535, description="coordinator port (0: pick a free one)")
+    token: str | None = Field(None, description="shared worker token (default: random per run)")
+    heartbeat_s: float = Field(1.0, gt=0)
+    worker_timeout_s: float = Field(15.0, gt=0, description="a worker silent this long is dropped")
+    progress: bool = Field(True, description="show a progress bar")
+
+
+class Config(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        R, n = self.learner.trajectories_per_step, self.rollout.group_size
+        if R % n:
+            raise ValueError(f"learner.trajectories_per_step={R} must be a multiple of rollout.group_size={n}")
+        return self
+
+    @property
+    def kappa(self) -> int:
+        return self.learner.kappa or self.learner.staleness - 1
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {p!r} is not a table")
+    node[parts[-1]] = value
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(model.model_fields)
+
+
+def validate_config(data: dict[str, Any], source: str = "config") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(str(err["loc"][-1]), _known_keys(Config, err["loc"]), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                lines.append(f"unknown key {key!r}{hint}")
+            elif not key or err["type"] == "value_error":
+                lines.append(err["msg"].removeprefix("Value error, "))
+            else:
+                lines.append(f"{key} = {err.get('input')!r}: {err['msg']}")
+        raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a TOML file (or defaults), apply `a.b=c` overrides (TOML values), validate."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {source!r} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{source}: invalid TOML: {e}") from None
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        _set_dotted(data, key.strip(), _parse_value(text.strip()))
+    return validate_config(data, source)

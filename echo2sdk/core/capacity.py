@@ -1,0 +1,174 @@
+"""Capacity rule and staleness bounds (paper §3.3, §4.1, §4.2 and Appendix B).
+
+Pure functions over the measurable quantities, named as in the paper:
+
+- ``S``        staleness budget: the learner consumes rollouts at most S versions old
+- ``kappa``    publication period: a snapshot every kappa learner steps (default kappa = S - 1)
+- ``T_train``  seconds per learner step
+- ``T_bcast``  seconds from publication until the snapshot is installed on a fraction 1/gamma of workers
+- ``R``        trajectories consumed per learner step
+- ``mu_pool``  summed effective throughput of the active workers, sum_{i in A} mu_i (rollouts/s)
+- ``B0, Bw``   learner uplink and per-worker link bandwidth (same unit)
+
+Inputs that are NaN, infinite or out of range raise :class:`~echo2sdk.errors.CapacityError` naming the
+value; nothing here imports numpy or torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from echo2sdk.errors import CapacityError
+
+__all__ = [
+    "kappa_for",
+    "mu_min",
+    "overlap_ok",
+    "delta_max_conservative",
+    "delta_max_tightened",
+    "num_chains",
+    "mu_target",
+]
+
+# Relative tolerance for rounding: a ratio that should be an integer but comes out as 2.0000000001
+# (or 1.9999999999) after floating-point arithmetic rounds as if it were exactly 2.
+_EPS = 1e-9
+
+
+def _ceil(x: float) -> int:
+    """ceil(x), treating values within a relative _EPS above an integer as that integer."""
+    return math.ceil(x - _EPS * max(1.0, abs(x)))
+
+
+def _floor(x: float) -> int:
+    """floor(x), treating values within a relative _EPS below an integer as that integer."""
+    return math.floor(x + _EPS * max(1.0, abs(x)))
+
+
+def _real(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """`value` as a finite float > 0 (or >= 0 with allow_zero); CapacityError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CapacityError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    x = float(value)
+    if not math.isfinite(x):
+        raise CapacityError(f"{name} must be finite, got {name}={value!r}")
+    if x < 0 or (x == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise CapacityError(f"{name} must be {bound}, got {name}={value!r}")
+    return x
+
+
+def _kappa(kappa: object) -> int:
+    if isinstance(kappa, bool) or not isinstance(kappa, int) or kappa < 1:
+        raise CapacityError(f"kappa must be an integer >= 1, got kappa={kappa!r}")
+    return kappa
+
+
+def kappa_for(S: int) -> int:
+    """Default publication period kappa = S - 1 (paper §4.1: "kappa <= S - 1 ... S >= 2").
+
+    Raises CapacityError when S is not an integer >= 2.
+    """
+    if isinstance(S, bool) or not isinstance(S, int):
+        raise CapacityError(f"staleness S must be an integer >= 2, got S={S!r} ({type(S).__name__})")
+    if S < 2:
+        raise CapacityError(f"staleness S must be >= 2 so that kappa = S - 1 >= 1, got S={S}")
+    return S - 1
+
+
+def mu_min(T_train: float, T_bcast: float, R: float, kappa: int) -> float:
+    """Minimum pooled throughput that keeps the learner busy (paper §3.3, eq. (1) solved for mu_pool):
+
+        mu_min(kappa) = kappa * R / (kappa * T_train - T_bcast)
+
+    Raises CapacityError when an input is non-finite or non-positive (T_bcast may be 0), and when
+    kappa * T_train <= T_bcast: then no finite pool can hide the broadcast.
+    """
+    T_train = _real("T_train", T_train)
+    T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
+    R = _real("R", R)
+    kappa = _kappa(kappa)
+    slack = kappa * T_train - T_bcast  # time per publication period left for rollout generation
+    if slack <= 0:
+        raise CapacityError(
+            f"infeasible: kappa*T_train = {kappa}*{T_train:g} = {kappa * T_train:g} s <= T_bcast = {T_bcast:g} s, "
+            "so no worker pool can keep the learner busy; increase S (kappa) or reduce T_bcast"
+        )
+    return kappa * R / slack
+
+
+def overlap_ok(T_train: float, T_bcast: float, R: float, kappa: int, mu_pool: float) -> bool:
+    """Overlap condition, paper §3.3 eq. (1):
+
+        kappa * T_train >= T_bcast + kappa * R / mu_pool
+
+    True when the pool generates a period's R*kappa trajectories while the next snapshot is
+    broadcast and trained on. An empty or idle pool (mu_pool <= 0) never satisfies it. Equality is
+    judged with a relative tolerance, so ``overlap_ok(..., mu_min(...))`` is True.
+    """
+    T_train = _real("T_train", T_train)
+    T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
+    R = _real("R", R)
+    kappa = _kappa(kappa)
+    if isinstance(mu_pool, bool) or not isinstance(mu_pool, int | float) or math.isnan(mu_pool):
+        raise CapacityError(f"mu_pool must be a number, got mu_pool={mu_pool!r}")
+    if mu_pool <= 0:
+        return False
+    lhs = kappa * T_train
+    rhs = T_bcast + kappa * R / mu_pool
+    return lhs >= rhs - _EPS * max(1.0, abs(lhs), abs(rhs))
+
+
+def delta_max_conservative(T_train: float, T_bcast: float, R: float, kappa: int, mu_pool: float) -> int:
+    """Worst-case staleness bound, paper §3.3 "Linking (S, kappa)" / Appendix B.2 eq. (7):
+
+        Delta_max^cons = kappa + ceil((T_bcast + R / mu_pool) / T_train) - 1
+    """
+    T_train = _real("T_train", T_train)
+    T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
+    R = _real("R", R)
+    kappa = _kappa(kappa)
+    mu_pool = _real("mu_pool", mu_pool)
+    return kappa + _ceil((T_bcast + R / mu_pool) / T_train) - 1
+
+
+def delta_max_tightened(T_train: float, T_bcast: float, kappa: int) -> int:
+    """Staleness bound under the overlap condition, paper Appendix B.3:
+
+        Delta_max <= kappa + ceil((1 - 1/kappa) * T_bcast / T_train)
+
+    Valid when eq. (1) holds; it no longer depends on mu_pool.
+    """
+    T_train = _real("T_train", T_train)
+    T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
+    kappa = _kappa(kappa)
+    return kappa + _ceil((1.0 - 1.0 / kappa) * T_bcast / T_train)
+
+
+def num_chains(B0: float, Bw: float) -> int:
+    """Number of parallel forwarding chains, paper §4.2: N_ch = floor(B0 / Bw).
+
+    Raises CapacityError when a bandwidth is non-positive or non-finite, or when B0 < Bw (the
+    learner uplink cannot feed even one chain at line rate).
+    """
+    B0 = _real("B0", B0)
+    Bw = _real("Bw", Bw)
+    n = _floor(B0 / Bw)
+    if n < 1:
+        raise CapacityError(
+            f"learner uplink B0={B0:g} is below the per-worker link Bw={Bw:g}: not even one chain "
+            "runs at line rate; raise B0 or lower Bw"
+        )
+    return n
+
+
+def mu_target(mu_min: float, gamma: float = 1.1) -> float:
+    """Provisioning target, paper §3.4 / §4.3: mu_target = gamma * mu_min (safety factor gamma = 1.1).
+
+    Raises CapacityError when mu_min is not finite and > 0, or gamma is not finite and >= 1.
+    """
+    mu_min = _real("mu_min", mu_min)
+    gamma = _real("gamma", gamma)
+    if gamma < 1.0:
+        raise CapacityError(f"safety factor gamma must be >= 1 (gamma < 1 under-provisions), got gamma={gamma!r}")
+    return gamma * mu_min

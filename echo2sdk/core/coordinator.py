@@ -1,0 +1,317 @@
+"""Learner-side service: worker registry, heartbeats, task hand-out, trajectory intake, snapshot push.
+
+It runs an asyncio server on its own thread so the learner's update loop never blocks on the network.
+Every message a worker sends is validated; a bad trajectory is rejected, counted and logged with the
+field and value; a worker with a wrong token is refused; a dead worker is dropped, never waited for.
+
+Messages (worker -> coordinator): hello, get_tasks, trajectories, heartbeat, installed.
+Messages (coordinator -> worker): challenge, welcome | refused, tasks, ack, snapshot, shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.core.delivery import DirectPush, SnapshotDelivery
+from echo2sdk.core.interfaces import Task
+from echo2sdk.core.records import Trajectory
+from echo2sdk.core.wire import check_mac, new_nonce, read_frame, write_frame
+from echo2sdk.errors import AuthError, ProtocolError, TrajectoryRejected
+
+__all__ = ["Coordinator", "WorkerInfo"]
+
+log = logging.getLogger("echo2sdk.coordinator")
+
+HELLO_TIMEOUT_S = 10.0
+MAX_CLIENT_PAYLOAD = 1 << 20  # workers never send bulk payloads to the coordinator
+
+
+@dataclass
+class WorkerInfo:
+    worker_id: str
+    address: str
+    price_per_hour: float = 0.0
+    backend: str = ""
+    version: int = 0
+    joined_at: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)
+    trajectories: int = 0
+    rejected: int = 0
+    rollouts_per_s: float = 0.0
+    alive: bool = True
+
+
+class _Conn:
+    """A connected, authenticated worker (implements delivery.Peer)."""
+
+    def __init__(self, info: WorkerInfo, writer: asyncio.StreamWriter):
+        self.info, self.writer = info, writer
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id
+
+    async def send(self, header: dict, payload: bytes | memoryview = b"") -> None:
+        await write_frame(self.writer, header, payload)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        *,
+        buffer: StalenessBuffer,
+        tasks: Iterator[Task],
+        worker_config: dict[str, Any],
+        vocab_size: int,
+        max_len: int,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        heartbeat_s: float = 1.0,
+        worker_timeout_s: float = 15.0,
+        gamma: float = 1.1,
+        delivery: SnapshotDelivery | None = None,
+    ):
+        self.buffer, self._tasks = buffer, tasks
+        self.worker_config = dict(worker_config, heartbeat_s=heartbeat_s)
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.token = token or secrets.token_urlsafe(24)
+        self.host, self.port = host, port
+        self.worker_timeout_s, self.q = worker_timeout_s, 1.0 / gamma  # T_bcast counts q = 1/gamma of workers
+        self.delivery = delivery or DirectPush()
+        self.workers: dict[str, WorkerInfo] = {}
+        self.refused = 0
+        self.rejected: Counter[str] = Counter()
+        self.protocol_errors = 0
+        self._conns: dict[str, _Conn] = {}
+        self._ids = itertools.count(1)
+        self._task_lock = threading.Lock()
+        self._latest: tuple[int, bytes] | None = None
+        self._bcast: dict[int, dict[str, Any]] = {}  # version -> {t0, expected, installed: {id: t}}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    # -- lifecycle (called from the learner thread) -----------------------------------------------
+    def start(self) -> tuple[str, int]:
+        self._thread = threading.Thread(target=self._run_loop, name="echo2-coordinator", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("coordinator did not start within 30 s")
+        return self.host, self.port
+
+    def _run_loop(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, self.host, self.port))
+        self.port = self._server.sockets[0].getsockname()[1]
+        monitor = self._loop.create_task(self._monitor())
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            monitor.cancel()
+            self._loop.run_until_complete(asyncio.sleep(0))
+            self._loop.close()
+
+    def stop(self) -> None:
+        if self._loop is None or self._thread is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+        try:
+            fut.result(10)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _shutdown(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for conn in list(self._conns.values()):
+            try:
+                await asyncio.wait_for(conn.send({"type": "shutdown"}), 2)
+            except Exception:  # noqa: BLE001
+                pass
+            conn.writer.close()
+
+    # -- publication -------------------------------------------------------------------------------
+    def publish(self, version: int, weights: bytes) -> None:
+        """Hand snapshot `version` to the delivery (non-blocking for the learner)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._publish, version, weights)
+
+    def _publish(self, version: int, weights: bytes) -> None:
+        self._latest = (version, weights)
+        peers = [c for c in self._conns.values() if c.info.alive]
+        self._bcast[version] = {"t0": time.monotonic(), "expected": {p.worker_id for p in peers}, "installed": {}}
+        self._loop.create_task(self.delivery.deliver(version, weights, peers))  # type: ignore[union-attr]
+
+    def t_bcast(self, version: int) -> tuple[float | None, float | None]:
+        """(T_bcast to q = 1/gamma of the workers alive at publication, T_bcast to all of them)."""
+        b = self._bcast.get(version)
+        if not b or not b["expected"]:
+            return None, None
+        times = sorted(t - b["t0"] for w, t in b["installed"].items() if w in b["expected"])
+        need = _ceil(len(b["expected"]) * self.q)
+        t_q = times[need - 1] if len(times) >= need else None
+        t_all = times[-1] if len(times) == len(b["expected"]) else None
+        return t_q, t_all
+
+    # -- statistics --------------------------------------------------------------------------------
+    def alive_workers(self) -> list[WorkerInfo]:
+        return [w for w in self.workers.values() if w.alive]
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "workers_alive": len(self.alive_workers()),
+            "workers_seen": len(self.workers),
+            "refused": self.refused,
+            "rejected": dict(self.rejected),
+            "protocol_errors": self.protocol_errors,
+        }
+
+    def worker_table(self) -> list[dict[str, Any]]:
+        return [asdict(w) for w in self.workers.values()]
+
+    # -- the connection handler --------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        conn: _Conn | None = None
+        try:
+            conn = await self._authenticate(reader, writer, address)
+            if conn is None:
+                return
+            while True:
+                header, _ = await read_frame(reader, MAX_CLIENT_PAYLOAD)
+                conn.info.last_seen = time.monotonic()
+                await self._dispatch(conn, header)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass  # peer went away
+        except ProtocolError as e:
+            self.protocol_errors += 1
+            log.warning("protocol error from %s: %s; closing the connection", address, e)
+        finally:
+            if conn is not None:
+                self._drop(conn, "disconnected")
+            writer.close()
+
+    async def _authenticate(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str
+    ) -> _Conn | None:
+        nonce = new_nonce()
+        await write_frame(writer, {"type": "challenge", "nonce": nonce})
+        try:
+            hello, _ = await asyncio.wait_for(read_frame(reader, MAX_CLIENT_PAYLOAD), HELLO_TIMEOUT_S)
+        except (TimeoutError, ProtocolError) as e:
+            self.refused += 1
+            log.warning("refused %s: no valid hello (%s)", address, e or "timeout")
+            return None
+        if hello.get("type") != "hello" or not check_mac(self.token, nonce, hello.get("mac")):
+            self.refused += 1
+            log.warning("refused worker %r from %s: %s", hello.get("worker_id"), address, AuthError("wrong token"))
+            await write_frame(writer, {"type": "refused", "reason": "authentication failed: wrong token"})
+            return None
+        wid = str(hello.get("worker_id") or f"w{next(self._ids)}")
+        if wid in self._conns:
+            wid = f"{wid}-{next(self._ids)}"
+        price = hello.get("price_per_hour", 0.0)
+        info = WorkerInfo(
+            worker_id=wid,
+            address=address,
+            price_per_hour=float(price) if isinstance(price, (int, float)) else 0.0,
+            backend=str(hello.get("backend", "")),
+        )
+        conn = _Conn(info, writer)
+        self.workers[wid], self._conns[wid] = info, conn
+        latest_version = self._latest[0] if self._latest else 0
+        await conn.send({"type": "welcome", "worker_id": wid, "config": self.worker_config, "version": latest_version})
+        log.info("worker %s joined from %s", wid, address)
+        if self._latest is not None:  # a late joiner gets the current policy at once
+            await self.delivery.deliver(self._latest[0], self._latest[1], [conn])
+        return conn
+
+    async def _dispatch(self, conn: _Conn, h: dict[str, Any]) -> None:
+        kind = h["type"]
+        if kind == "get_tasks":
+            n = h.get("n")
+            if not isinstance(n, int) or not 1 <= n <= 1024:
+                raise ProtocolError(f"get_tasks: field 'n' = {n!r} must be an int in [1, 1024]")
+            await conn.send({"type": "tasks", "rid": h.get("rid"), "tasks": self._next_tasks(n)})
+        elif kind == "trajectories":
+            accepted, rejected = self._intake(conn, h.get("groups"))
+            await conn.send({"type": "ack", "rid": h.get("rid"), "accepted": accepted, "rejected": rejected})
+        elif kind == "heartbeat":
+            v, rate = h.get("version"), h.get("rollouts_per_s")
+            if isinstance(v, int):
+                conn.info.version = v
+            if isinstance(rate, (int, float)):
+                conn.info.rollouts_per_s = float(rate)
+        elif kind == "installed":
+            v = h.get("version")
+            if isinstance(v, int):
+                conn.info.version = v
+                b = self._bcast.get(v)
+                if b is not None:
+                    b["installed"].setdefault(conn.worker_id, time.monotonic())
+        elif kind == "snapshot_rejected":
+            log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, h.get("version"), h.get("reason"))
+        else:
+            raise ProtocolError(f"unknown message type {kind!r}")
+
+    def _next_tasks(self, n: int) -> list[dict[str, Any]]:
+        with self._task_lock:
+            batch = list(itertools.islice(self._tasks, n))
+        return [{"id": t.id, "messages": list(t.messages), "answer": t.answer, "info": t.info} for t in batch]
+
+    def _intake(self, conn: _Conn, groups: object) -> tuple[int, list[str]]:
+        if not isinstance(groups, (list, tuple)):
+            raise ProtocolError(f"trajectories: field 'groups' must be a list, got {type(groups).__name__}")
+        accepted, reasons = 0, []
+        for group in groups:
+            try:
+                if not isinstance(group, (list, tuple)):
+                    raise TrajectoryRejected("schema", "groups[]", type(group).__name__, "a group is a list")
+                records = [Trajectory.from_wire(obj) for obj in group]
+                self.buffer.add_group(records, vocab_size=self.vocab_size, max_len=self.max_len)
+                accepted += len(records)
+            except TrajectoryRejected as e:
+                n = len(group) if isinstance(group, (list, tuple)) else 1
+                self.rejected[e.reason] += n
+                conn.info.rejected += n
+                reasons.append(e.reason)
+                log.warning("worker %s: %s (group of %d dropped)", conn.worker_id, e, n)
+        conn.info.trajectories += accepted
+        return accepted, reasons
+
+    def _drop(self, conn: _Conn, why: str) -> None:
+        if conn.info.alive:
+            conn.info.alive = False
+            log.warning("worker %s %s; training continues with %d worker(s)", conn.worker_id, why, len(self.alive_workers()))
+        self._conns.pop(conn.worker_id, None)
+
+    async def _monitor(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for conn in list(self._conns.values()):
+                if now - conn.info.last_seen > self.worker_timeout_s:
+                    self._drop(conn, f"silent for {now - conn.info.last_seen:.0f} s")
+                    conn.writer.close()
+
+
+def _ceil(x: float) -> int:
+    i = int(x)
+    return max(1, i if i >= x - 1e-9 else i + 1)

@@ -1,0 +1,208 @@
+"""Learning plane: one GRPO update per call, with KL to a frozen reference and truncated importance
+sampling against the (possibly stale) sampler. Reads like the objective in DESIGN.md:
+
+    A_i      = (R_i - mean_G) / (std_G + eps)                      group-normalized advantage
+    r_t      = pi_theta / pi_old                                    (pi_old = pi_theta at batch start)
+    w_t      = min(pi_old / pi_sampler, C)                          truncated importance weight
+    L        = -mean_t[ w_t * min(r_t A, clip(r_t, 1-eps, 1+eps) A) ] + beta * KL(pi_theta || pi_ref)
+
+The mean runs over every response token of the batch that carries loss (token-level average).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from echo2sdk.core.records import Trajectory
+
+__all__ = ["group_advantages", "StepStats", "Learner"]
+
+
+def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
+    """A_i = (R_i - mean_G) / (std_G + eps) for one GRPO group (population std)."""
+    mean = statistics.fmean(rewards)
+    std = statistics.pstdev(rewards)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+@dataclass
+class StepStats:
+    loss: float
+    kl: float
+    clip_frac: float
+    is_weight_mean: float
+    is_truncated_frac: float
+    tokens: int
+    t_train_s: float  # T_train: wall time of the whole update
+    t_forward_s: float
+    t_backward_s: float
+    t_optim_s: float
+    grad_norm: float
+
+
+@dataclass
+class _Row:
+    ids: list[int]
+    start: int  # index of the first response token in ids
+    mask: list[float]  # per response token
+    sampler_logprobs: list[float]
+    advantage: float
+
+
+class Learner:
+    """Holds pi_theta (trainable), pi_ref (frozen, only when beta > 0) and the optimizer."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        lr: float,
+        beta: float = 0.0,
+        clip_eps: float = 0.2,
+        is_cap: float = 2.0,
+        adv_eps: float = 1e-4,
+        grad_clip: float = 1.0,
+        micro_batch: int = 8,
+        bf16: bool = True,
+        temperature: float = 1.0,
+        weight_decay: float = 0.0,
+        reference: bool = True,
+        threads: int | None = None,
+        seed: int = 0,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        self.model.train()
+        self.model.config.use_cache = False
+        self.ref = None
+        if beta > 0 and reference:
+            self.ref = copy.deepcopy(self.model).to(torch.bfloat16 if bf16 else torch.float32).eval()
+            self.ref.requires_grad_(False)
+        self.beta, self.clip_eps, self.is_cap, self.adv_eps = beta, clip_eps, is_cap, adv_eps
+        self.grad_clip, self.micro_batch, self.temperature = grad_clip, micro_batch, temperature
+        self.autocast = bf16
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+
+    # -- batch building ---------------------------------------------------------------------------
+    def _rows(self, groups: Sequence[Sequence[Trajectory]]) -> list[_Row]:
+        rows = []
+        for group in groups:
+            for t, a in zip(group, group_advantages([t.reward for t in group], self.adv_eps)):
+                m = t.meta
+                mask = [float(x) for x in m.loss_mask] if m.loss_mask is not None else [1.0] * len(m.response_ids)
+                rows.append(_Row(list(m.prompt_ids) + list(m.response_ids), len(m.prompt_ids), mask, list(m.logprobs), a))
+        return rows
+
+    def _token_logprobs(self, model: torch.nn.Module, rows: Sequence[_Row]) -> torch.Tensor:
+        """log pi(y_t | x, y_<t) for every response token of `rows`, flattened in row order.
+
+        Only response positions go through the output head: the prompt's logits are never materialized.
+        """
+        L = max(len(r.ids) for r in rows)
+        ids = torch.zeros(len(rows), L, dtype=torch.long)
+        attn = torch.zeros(len(rows), L, dtype=torch.long)
+        pos_b, pos_t, targets = [], [], []
+        for b, r in enumerate(rows):
+            ids[b, : len(r.ids)] = torch.tensor(r.ids)
+            attn[b, : len(r.ids)] = 1
+            for t in range(r.start, len(r.ids)):
+                pos_b.append(b)
+                pos_t.append(t - 1)  # hidden state at t-1 predicts token t
+                targets.append(r.ids[t])
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
+        with ctx:
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+            h = hidden[torch.tensor(pos_b, device=self.device), torch.tensor(pos_t, device=self.device)]
+            logits = model.get_output_embeddings()(h)
+        logits = logits.float() / self.temperature
+        tgt = torch.tensor(targets, device=self.device)
+        return logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    # -- the update -------------------------------------------------------------------------------
+    def step(self, groups: Sequence[Sequence[Trajectory]]) -> StepStats:
+        t0 = time.perf_counter()
+        rows = self._rows(groups)
+        n_tok = sum(sum(r.mask) for r in rows)
+        if n_tok <= 0:
+            raise ValueError("batch has no response token that carries loss")
+        t_fwd = t_bwd = 0.0
+        sums = dict(loss=0.0, kl=0.0, clip=0.0, w=0.0, trunc=0.0)
+        self.opt.zero_grad(set_to_none=True)
+        for i in range(0, len(rows), self.micro_batch):
+            mb = rows[i : i + self.micro_batch]
+            ta = time.perf_counter()
+            logp = self._token_logprobs(self.model, mb)
+            mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
+            adv = torch.tensor([r.advantage for r in mb for _ in r.mask], device=self.device)
+            sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
+            logp_old = logp.detach()  # pi_old: one update per batch, so pi_old = pi_theta at batch start
+            ratio = torch.exp(logp - logp_old)  # r_t (== 1 in value, carries the gradient)
+            w = torch.exp(logp_old - sampler).clamp(max=self.is_cap)  # w_t = min(pi_old / pi_sampler, C)
+            surr = torch.minimum(ratio * adv, ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps) * adv)
+            per_tok = -w * surr
+            kl = torch.zeros_like(logp)
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref_logp = self._token_logprobs(self.ref, mb)
+                d = ref_logp - logp
+                kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi_theta || pi_ref), >= 0
+                per_tok = per_tok + self.beta * kl
+            loss = (per_tok * mask).sum() / n_tok
+            tb = time.perf_counter()
+            loss.backward()
+            t_fwd += tb - ta
+            t_bwd += time.perf_counter() - tb
+            with torch.no_grad():
+                sums["loss"] += loss.item()
+                sums["kl"] += float((kl * mask).sum())
+                sums["clip"] += float((((ratio - 1).abs() > self.clip_eps).float() * mask).sum())
+                sums["w"] += float((w * mask).sum())
+                sums["trunc"] += float(((torch.exp(logp_old - sampler) > self.is_cap).float() * mask).sum())
+        tc = time.perf_counter()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.opt.step()
+        t_opt = time.perf_counter() - tc
+        g = float(gnorm)
+        return StepStats(
+            loss=sums["loss"],
+            kl=sums["kl"] / n_tok,
+            clip_frac=sums["clip"] / n_tok,
+            is_weight_mean=sums["w"] / n_tok,
+            is_truncated_frac=sums["trunc"] / n_tok,
+            tokens=int(n_tok),
+            t_train_s=time.perf_counter() - t0,
+            t_forward_s=t_fwd,
+            t_backward_s=t_bwd,
+            t_optim_s=t_opt,
+            grad_norm=g if math.isfinite(g) else float("nan"),
+        )
+
+    # -- publication and checkpoints --------------------------------------------------------------
+    def snapshot(self, dtype: str = "bfloat16") -> bytes:
+        from echo2sdk.core.snapshot import snapshot_bytes
+
+        return snapshot_bytes(self.model, dtype=dtype)
+
+    def save(self, folder: str, tokenizer_from: str | None = None) -> None:
+        """Hugging Face format: loadable by transformers and vLLM as it is."""
+        self.model.save_pretrained(folder)
+        if tokenizer_from:
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)

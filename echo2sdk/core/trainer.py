@@ -1,0 +1,286 @@
+"""The run recipe: setup -> run -> save -> cleanup. Ties the learning plane (Learner), the buffer and the
+coordinator together, and starts local rollout-worker processes.
+
+Algorithm 1 of the paper, learner side: wait until R admissible trajectories (v >= v_t - S) are in the
+buffer, update, advance v_t, publish a snapshot every kappa updates; rollout, dissemination and
+training overlap because workers keep generating under their installed version meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from echo2sdk.config import Config
+from echo2sdk.core import capacity
+from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.core.coordinator import Coordinator
+from echo2sdk.core.interfaces import TaskAdapter
+from echo2sdk.errors import CapacityError, Echo2Error
+
+__all__ = ["Trainer"]
+
+log = logging.getLogger("echo2sdk.trainer")
+
+
+class Trainer:
+    def __init__(self, cfg: Config, adapter: TaskAdapter | None = None):
+        self.cfg = cfg
+        self.out = Path(cfg.run.out)
+        self._adapter = adapter
+        self.procs: list[subprocess.Popen] = []
+        self.coordinator: Coordinator | None = None
+        self.learner = None
+        self.version = 0  # v_t
+        self.rows: list[dict[str, Any]] = []
+        self._ready = False
+
+    # -- setup -------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        if self._ready:
+            return
+        from echo2sdk.core.learner import Learner
+        from echo2sdk.models import resolve_model
+        from echo2sdk.plugins import load_adapter
+
+        cfg, L, ro = self.cfg, self.cfg.learner, self.cfg.rollout
+        self.out.mkdir(parents=True, exist_ok=True)
+        _log_to(self.out / "run.log")
+        self.model_path = resolve_model(cfg.model.policy)
+        adapter = self._adapter or load_adapter(cfg.task.adapter, cfg.task.options)
+        self.learner = Learner(
+            self.model_path,
+            lr=L.lr,
+            beta=L.beta,
+            clip_eps=L.clip_eps,
+            is_cap=L.is_cap,
+            adv_eps=L.adv_eps,
+            grad_clip=L.grad_clip,
+            micro_batch=L.micro_batch,
+            bf16=L.bf16,
+            temperature=ro.temperature,
+            weight_decay=L.weight_decay,
+            reference=cfg.model.reference,
+            threads=L.threads,
+            seed=cfg.run.seed,
+        )
+        self.buffer = StalenessBuffer(staleness=L.staleness, group_size=ro.group_size, order=L.order)
+        worker_config = {
+            "model": cfg.model.policy,
+            "model_path": self.model_path,
+            "adapter": cfg.task.adapter,
+            "adapter_options": cfg.task.options,
+            "backend": ro.backend,
+            "backend_options": ro.backend_options,
+            "group_size": ro.group_size,
+            "tasks_per_request": ro.tasks_per_request,
+            "sampling": {"max_new_tokens": ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p},
+        }
+        self.coordinator = Coordinator(
+            buffer=self.buffer,
+            tasks=adapter.tasks(cfg.run.seed),
+            worker_config=worker_config,
+            vocab_size=self.learner.vocab_size,
+            max_len=L.max_len,
+            token=cfg.run.token,
+            host=cfg.run.host,
+            port=cfg.run.port,
+            heartbeat_s=cfg.run.heartbeat_s,
+            worker_timeout_s=cfg.run.worker_timeout_s,
+        )
+        host, port = self.coordinator.start()
+        log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d)", host, port, L.trajectories_per_step, L.staleness, cfg.kappa)
+        self._start_local_workers(host, port)
+        self._ready = True
+
+    def _start_local_workers(self, host: str, port: int) -> None:
+        ro = self.cfg.rollout
+        logs = self.out / "workers"
+        logs.mkdir(exist_ok=True)
+        env = dict(os.environ, ECHO2_TOKEN=self.coordinator.token)  # not on the command line (ps shows argv)
+        env.update(OMP_NUM_THREADS=str(ro.threads), MKL_NUM_THREADS=str(ro.threads), TOKENIZERS_PARALLELISM="false")
+        for i in range(ro.workers):
+            cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{port}", "--id", f"local-{i}"]
+            with open(logs / f"local-{i}.log", "w") as fh:
+                self.procs.append(subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT))
+
+    # -- run ---------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self.setup()
+        cfg, L = self.cfg, self.cfg.learner
+        R, n, kappa, S = L.trajectories_per_step, self.cfg.rollout.group_size, cfg.kappa, L.staleness
+        k = R // n
+        metrics = open(self.out / "metrics.jsonl", "w")
+        bar = _progress(L.steps, cfg.run.progress)
+        t_start = time.perf_counter()
+        published: list[int] = []
+        try:
+            for step in range(1, L.steps + 1):
+                t_wait = self._wait_for_groups(k)
+                t0 = time.perf_counter()
+                groups = self.buffer.sample(k)
+                records = [t for g in groups for t in g]
+                deltas = [self.version - t.version for t in records]  # Delta = v_t - v, <= S by admission
+                st = self.learner.step(groups)
+                self.version += 1
+                self.buffer.set_version(self.version)
+                t_pub = 0.0
+                if self.version % kappa == 0:  # publish every kappa updates
+                    tp = time.perf_counter()
+                    self.coordinator.publish(self.version, self.learner.snapshot(L.snapshot_dtype))
+                    published.append(self.version)
+                    t_pub = time.perf_counter() - tp
+                rewards = [t.reward for t in records]
+                correct = [t.meta.extra.get("correct") for t in records]
+                t_q, t_all = self._last_bcast(published)
+                row = {
+                    "step": step,
+                    "version": self.version,
+                    "time_s": round(time.perf_counter() - t_start, 3),
+                    "t_train_s": round(st.t_train_s, 4),
+                    "t_forward_s": round(st.t_forward_s, 4),
+                    "t_backward_s": round(st.t_backward_s, 4),
+                    "t_optim_s": round(st.t_optim_s, 4),
+                    "t_publish_s": round(t_pub, 4),
+                    "t_step_wall_s": round(time.perf_counter() - t0 + t_wait, 4),
+                    "learner_wait_s": round(t_wait, 4),
+                    "reward_mean": statistics.fmean(rewards),
+                    "reward_std": statistics.pstdev(rewards),
+                    "accuracy": statistics.fmean(bool(c) for c in correct) if correct else None,
+                    "staleness_max": max(deltas),
+                    "staleness_mean": statistics.fmean(deltas),
+                    "trajectories": len(records),
+                    "tokens": st.tokens,
+                    "rejected": sum(self.coordinator.rejected.values()),
+                    "evicted": self.buffer.stats()["evicted"],
+                    "loss": st.loss,
+                    "kl": st.kl,
+                    "clip_frac": st.clip_frac,
+                    "is_weight_mean": st.is_weight_mean,
+                    "is_truncated_frac": st.is_truncated_frac,
+                    "grad_norm": st.grad_norm,
+                    "workers_alive": len(self.coordinator.alive_workers()),
+                    "t_bcast_s": t_q,
+                    "t_bcast_all_s": t_all,
+                }
+                self.rows.append(row)
+                metrics.write(json.dumps(row) + "\n")
+                metrics.flush()
+                bar.update(1)
+                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row['accuracy'] or 0:.2f}", wait=f"{t_wait:.1f}s")
+        finally:
+            bar.close()
+            metrics.close()
+        self.save()
+        summary = self.summary(time.perf_counter() - t_start)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _wait_for_groups(self, k: int) -> float:
+        """Block until k complete admissible groups are buffered; the time spent is learner_wait_s."""
+        t0 = time.perf_counter()
+        last_progress = t0
+        have = self.buffer.ready_groups()
+        while not self.buffer.wait_for(k, timeout=1.0):
+            now = time.perf_counter()
+            if self.buffer.ready_groups() != have:
+                have, last_progress = self.buffer.ready_groups(), now
+            local_gone = bool(self.procs) and all(p.poll() is not None for p in self.procs)
+            if local_gone and not self.coordinator.alive_workers() and now - last_progress > 5 * self.cfg.run.heartbeat_s:
+                raise Echo2Error(f"every rollout worker has exited and none is connected; see {self.out / 'workers'}")
+            if now - last_progress > self.cfg.learner.data_timeout_s:
+                alive = len(self.coordinator.alive_workers())
+                dead = [p.args[-1] for p in self.procs if p.poll() is not None]
+                raise Echo2Error(
+                    f"no admissible trajectories for {now - last_progress:.0f} s "
+                    f"(learner.data_timeout_s={self.cfg.learner.data_timeout_s}); workers alive: {alive}; "
+                    f"exited local workers: {dead}; see {self.out / 'workers'}"
+                )
+        return time.perf_counter() - t0
+
+    def _last_bcast(self, published: list[int]) -> tuple[float | None, float | None]:
+        for v in reversed(published):
+            t_q, t_all = self.coordinator.t_bcast(v)
+            if t_q is not None:
+                return t_q, t_all
+        return None, None
+
+    # -- save / summarize / cleanup ----------------------------------------------------------------
+    def save(self) -> None:
+        self.learner.save(str(self.out / "checkpoint"), tokenizer_from=self.model_path)
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        rows, cfg = self.rows, self.cfg
+        head, tail = rows[:5], rows[-5:]
+        mean = lambda rs, key: statistics.fmean(r[key] for r in rs) if rs else None  # noqa: E731
+        t_train = statistics.median(r["t_train_s"] for r in rows)
+        bcasts = [r["t_bcast_s"] for r in rows if r["t_bcast_s"] is not None]
+        t_bcast = statistics.median(bcasts) if bcasts else 0.0
+        rates = [w.rollouts_per_s for w in self.coordinator.workers.values() if w.rollouts_per_s > 0]
+        mu_pool = sum(rates)
+        R, kappa = cfg.learner.trajectories_per_step, cfg.kappa
+        try:
+            mu_min = capacity.mu_min(t_train, t_bcast, R, kappa)
+        except CapacityError as e:
+            mu_min = str(e)
+        wait = sum(r["learner_wait_s"] for r in rows)
+        busy = sum(r["t_train_s"] for r in rows)
+        return {
+            "steps": len(rows),
+            "wall_s": round(wall_s, 2),
+            "reward_first5": mean(head, "reward_mean"),
+            "reward_last5": mean(tail, "reward_mean"),
+            "accuracy_first5": mean(head, "accuracy"),
+            "accuracy_last5": mean(tail, "accuracy"),
+            "staleness_max": max(r["staleness_max"] for r in rows),
+            "S": cfg.learner.staleness,
+            "kappa": kappa,
+            "R": R,
+            "T_train_median_s": t_train,
+            "T_bcast_median_s": t_bcast,
+            "mu_pool_measured": mu_pool,
+            "mu_min": mu_min,
+            "bubble_ratio": wait / (wait + busy) if wait + busy > 0 else 0.0,  # T_idle / (T_idle + T_train,active)
+            "buffer": self.buffer.stats(),
+            "coordinator": self.coordinator.stats(),
+            "workers": self.coordinator.worker_table(),
+            "checkpoint": str(self.out / "checkpoint"),
+            "config": cfg.model_dump(),
+        }
+
+    def close(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.stop()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.procs.clear()
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="echo2 steps", unit="step", disable=not enabled, dynamic_ncols=True)
+
+
+def _log_to(path: Path) -> None:
+    root = logging.getLogger("echo2sdk")
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in root.handlers):
+        fh = logging.FileHandler(path)
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(fh)
+    root.setLevel(logging.INFO)

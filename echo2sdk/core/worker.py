@@ -1,0 +1,243 @@
+"""Rollout plane: a worker process. It joins the coordinator over TCP, pulls prompts, generates a GRPO
+group per prompt under its installed snapshot version v-hat, scores the responses with the task
+adapter, and pushes version-tagged trajectories (with the sampler's per-token log-probs). Snapshots
+arrive at any time; the newest one is verified and installed between generation batches, and the
+worker switches version the moment its install completes.
+
+Start one by hand with  `echo2 worker --connect HOST:PORT --token T`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+from echo2sdk.core.delivery import snapshot_frame_ok
+from echo2sdk.core.interfaces import InferenceBackend, SamplingParams, Task, TaskAdapter
+from echo2sdk.core.records import Message, Meta, Trajectory
+from echo2sdk.core.wire import auth_mac, read_frame, write_frame
+from echo2sdk.errors import AuthError, BackendError, ProtocolError
+
+__all__ = ["RolloutWorker", "run_worker", "parse_address"]
+
+log = logging.getLogger("echo2sdk.worker")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"--connect expects HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        connect: str,
+        token: str,
+        *,
+        worker_id: str | None = None,
+        price_per_hour: float = 0.0,
+        max_batches: int | None = None,
+        connect_timeout_s: float = 60.0,
+    ):
+        self.host, self.port = parse_address(connect)
+        self.token = token
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.price_per_hour, self.max_batches = price_per_hour, max_batches
+        self.connect_timeout_s = connect_timeout_s
+        self.backend: InferenceBackend | None = None
+        self.adapter: TaskAdapter | None = None
+        self._pending: tuple[dict[str, Any], bytes] | None = None  # newest snapshot not yet installed
+        self._waiters: dict[int, asyncio.Future] = {}
+        self._rids = itertools.count(1)
+        self._stop = asyncio.Event()
+        self._done = 0
+        self._rate = 0.0
+
+    @property
+    def version(self) -> int:
+        return self.backend.version if self.backend else 0
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                return await asyncio.open_connection(self.host, self.port)
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def run(self) -> int:
+        reader, self._writer = await self._connect()
+        challenge, _ = await read_frame(reader)
+        if challenge["type"] != "challenge" or not isinstance(challenge.get("nonce"), bytes):
+            raise ProtocolError(f"expected a challenge, got {challenge['type']!r}")
+        await self._send(
+            {
+                "type": "hello",
+                "worker_id": self.worker_id,
+                "mac": auth_mac(self.token, challenge["nonce"]),
+                "price_per_hour": self.price_per_hour,
+            }
+        )
+        welcome, _ = await read_frame(reader)
+        if welcome["type"] == "refused":
+            raise AuthError(f"coordinator refused worker {self.worker_id!r}: {welcome.get('reason')}")
+        if welcome["type"] != "welcome":
+            raise ProtocolError(f"expected welcome, got {welcome['type']!r}")
+        self.worker_id, cfg = welcome["worker_id"], welcome["config"]
+        log.info("worker %s joined %s:%d", self.worker_id, self.host, self.port)
+        reader_task = asyncio.create_task(self._read_loop(reader))
+        beat = asyncio.create_task(self._heartbeat(float(cfg.get("heartbeat_s", 1.0))))  # alive while loading
+        try:
+            await asyncio.to_thread(self._setup, cfg)
+            await self._rollout_loop(cfg)
+        finally:
+            beat.cancel()
+            reader_task.cancel()
+            self._writer.close()
+            if self.backend is not None:
+                self.backend.close()
+        return 0
+
+    def _setup(self, cfg: dict[str, Any]) -> None:
+        from echo2sdk.plugins import load_adapter, load_backend_class
+
+        self.adapter = load_adapter(cfg["adapter"], cfg.get("adapter_options") or {})
+        model = cfg["model_path"] if os.path.isdir(cfg.get("model_path", "")) else cfg["model"]
+        backend_cls = load_backend_class(cfg["backend"])
+        self.backend = backend_cls(model, **(cfg.get("backend_options") or {}))
+
+    async def _send(self, header: dict[str, Any]) -> None:
+        await write_frame(self._writer, header)
+
+    async def _request(self, header: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        rid = next(self._rids)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiters[rid] = fut
+        try:
+            await self._send({**header, "rid": rid})
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._waiters.pop(rid, None)
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                header, payload = await read_frame(reader)
+                kind = header["type"]
+                if kind == "snapshot":
+                    if (why := snapshot_frame_ok(header, payload)) is not None:
+                        log.warning("dropping snapshot v%s: %s", header.get("version"), why)
+                        await self._send({"type": "snapshot_rejected", "version": header.get("version"), "reason": why})
+                    elif self._pending is None or header["version"] > self._pending[0]["version"]:
+                        self._pending = (header, payload)
+                elif kind == "shutdown":
+                    self._stop.set()
+                    return
+                elif (fut := self._waiters.get(header.get("rid"))) is not None and not fut.done():
+                    fut.set_result(header)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            log.warning("lost the connection to the coordinator")
+        except ProtocolError as e:
+            log.warning("protocol error from coordinator: %s", e)
+        self._stop.set()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError("coordinator connection closed"))
+
+    async def _heartbeat(self, every: float) -> None:
+        while not self._stop.is_set():
+            await self._send(
+                {"type": "heartbeat", "version": self.version, "rollouts": self._done, "rollouts_per_s": self._rate}
+            )
+            await asyncio.sleep(every)
+
+    async def _install_pending(self) -> None:
+        if self._pending is None or self.backend is None:
+            return
+        header, payload = self._pending
+        self._pending = None
+        if header["version"] <= self.version:
+            return
+        t0 = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.backend.install, header["version"], payload)
+        except BackendError as e:
+            log.warning("snapshot v%s refused by the backend: %s", header["version"], e)
+            await self._send({"type": "snapshot_rejected", "version": header["version"], "reason": str(e)})
+            return
+        await self._send({"type": "installed", "version": self.version, "install_s": time.perf_counter() - t0})
+
+    async def _rollout_loop(self, cfg: dict[str, Any]) -> None:
+        n, per_request = int(cfg["group_size"]), int(cfg["tasks_per_request"])
+        params = SamplingParams(**cfg["sampling"])
+        for batch in itertools.count():
+            if self._stop.is_set() or (self.max_batches is not None and batch >= self.max_batches):
+                return
+            await self._install_pending()
+            try:
+                reply = await self._request({"type": "get_tasks", "n": per_request})
+            except (ConnectionError, TimeoutError):
+                return
+            tasks = [_task(t) for t in reply["tasks"]]
+            if not tasks:
+                await asyncio.sleep(0.5)
+                continue
+            t0 = time.perf_counter()
+            groups = await asyncio.to_thread(self._rollout, tasks, n, params)
+            dt = time.perf_counter() - t0
+            self._done += sum(len(g) for g in groups)
+            inst = sum(len(g) for g in groups) / max(dt, 1e-6)
+            self._rate = inst if self._rate == 0 else 0.7 * self._rate + 0.3 * inst
+            try:
+                ack = await self._request({"type": "trajectories", "groups": groups})
+            except (ConnectionError, TimeoutError):
+                return
+            if ack.get("rejected"):
+                log.warning("coordinator rejected %d group(s): %s", len(ack["rejected"]), ack["rejected"])
+
+    def _rollout(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
+        """Generate n samples per task under the installed version v-hat and score them (rollout plane)."""
+        assert self.backend is not None and self.adapter is not None
+        version = self.backend.version  # v-hat: installs only happen between batches
+        prompt_ids = [self.backend.encode_chat(t.messages) for t in tasks]
+        samples = self.backend.generate([p for p in prompt_ids for _ in range(n)], params)
+        groups = []
+        for i, task in enumerate(tasks):
+            prompt = tuple(Message(role=m["role"], content=m["content"]) for m in task.messages)
+            group = []
+            for s in samples[i * n : (i + 1) * n]:
+                score = self.adapter.score(task, s.text)
+                meta = Meta(
+                    group_id=task.id,
+                    prompt_ids=tuple(prompt_ids[i]),
+                    response_ids=tuple(s.token_ids),
+                    logprobs=tuple(min(lp, 0.0) for lp in s.logprobs),
+                    worker=self.worker_id,
+                    extra={"correct": score.correct, "finish_reason": s.finish_reason},
+                )
+                t = Trajectory(prompt=prompt, response=s.text, reward=float(score.reward), version=version, meta=meta)
+                group.append(t.to_wire())
+            groups.append(group)
+        return groups
+
+
+def _task(obj: dict[str, Any]) -> Task:
+    return Task(id=obj["id"], messages=tuple(obj["messages"]), answer=obj.get("answer", ""), info=obj.get("info") or {})
+
+
+def run_worker(connect: str, token: str, **kwargs: Any) -> int:
+    """Blocking entry point for `echo2 worker`. Returns a process exit code."""
+    try:
+        return asyncio.run(RolloutWorker(connect, token, **kwargs).run())
+    except AuthError as e:
+        log.error("%s", e)
+        return 2

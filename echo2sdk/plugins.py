@@ -1,0 +1,69 @@
+"""Plug-in discovery through entry points (groups echo2sdk.adapters, echo2sdk.envs, echo2sdk.backends).
+
+Built-ins register in pyproject.toml exactly as third parties do. A name may also be a direct
+"package.module:Attr" reference. Nothing is imported until the plug-in is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from echo2sdk.core.interfaces import InferenceBackend, TaskAdapter
+from echo2sdk.errors import AdapterError, BackendError, NameNotFound
+
+__all__ = ["registered", "load_object", "load_backend_class", "load_adapter"]
+
+ADAPTERS = "echo2sdk.adapters"
+BACKENDS = "echo2sdk.backends"
+ENVS = "echo2sdk.envs"
+
+
+@cache
+def registered(group: str) -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def load_object(group: str, name: str) -> Any:
+    """Load a registered plug-in by name, or a "pkg.mod:Attr" reference."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            return obj
+        except (ImportError, AttributeError) as e:
+            raise NameNotFound(group, name, registered(group)) from e
+    eps = registered(group)
+    if name not in eps:
+        raise NameNotFound(group.rsplit(".", 1)[-1].rstrip("s"), name, eps)
+    return eps[name].load()
+
+
+_BACKEND_METHODS = ("encode_chat", "generate", "install", "close")
+_ADAPTER_METHODS = ("tasks", "score")
+
+
+def _missing(cls: Any, methods: tuple[str, ...]) -> list[str]:
+    return [m for m in methods if not callable(getattr(cls, m, None))]
+
+
+def load_backend_class(name: str) -> type[InferenceBackend]:
+    cls = load_object(BACKENDS, name)
+    if missing := _missing(cls, _BACKEND_METHODS):
+        raise BackendError(f"backend plug-in {name!r} ({cls!r}) in group {BACKENDS!r} lacks {missing}")
+    return cls
+
+
+def load_adapter(name: str, options: dict[str, Any] | None = None) -> TaskAdapter:
+    factory = load_object(ADAPTERS, name)
+    try:
+        adapter = factory(**(options or {}))
+    except TypeError as e:
+        raise AdapterError(f"adapter {name!r} rejected options {options!r}: {e}") from e
+    if missing := _missing(adapter, _ADAPTER_METHODS):
+        raise AdapterError(f"adapter plug-in {name!r} in group {ADAPTERS!r} lacks {missing}")
+    return adapter

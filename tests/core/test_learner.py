@@ -1,0 +1,111 @@
+"""GRPO learner on a tiny random Llama: advantages, importance weights, KL, the update's direction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from echo2sdk.core.learner import Learner, group_advantages  # noqa: E402
+from echo2sdk.core.records import Meta, Trajectory  # noqa: E402
+from echo2sdk.models import resolve_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return resolve_model("tiny-random")
+
+
+def test_group_advantages_are_normalized():
+    a = group_advantages([1.0, 0.0, 0.0, 1.0], eps=1e-6)
+    assert a == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
+    assert group_advantages([0.5, 0.5], eps=1e-4) == [0.0, 0.0]  # no signal in a uniform group
+
+
+def _group(gid, responses, rewards, sampler_lp=None):
+    out = []
+    for resp, r in zip(responses, rewards):
+        lp = sampler_lp(resp) if sampler_lp else [-1.0] * len(resp)
+        meta = Meta(group_id=gid, prompt_ids=(5, 6, 7), response_ids=tuple(resp), logprobs=tuple(lp))
+        out.append(Trajectory(prompt="p", response="y", reward=r, version=0, meta=meta))
+    return out
+
+
+def _logp(learner, responses):
+    rows = learner._rows([_group("g", responses, [0.0] * len(responses))])
+    with torch.no_grad():
+        flat = learner._token_logprobs(learner.model, rows).tolist()
+    out, i = [], 0
+    for r in responses:
+        out.append(sum(flat[i : i + len(r)]))
+        i += len(r)
+    return out
+
+
+def test_token_logprobs_match_a_plain_forward(tiny):
+    lr = Learner(tiny, lr=1e-3, bf16=False)
+    resp = [11, 12, 13]
+    (got,) = _logp(lr, [resp])
+    ids = torch.tensor([[5, 6, 7] + resp])
+    with torch.no_grad():
+        logits = lr.model(ids).logits[0].float()
+    ref = sum(torch.log_softmax(logits[2 + i], -1)[t].item() for i, t in enumerate(resp))
+    assert got == pytest.approx(ref, abs=1e-4)
+
+
+def test_update_moves_probability_towards_rewarded_responses(tiny):
+    lr = Learner(tiny, lr=3e-3, bf16=False, micro_batch=2)
+    good, bad = [21, 22, 23, 24], [31, 32, 33, 34]
+    before = _logp(lr, [good, bad])
+    for _ in range(3):
+        st = lr.step([_group("g", [good, bad, good, bad], [1.0, 0.0, 1.0, 0.0])])
+    after = _logp(lr, [good, bad])
+    assert after[0] > before[0] and after[1] < before[1]
+    assert st.tokens == 16 and st.t_train_s > 0 and math.isfinite(st.loss)
+    assert st.t_forward_s + st.t_backward_s + st.t_optim_s <= st.t_train_s
+
+
+def test_importance_weight_is_truncated_at_C(tiny):
+    lr = Learner(tiny, lr=1e-4, bf16=False, is_cap=2.0)
+    # sampler log-probs far below the learner's: pi_old / pi_sampler is huge, so w = C exactly
+    st = lr.step([_group("g", [[21, 22], [31, 32]], [1.0, 0.0], sampler_lp=lambda r: [-40.0] * len(r))])
+    assert st.is_weight_mean == pytest.approx(2.0) and st.is_truncated_frac == 1.0
+    # sampler == learner: w = 1 and nothing is truncated
+    exact = _logp_tokens(lr, [[21, 22], [31, 32]])
+    st = lr.step([_group("g", [[21, 22], [31, 32]], [1.0, 0.0], sampler_lp=lambda r: exact[tuple(r)])])
+    assert st.is_weight_mean == pytest.approx(1.0, abs=1e-4) and st.is_truncated_frac == 0.0
+
+
+def _logp_tokens(learner, responses):
+    rows = learner._rows([_group("g", responses, [0.0] * len(responses))])
+    with torch.no_grad():
+        flat = learner._token_logprobs(learner.model, rows).tolist()
+    out, i = {}, 0
+    for r in responses:
+        out[tuple(r)] = [min(x, 0.0) for x in flat[i : i + len(r)]]
+        i += len(r)
+    return out
+
+
+def test_kl_to_reference_starts_at_zero_and_grows(tiny):
+    lr = Learner(tiny, lr=3e-3, bf16=False, beta=0.1)
+    g = _group("g", [[21, 22, 23], [31, 32, 33]], [1.0, 0.0])
+    first = lr.step(g and [g])
+    assert first.kl == pytest.approx(0.0, abs=1e-6)
+    second = lr.step([g])
+    assert second.kl > 0
+
+
+def test_checkpoint_is_plain_hugging_face(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    lr = Learner(tiny, lr=1e-3, bf16=True)
+    lr.step([_group("g", [[21, 22], [31, 32]], [1.0, 0.0])])
+    lr.save(str(tmp_path / "ckpt"), tokenizer_from=tiny)
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    AutoTokenizer.from_pretrained(tmp_path / "ckpt")
+    sd = lr.model.state_dict()
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, sd[k]), k

@@ -1,0 +1,167 @@
+"""Coordinator <-> worker over real TCP on loopback, with real worker processes (MockBackend, no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.core.coordinator import Coordinator
+from echo2sdk.core.wire import auth_mac, read_frame, write_frame
+from echo2sdk.testing import ToyAdapter, safetensors_blob
+
+pytestmark = pytest.mark.integration
+
+GROUP = 3
+
+
+def _wait(pred, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def coord():
+    buf = StalenessBuffer(staleness=2, group_size=GROUP)
+    c = Coordinator(
+        buffer=buf,
+        tasks=ToyAdapter().tasks(0),
+        worker_config={
+            "model": "mock",
+            "adapter": "echo2sdk.testing:ToyAdapter",
+            "adapter_options": {},
+            "backend": "echo2sdk.testing:MockBackend",
+            "backend_options": {"answer": "echo"},
+            "group_size": GROUP,
+            "tasks_per_request": 2,
+            "sampling": {"max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0},
+        },
+        vocab_size=256,
+        max_len=512,
+        token="s3cret",
+        heartbeat_s=0.2,
+        worker_timeout_s=3.0,
+    )
+    c.start()
+    yield c
+    c.stop()
+
+
+def _spawn(port: int, token: str, wid: str) -> subprocess.Popen:
+    env = dict(os.environ, ECHO2_TOKEN=token)
+    return subprocess.Popen(
+        [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"127.0.0.1:{port}", "--id", wid],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _stop(p: subprocess.Popen) -> str:
+    if p.poll() is None:
+        p.kill()
+    out, _ = p.communicate(timeout=10)
+    return out
+
+
+def test_worker_process_streams_valid_groups_and_installs_snapshots(coord):
+    p = _spawn(coord.port, "s3cret", "w-a")
+    try:
+        assert _wait(lambda: coord.buffer.ready_groups() >= 2), _stop(p)
+        groups = coord.buffer.sample(2)
+        for g in groups:
+            assert len(g) == GROUP and len({t.meta.group_id for t in g}) == 1
+            assert all(t.version == 0 and t.meta.worker == "w-a" for t in g)
+            assert all(t.reward in (0.0, 1.0) and len(t.meta.logprobs) == len(t.meta.response_ids) for t in g)
+        # publish v1: the worker verifies, installs, acknowledges, and tags later records with v1
+        coord.buffer.set_version(1)
+        coord.publish(1, safetensors_blob())
+        assert _wait(lambda: coord.t_bcast(1)[1] is not None), _stop(p)
+        t_q, t_all = coord.t_bcast(1)
+        assert 0 <= t_q <= t_all < 30
+        assert _wait(lambda: coord.workers["w-a"].version == 1)
+        coord.buffer.sample(coord.buffer.ready_groups()) if coord.buffer.ready_groups() else None
+        assert _wait(lambda: coord.buffer.ready_groups() >= 1)
+        assert {t.version for g in coord.buffer.sample(1) for t in g} == {1}
+    finally:
+        _stop(p)
+
+
+def test_wrong_token_is_refused_and_logged(coord, caplog):
+    p = _spawn(coord.port, "wrong-token", "intruder")
+    out = _stop(p) if p.wait(timeout=60) is not None else ""
+    assert p.returncode == 2
+    assert "refused" in out and "wrong token" in out
+    assert coord.refused == 1 and "intruder" not in coord.workers
+
+
+async def _raw_client(port: int, token: str, groups: list) -> dict:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    ch, _ = await read_frame(reader)
+    await write_frame(writer, {"type": "hello", "worker_id": "raw", "mac": auth_mac(token, ch["nonce"])})
+    welcome, _ = await read_frame(reader)
+    assert welcome["type"] == "welcome"
+    await write_frame(writer, {"type": "trajectories", "rid": 7, "groups": groups})
+    while True:
+        h, _ = await read_frame(reader)
+        if h["type"] == "ack":
+            writer.close()
+            return h
+
+
+def _record(**over):
+    rec = {
+        "prompt": "Say echo.",
+        "response": "echo",
+        "reward": 1.0,
+        "version": 0,
+        "meta": {"group_id": "g", "prompt_ids": [1, 2], "response_ids": [3, 0], "logprobs": [-0.1, -0.2]},
+    }
+    meta = over.pop("meta", {})
+    rec.update(over)
+    rec["meta"] = {**rec["meta"], **meta}
+    return rec
+
+
+def test_bad_trajectories_are_rejected_counted_and_logged(coord, caplog):
+    def group(gid, **over):
+        return [_record(meta={"group_id": gid, **over.pop("meta", {})}, **over) for _ in range(GROUP)]
+
+    groups = [
+        group("nan", reward=math.nan),
+        group("future", version=5),
+        group("oov", meta={"response_ids": [3, 99999]}),
+        group("type", reward="high"),
+        group("ok"),
+    ]
+    ack = asyncio.run(_raw_client(coord.port, "s3cret", groups))
+    assert ack["accepted"] == GROUP
+    assert list(ack["rejected"]) == ["nan_reward", "future_version", "token_out_of_vocab", "schema"]
+    assert coord.rejected == {"nan_reward": GROUP, "future_version": GROUP, "token_out_of_vocab": GROUP, "schema": GROUP}
+    assert coord.buffer.ready_groups() == 1
+    text = caplog.text
+    assert "field 'reward' = nan" in text and "field 'version' = 5" in text
+    assert "field 'meta.response_ids' = 99999" in text and "field 'reward' = 'high'" in text
+
+
+def test_dead_worker_is_dropped_and_others_continue(coord):
+    a, b = _spawn(coord.port, "s3cret", "w-a"), _spawn(coord.port, "s3cret", "w-b")
+    try:
+        assert _wait(lambda: len(coord.alive_workers()) == 2), _stop(a) + _stop(b)
+        a.kill()
+        assert _wait(lambda: len(coord.alive_workers()) == 1)
+        n = coord.workers["w-b"].trajectories
+        assert _wait(lambda: coord.workers["w-b"].trajectories > n)
+    finally:
+        _stop(a), _stop(b)
