@@ -32,6 +32,8 @@ def _worker(args: argparse.Namespace) -> int:
     if not token:
         print("echo2 worker: give --token or set ECHO2_TOKEN", file=sys.stderr)
         return 2
+    if args.nice:
+        os.nice(args.nice)
     return run_worker(args.connect, token, worker_id=args.id, price_per_hour=args.price)
 
 
@@ -48,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--token", help="shared token (default: $ECHO2_TOKEN)")
     w.add_argument("--id", help="worker id (default: hostname-pid)")
     w.add_argument("--price", type=float, default=0.0, help="$/h of this machine, for cost-aware activation")
+    w.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by N (0-19)")
     w.set_defaults(func=_worker)
     return p
 

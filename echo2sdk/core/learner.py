@@ -24,7 +24,19 @@ import torch.nn.functional as F
 
 from echo2sdk.core.records import Trajectory
 
-__all__ = ["group_advantages", "StepStats", "Learner"]
+__all__ = ["group_advantages", "StepStats", "Learner", "bf16_is_fast"]
+
+
+def bf16_is_fast() -> bool:
+    """True on CUDA, and on CPUs with native bf16 matmul (AVX512-BF16 or AMX); elsewhere bf16 autocast
+    runs emulated kernels (measured on an AVX2 EPYC: 16x100-token step 289 s bf16 vs 14 s fp32)."""
+    if torch.cuda.is_available():
+        return True
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
@@ -72,7 +84,7 @@ class Learner:
         adv_eps: float = 1e-4,
         grad_clip: float = 1.0,
         micro_batch: int = 8,
-        bf16: bool = True,
+        precision: str = "auto",
         temperature: float = 1.0,
         weight_decay: float = 0.0,
         reference: bool = True,
@@ -90,11 +102,11 @@ class Learner:
         self.model.config.use_cache = False
         self.ref = None
         if beta > 0 and reference:
-            self.ref = copy.deepcopy(self.model).to(torch.bfloat16 if bf16 else torch.float32).eval()
+            self.ref = copy.deepcopy(self.model).eval()
             self.ref.requires_grad_(False)
         self.beta, self.clip_eps, self.is_cap, self.adv_eps = beta, clip_eps, is_cap, adv_eps
         self.grad_clip, self.micro_batch, self.temperature = grad_clip, micro_batch, temperature
-        self.autocast = bf16
+        self.autocast = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
 

@@ -64,7 +64,7 @@ class Trainer:
             adv_eps=L.adv_eps,
             grad_clip=L.grad_clip,
             micro_batch=L.micro_batch,
-            bf16=L.bf16,
+            precision=L.precision,
             temperature=ro.temperature,
             weight_decay=L.weight_decay,
             reference=cfg.model.reference,
@@ -108,6 +108,7 @@ class Trainer:
         env.update(OMP_NUM_THREADS=str(ro.threads), MKL_NUM_THREADS=str(ro.threads), TOKENIZERS_PARALLELISM="false")
         for i in range(ro.workers):
             cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{port}", "--id", f"local-{i}"]
+            cmd += ["--nice", str(ro.nice)]
             with open(logs / f"local-{i}.log", "w") as fh:
                 self.procs.append(subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT))
 

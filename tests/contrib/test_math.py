@@ -101,11 +101,16 @@ def test_task_shape_and_unique_ids():
     assert len({t.id for t in tasks}) == 200
     assert tasks[0].id == "3-0"
     for t in tasks:
-        system, user = t.messages
+        system, ex_q, ex_a, user = t.messages  # one worked example by default
         assert system == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT}
+        assert ex_q["role"] == "user" and ex_a["role"] == "assistant" and "\\boxed{" in ex_a["content"]
         assert user["role"] == "user" and user["content"]
         assert t.answer
     assert "\\boxed{}" in DEFAULT_SYSTEM_PROMPT
+    (bare,) = first(MathAdapter(fewshot=0), 1)
+    assert [m["role"] for m in bare.messages] == ["system", "user"]
+    with pytest.raises(ConfigError, match="fewshot must be an integer from 0 to 8, got 9"):
+        MathAdapter(fewshot=9)
 
 
 def test_custom_system_prompt():
@@ -119,7 +124,7 @@ def test_max_problems_ends_the_stream():
 
 def test_level1_is_small_single_digit_addition():
     for t in first(MathAdapter(difficulty=1), 100):
-        a, b = map(int, re.fullmatch(r"What is (\d) \+ (\d)\?", t.messages[1]["content"]).groups())
+        a, b = map(int, re.fullmatch(r"What is (\d) \+ (\d)\?", t.messages[-1]["content"]).groups())
         assert t.answer == str(a + b)
 
 
@@ -147,7 +152,7 @@ def solve(question: str) -> Fraction:
 @given(seed=st.integers(-(2**63), 2**63), difficulty=st.integers(1, 5))
 def test_generated_answers_are_right_and_canonical(seed, difficulty):
     for t in first(MathAdapter(difficulty=difficulty), 10, seed=seed):
-        value = solve(t.messages[1]["content"])
+        value = solve(t.messages[-1]["content"])
         assert Fraction(t.answer) == value
         assert t.answer == (str(value.numerator) if value.denominator == 1 else str(value))  # reduced
         if difficulty < 5:
@@ -354,10 +359,10 @@ def test_jsonl_cycles_shuffled_epochs(tmp_path):
     assert len({t.id for t in tasks}) == 15
     for epoch in range(3):
         chunk = tasks[5 * epoch : 5 * epoch + 5]
-        assert {t.messages[1]["content"]: t.answer for t in chunk} == ANSWERS
+        assert {t.messages[-1]["content"]: t.answer for t in chunk} == ANSWERS
         assert {t.info["epoch"] for t in chunk} == {epoch}
-    orders = {tuple(t.messages[1]["content"] for t in tasks[k : k + 5]) for k in (0, 5, 10)}
-    orders |= {tuple(t.messages[1]["content"] for t in first(adapter, 5, seed=s)) for s in range(6)}
+    orders = {tuple(t.messages[-1]["content"] for t in tasks[k : k + 5]) for k in (0, 5, 10)}
+    orders |= {tuple(t.messages[-1]["content"] for t in first(adapter, 5, seed=s)) for s in range(6)}
     assert len(orders) > 1  # shuffled, not file order every time
     for t in tasks:
         assert adapter.score(t, f"\\boxed{{{t.answer}}}").correct
@@ -409,7 +414,7 @@ def test_parquet(tmp_path):
     jsonl = write_jsonl(tmp_path / "q.jsonl", [RECORDS[0]])
     adapter = MathAdapter(files=[str(path), jsonl])
     tasks = first(adapter, 3)
-    assert {t.messages[1]["content"]: t.answer for t in tasks} == {
+    assert {t.messages[-1]["content"]: t.answer for t in tasks} == {
         "What is 1 + 2?": "3", "What is 5 - 1?": "4", "What is 2 + 2?": "4"}  # fmt: skip
     pq.write_table(pa.table({"question": ["What is 1 + 2?"]}), tmp_path / "bad.parquet")
     with pytest.raises(AdapterError, match=r"bad\.parquet row 0: missing answer field"):

@@ -45,7 +45,7 @@ def _logp(learner, responses):
 
 
 def test_token_logprobs_match_a_plain_forward(tiny):
-    lr = Learner(tiny, lr=1e-3, bf16=False)
+    lr = Learner(tiny, lr=1e-3, precision="fp32")
     resp = [11, 12, 13]
     (got,) = _logp(lr, [resp])
     ids = torch.tensor([[5, 6, 7] + resp])
@@ -56,7 +56,7 @@ def test_token_logprobs_match_a_plain_forward(tiny):
 
 
 def test_update_moves_probability_towards_rewarded_responses(tiny):
-    lr = Learner(tiny, lr=3e-3, bf16=False, micro_batch=2)
+    lr = Learner(tiny, lr=3e-3, precision="fp32", micro_batch=2)
     good, bad = [21, 22, 23, 24], [31, 32, 33, 34]
     before = _logp(lr, [good, bad])
     for _ in range(3):
@@ -68,7 +68,7 @@ def test_update_moves_probability_towards_rewarded_responses(tiny):
 
 
 def test_importance_weight_is_truncated_at_C(tiny):
-    lr = Learner(tiny, lr=1e-4, bf16=False, is_cap=2.0)
+    lr = Learner(tiny, lr=1e-4, precision="fp32", is_cap=2.0)
     # sampler log-probs far below the learner's: pi_old / pi_sampler is huge, so w = C exactly
     st = lr.step([_group("g", [[21, 22], [31, 32]], [1.0, 0.0], sampler_lp=lambda r: [-40.0] * len(r))])
     assert st.is_weight_mean == pytest.approx(2.0) and st.is_truncated_frac == 1.0
@@ -90,7 +90,7 @@ def _logp_tokens(learner, responses):
 
 
 def test_kl_to_reference_starts_at_zero_and_grows(tiny):
-    lr = Learner(tiny, lr=3e-3, bf16=False, beta=0.1)
+    lr = Learner(tiny, lr=3e-3, precision="fp32", beta=0.1)
     g = _group("g", [[21, 22, 23], [31, 32, 33]], [1.0, 0.0])
     first = lr.step(g and [g])
     assert first.kl == pytest.approx(0.0, abs=1e-6)
@@ -101,7 +101,7 @@ def test_kl_to_reference_starts_at_zero_and_grows(tiny):
 def test_checkpoint_is_plain_hugging_face(tiny, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    lr = Learner(tiny, lr=1e-3, bf16=True)
+    lr = Learner(tiny, lr=1e-3, precision="bf16")
     lr.step([_group("g", [[21, 22], [31, 32]], [1.0, 0.0])])
     lr.save(str(tmp_path / "ckpt"), tokenizer_from=tiny)
     m = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")

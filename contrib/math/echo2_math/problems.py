@@ -19,6 +19,7 @@ LEVELS = range(1, 6)
 class Problem:
     question: str
     answer: str  # canonical form: "8", "-3", "5/6"
+    working: str = ""  # one line of working that ends at the answer, for worked examples
 
 
 def format_fraction(value: Fraction) -> str:
@@ -29,16 +30,16 @@ def format_fraction(value: Fraction) -> str:
 def _level1(rng: random.Random) -> Problem:
     # single-digit addition
     a, b = rng.randint(1, 9), rng.randint(1, 9)
-    return Problem(f"What is {a} + {b}?", str(a + b))
+    return Problem(f"What is {a} + {b}?", str(a + b), f"{a} + {b} = {a + b}")
 
 
 def _level2(rng: random.Random) -> Problem:
     # two-digit addition or subtraction; subtraction never goes below zero
     a, b = rng.randint(10, 99), rng.randint(10, 99)
     if rng.random() < 0.5:
-        return Problem(f"What is {a} + {b}?", str(a + b))
+        return Problem(f"What is {a} + {b}?", str(a + b), f"{a} + {b} = {a + b}")
     a, b = max(a, b), min(a, b)
-    return Problem(f"What is {a} - {b}?", str(a - b))
+    return Problem(f"What is {a} - {b}?", str(a - b), f"{a} - {b} = {a - b}")
 
 
 def _level3(rng: random.Random) -> Problem:
@@ -46,7 +47,7 @@ def _level3(rng: random.Random) -> Problem:
     a, b = rng.randint(2, 99), rng.randint(2, 12)
     if rng.random() < 0.5:
         a, b = b, a
-    return Problem(f"What is {a} × {b}?", str(a * b))
+    return Problem(f"What is {a} × {b}?", str(a * b), f"{a} × {b} = {a * b}")
 
 
 def _level4(rng: random.Random) -> Problem:
@@ -66,7 +67,7 @@ def _level4(rng: random.Random) -> Problem:
         b, a = rng.randint(1, 12), rng.randint(2, 9)
         x = a * b
         equation = f"x / {a} = {b}"
-    return Problem(f"Solve for x: {equation}", str(x))
+    return Problem(f"Solve for x: {equation}", str(x), f"From {equation}, x = {x}")
 
 
 def _level5(rng: random.Random) -> Problem:
@@ -81,6 +82,7 @@ def _level5(rng: random.Random) -> Problem:
     return Problem(
         f"What is {format_fraction(p)} {op} {format_fraction(q)}? Give the answer as a reduced fraction.",
         format_fraction(value),
+        f"{format_fraction(p)} {op} {format_fraction(q)} = {format_fraction(value)}",
     )
 
 
