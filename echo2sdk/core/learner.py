@@ -123,28 +123,42 @@ class Learner:
     def _token_logprobs(self, model: torch.nn.Module, rows: Sequence[_Row]) -> torch.Tensor:
         """log pi(y_t | x, y_<t) for every response token of `rows`, flattened in row order.
 
-        Only response positions go through the output head: the prompt's logits are never materialized.
+        Rows that share a prompt (a GRPO group: n responses to one x) run the prompt once: its KV cache
+        is computed with gradients, repeated across the group, and the responses run on top of it. On
+        the math task this cuts the tokens through the model by ~2.4x (n = 4, 74-token prompts,
+        ~22-token responses). Only response positions go through the output head.
         """
-        L = max(len(r.ids) for r in rows)
-        ids = torch.zeros(len(rows), L, dtype=torch.long)
-        attn = torch.zeros(len(rows), L, dtype=torch.long)
-        pos_b, pos_t, targets = [], [], []
-        for b, r in enumerate(rows):
-            ids[b, : len(r.ids)] = torch.tensor(r.ids)
-            attn[b, : len(r.ids)] = 1
-            for t in range(r.start, len(r.ids)):
-                pos_b.append(b)
-                pos_t.append(t - 1)  # hidden state at t-1 predicts token t
-                targets.append(r.ids[t])
-        ids, attn = ids.to(self.device), attn.to(self.device)
+        buckets: dict[tuple[int, ...], list[int]] = {}
+        for i, r in enumerate(rows):
+            buckets.setdefault(tuple(r.ids[: r.start]), []).append(i)
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
         ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
-        with ctx:
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
-            h = hidden[torch.tensor(pos_b, device=self.device), torch.tensor(pos_t, device=self.device)]
-            logits = model.get_output_embeddings()(h)
-        logits = logits.float() / self.temperature
-        tgt = torch.tensor(targets, device=self.device)
-        return logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        per_row: list[torch.Tensor | None] = [None] * len(rows)
+        for prompt, idx in buckets.items():
+            P, n = len(prompt), len(idx)
+            resp = [rows[i].ids[P:] for i in idx]
+            Lr = max(len(x) for x in resp)
+            with ctx:
+                pre = decoder(input_ids=torch.tensor([prompt], device=self.device), use_cache=True)
+                h = pre.last_hidden_state[:, -1:].expand(n, 1, -1)  # predicts each response's first token
+                if Lr > 1:
+                    cache = pre.past_key_values
+                    cache.batch_repeat_interleave(n)
+                    ids = torch.zeros(n, Lr - 1, dtype=torch.long)
+                    for b, x in enumerate(resp):  # right padding: causal attention never sees it
+                        ids[b, : len(x) - 1] = torch.tensor(x[:-1])
+                    pos = torch.arange(P, P + Lr - 1, device=self.device).expand(n, -1)
+                    out = decoder(input_ids=ids.to(self.device), past_key_values=cache, position_ids=pos, use_cache=True)
+                    h = torch.cat([h, out.last_hidden_state], dim=1)
+                b_idx = torch.tensor([b for b, x in enumerate(resp) for _ in x], device=self.device)
+                t_idx = torch.tensor([t for x in resp for t in range(len(x))], device=self.device)
+                logits = head(h[b_idx, t_idx])
+            logits = logits.float() / self.temperature
+            tgt = torch.tensor([tok for x in resp for tok in x], device=self.device)
+            logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+            for b, part in enumerate(torch.split(logp, [len(x) for x in resp])):
+                per_row[idx[b]] = part
+        return torch.cat(per_row)  # type: ignore[arg-type]
 
     # -- the update -------------------------------------------------------------------------------
     def step(self, groups: Sequence[Sequence[Trajectory]]) -> StepStats:

@@ -109,3 +109,17 @@ def test_checkpoint_is_plain_hugging_face(tiny, tmp_path):
     sd = lr.model.state_dict()
     for k, v in m.state_dict().items():
         assert torch.equal(v, sd[k]), k
+
+
+def test_shared_prompt_logprobs_match_per_row_forward(tiny):
+    """A group's prompt runs once; the result must equal running every row on its own."""
+    lr = Learner(tiny, lr=1e-3, precision="fp32")
+    responses = [[11, 12, 13, 2], [14], [15, 16], [17, 18, 19, 20, 21]]
+    rows = lr._rows([_group("g", responses, [1.0, 0.0, 1.0, 0.0])])
+    with torch.no_grad():
+        got = lr._token_logprobs(lr.model, rows).tolist()
+        want = []
+        for r in responses:
+            logits = lr.model(torch.tensor([[5, 6, 7] + r])).logits[0].float()
+            want += [torch.log_softmax(logits[2 + i], -1)[t].item() for i, t in enumerate(r)]
+    assert got == pytest.approx(want, abs=1e-4)
