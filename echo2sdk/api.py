@@ -60,14 +60,14 @@ class Echo2:
                 self._set_dataset(data, value)
                 continue
             path = _ALIASES.get(key, key).split(".")
+            if len(path) == 1:
+                raise ConfigError(f"Echo2.set: unknown option {key!r} (known: dataset, {', '.join(_ALIASES)}, or 'section.key')")
             node = data
             for part in path[:-1]:
                 if not isinstance(node.get(part), dict):
-                    raise ConfigError(f"Echo2.set: unknown option {key!r} (known: dataset, {', '.join(_ALIASES)})")
+                    raise ConfigError(f"Echo2.set: unknown option {key!r}: {part!r} is not a config section")
                 node = node[part]
-            if path[-1] not in node and len(path) > 1 and not path[0] == "task":
-                raise ConfigError(f"Echo2.set: unknown option {key!r}")
-            node[path[-1]] = value
+            node[path[-1]] = value  # unknown leaf keys are reported by validation below
         self.config = validate_config(data, "Echo2.set(...)")
         return self
 

@@ -84,7 +84,7 @@ class RunConfig(_Section):
     seed: int = 0
     host: str = Field("127.0.0.1", description="coordinator bind address")
     port: int = Field(0, ge=0, le=65535, description="coordinator port (0: pick a free one)")
-    token: str | None = Field(None, description="shared worker token (default: random per run)")
+    token: str | None = Field(None, description="shared worker token (default: $ECHO2_TOKEN, else random per run)")
     heartbeat_s: float = Field(1.0, gt=0)
     worker_timeout_s: float = Field(15.0, gt=0, description="a worker silent this long is dropped")
     progress: bool = Field(True, description="show a progress bar")

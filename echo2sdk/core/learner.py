@@ -220,10 +220,11 @@ class Learner:
         )
 
     # -- publication and checkpoints --------------------------------------------------------------
-    def snapshot(self, dtype: str = "bfloat16") -> bytes:
-        from echo2sdk.core.snapshot import snapshot_bytes
+    def snapshot_state(self, dtype: str = "bfloat16") -> dict:
+        """A copy of the weights for publication; serialize it off the learner thread (snapshot_bytes)."""
+        from echo2sdk.core.snapshot import snapshot_state
 
-        return snapshot_bytes(self.model, dtype=dtype)
+        return snapshot_state(self.model, dtype=dtype)
 
     def save(self, folder: str, tokenizer_from: str | None = None) -> None:
         """Hugging Face format: loadable by transformers and vLLM as it is."""

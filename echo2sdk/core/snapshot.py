@@ -29,13 +29,14 @@ def _import():
     return torch, safetensors.torch
 
 
-def snapshot_bytes(model: Any, dtype: str = "bfloat16") -> bytes:
-    """Serialize `model` (a torch Module, or a state dict) to safetensors bytes.
+def snapshot_state(model: Any, dtype: str = "bfloat16") -> dict[str, Any]:
+    """A private copy of `model`'s weights (a torch Module, or a state dict), ready to serialize.
 
-    Tensors that share memory (tied weights) are stored once, under the first name in state-dict
-    order; floating tensors are cast to `dtype` ("bfloat16", "float16" or "float32"), others kept.
+    Tensors that share memory (tied weights) are kept once, under the first name in state-dict order;
+    floating tensors are cast to `dtype` ("bfloat16", "float16" or "float32"), others kept. Every tensor
+    is copied, so the learner may keep updating the model while the copy is serialized elsewhere.
     """
-    torch, st = _import()
+    torch, _ = _import()
     if dtype not in _DTYPES:
         raise ValueError(f"snapshot dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     target = getattr(torch, dtype)
@@ -52,10 +53,14 @@ def snapshot_bytes(model: Any, dtype: str = "bfloat16") -> bytes:
             continue
         seen.add(key)
         t = tensor.detach()
-        if t.is_floating_point():
-            t = t.to(target)
-        out[name] = t.to("cpu").contiguous()
-    return st.save(out, metadata={"format": "pt"})
+        out[name] = t.to(device="cpu", dtype=target if t.is_floating_point() else t.dtype, copy=True).contiguous()
+    return out
+
+
+def snapshot_bytes(model: Any, dtype: str = "bfloat16") -> bytes:
+    """Serialize `model` (a torch Module, or a state dict) to safetensors bytes (see snapshot_state)."""
+    _, st = _import()
+    return st.save(snapshot_state(model, dtype), metadata={"format": "pt"})
 
 
 def load_snapshot(weights: bytes) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ class Trainer:
             worker_config=worker_config,
             vocab_size=self.learner.vocab_size,
             max_len=L.max_len,
-            token=cfg.run.token,
+            token=cfg.run.token or os.environ.get("ECHO2_TOKEN"),
             host=cfg.run.host,
             port=cfg.run.port,
             heartbeat_s=cfg.run.heartbeat_s,
@@ -122,6 +123,7 @@ class Trainer:
         bar = _progress(L.steps, cfg.run.progress)
         t_start = time.perf_counter()
         published: list[int] = []
+        publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo2-publish")
         try:
             for step in range(1, L.steps + 1):
                 t_wait = self._wait_for_groups(k)
@@ -135,7 +137,8 @@ class Trainer:
                 t_pub = 0.0
                 if self.version % kappa == 0:  # publish every kappa updates
                     tp = time.perf_counter()
-                    self.coordinator.publish(self.version, self.learner.snapshot(L.snapshot_dtype))
+                    state = self.learner.snapshot_state(L.snapshot_dtype)  # copy now; serialize off-thread
+                    publisher.submit(self._publish, self.version, state)
                     published.append(self.version)
                     t_pub = time.perf_counter() - tp
                 rewards = [t.reward for t in records]
@@ -177,12 +180,18 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row['accuracy'] or 0:.2f}", wait=f"{t_wait:.1f}s")
         finally:
+            publisher.shutdown(wait=True)
             bar.close()
             metrics.close()
         self.save()
         summary = self.summary(time.perf_counter() - t_start)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def _publish(self, version: int, state: dict) -> None:
+        from echo2sdk.core.snapshot import snapshot_bytes
+
+        self.coordinator.publish(version, snapshot_bytes(state, self.cfg.learner.snapshot_dtype))
 
     def _wait_for_groups(self, k: int) -> float:
         """Block until k complete admissible groups are buffered; the time spent is learner_wait_s."""

@@ -1,0 +1,69 @@
+"""Package-level contracts: cheap import, exported names, config errors, CLI wiring."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import echo2sdk
+from echo2sdk.config import load_config
+from echo2sdk.errors import ConfigError, NameNotFound
+
+
+def test_import_does_not_load_torch_or_transformers():
+    code = "import echo2sdk, sys; print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_exported_members_resolve():
+    for name in echo2sdk.__all__:
+        assert getattr(echo2sdk, name) is not None, name
+
+
+def test_unknown_config_key_is_named_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"unknown key 'learner.stalenes' \(did you mean 'staleness'\?\)"):
+        load_config(None, ["learner.stalenes=3"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("learner.staleness=1", "learner.staleness = 1"),
+        ("learner.trajectories_per_step=10", "multiple of rollout.group_size=4"),
+        ("learner.kappa=5", "kappa=5 must be <= S - 1 = 2"),
+        ("rollout.workers=-1", "rollout.workers = -1"),
+    ],
+)
+def test_bad_values_name_field_and_value(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, [override])
+
+
+def test_example_config_is_valid():
+    cfg = load_config("examples/math_smollm2.toml")
+    assert cfg.learner.staleness == 3 and cfg.kappa == 2 and cfg.rollout.workers == 2
+
+
+def test_echo2_set_maps_short_names_and_rejects_unknown():
+    e = echo2sdk.Echo2(policy="tiny-random").set(dataset="math", staleness=4, steps=3)
+    assert (e.config.learner.staleness, e.config.learner.steps, e.config.task.adapter) == (4, 3, "math")
+    with pytest.raises(ConfigError, match="unknown option 'stalenes'"):
+        e.set(stalenes=3)
+
+
+def test_unknown_adapter_suggests_close_names():
+    from echo2sdk.plugins import load_adapter
+
+    with pytest.raises(NameNotFound, match=r"unknown adapter 'maht'.*Did you mean 'math'"):
+        load_adapter("maht")
+
+
+def test_cli_reports_config_errors_without_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[learner]\nstepz = 3\n")
+    r = subprocess.run([sys.executable, "-m", "echo2sdk.cli", "run", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "unknown key 'learner.stepz'" in r.stderr and "Traceback" not in r.stderr
