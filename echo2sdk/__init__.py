@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+from echo2sdk import errors as _errors
+
 __all__ = [
     "Echo2",
     "Config",
@@ -43,16 +45,7 @@ __all__ = [
     "Sample",
     "Task",
     "Score",
-    "Echo2Error",
-    "ConfigError",
-    "AdapterError",
-    "BackendError",
-    "ProtocolError",
-    "AuthError",
-    "CapacityError",
-    "NameNotFound",
-    "DependencyNotInstalled",
-    "TrajectoryRejected",
+    *_errors.__all__,
 ]
 
 _LAZY = {

@@ -15,6 +15,8 @@ import logging
 import os
 import socket
 import time
+import zlib
+from dataclasses import replace
 from typing import Any
 
 from echo2sdk.core.delivery import snapshot_frame_ok
@@ -178,8 +180,10 @@ class RolloutWorker:
 
     async def _rollout_loop(self, cfg: dict[str, Any]) -> None:
         n, per_request = int(cfg["group_size"]), int(cfg["tasks_per_request"])
-        params = SamplingParams(**cfg["sampling"])
+        base = SamplingParams(**cfg["sampling"])
+        seed0 = zlib.crc32(self.worker_id.encode()) << 20  # distinct, reproducible streams per worker
         for batch in itertools.count():
+            params = replace(base, seed=seed0 + batch) if base.seed is None else base
             if self._stop.is_set() or (self.max_batches is not None and batch >= self.max_batches):
                 return
             await self._install_pending()
