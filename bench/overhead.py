@@ -63,11 +63,7 @@ def main() -> None:
         tr.run()
         run = _overhead(tr.rows)
         print(json.dumps({"bench": "overhead", "mode": "echo2_run", **params, **run}))
-        # baseline: the bare learner step on a batch from the run, no coordinator/buffer/publication
-        groups = [[t for t in tr.buffer.sample(1)[0]] for _ in range(0)] or None
-        k = args.R // cfg.rollout.group_size
-        if tr.buffer.ready_groups() >= k:
-            groups = tr.buffer.sample(k)
+        groups = tr.last_batch  # baseline input: the run's last batch
     finally:
         tr.close()
     if groups:

@@ -41,6 +41,7 @@ class Trainer:
         self.learner = None
         self.version = 0  # v_t
         self.rows: list[dict[str, Any]] = []
+        self.last_batch: list = []
         self._ready = False
 
     # -- setup -------------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ class Trainer:
             for step in range(1, L.steps + 1):
                 t_wait = self._wait_for_groups(k)
                 t0 = time.perf_counter()
-                groups = self.buffer.sample(k)
+                groups = self.last_batch = self.buffer.sample(k)
                 records = [t for g in groups for t in g]
                 deltas = [self.version - t.version for t in records]  # Delta = v_t - v, <= S by admission
                 st = self.learner.step(groups)
