@@ -87,7 +87,7 @@ class Echo2:
         from echo2sdk.core.trainer import Trainer
 
         if self._trainer is None or self._trainer.cfg != self.config:
-            self._trainer = Trainer(self.config, adapter=None)
+            self._trainer = Trainer(self.config, adapter=self._adapter)
         return self._trainer
 
     def warmup(self) -> dict[str, Any]:
