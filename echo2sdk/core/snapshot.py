@@ -57,10 +57,15 @@ def snapshot_state(model: Any, dtype: str = "bfloat16") -> dict[str, Any]:
     return out
 
 
+def serialize_state(state: dict[str, Any]) -> bytes:
+    """safetensors bytes of a state made by snapshot_state (no further copy or cast)."""
+    _, st = _import()
+    return st.save(state, metadata={"format": "pt"})
+
+
 def snapshot_bytes(model: Any, dtype: str = "bfloat16") -> bytes:
     """Serialize `model` (a torch Module, or a state dict) to safetensors bytes (see snapshot_state)."""
-    _, st = _import()
-    return st.save(snapshot_state(model, dtype), metadata={"format": "pt"})
+    return serialize_state(snapshot_state(model, dtype))
 
 
 def load_snapshot(weights: bytes) -> dict[str, Any]:

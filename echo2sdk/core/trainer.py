@@ -190,9 +190,13 @@ class Trainer:
         return summary
 
     def _publish(self, version: int, state: dict) -> None:
-        from echo2sdk.core.snapshot import snapshot_bytes
+        """Runs on the publisher thread: the state is already a private, cast copy."""
+        from echo2sdk.core.snapshot import serialize_state
 
-        self.coordinator.publish(version, snapshot_bytes(state, self.cfg.learner.snapshot_dtype))
+        try:
+            self.coordinator.publish(version, serialize_state(state))
+        except Exception:  # noqa: BLE001 - a failed publication must be visible, not lost in a Future
+            log.exception("publishing snapshot v%d failed; workers keep their current version", version)
 
     def _wait_for_groups(self, k: int) -> float:
         """Block until k complete admissible groups are buffered; the time spent is learner_wait_s."""
