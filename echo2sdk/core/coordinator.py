@@ -4,8 +4,9 @@ It runs an asyncio server on its own thread so the learner's update loop never b
 Every message a worker sends is validated; a bad trajectory is rejected, counted and logged with the
 field and value; a worker with a wrong token is refused; a dead worker is dropped, never waited for.
 
-Messages (worker -> coordinator): hello, get_tasks, trajectories, heartbeat, installed.
-Messages (coordinator -> worker): challenge, welcome | refused, tasks, ack, snapshot, shutdown.
+Messages (worker -> coordinator): hello, get_tasks, trajectories, heartbeat, received, installed,
+snapshot_rejected. Messages (coordinator -> worker): challenge, welcome | refused, tasks, ack,
+snapshot_plan (chain broadcast) or snapshot (direct push), shutdown.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class WorkerInfo:
     rejected: int = 0
     rollouts_per_s: float = 0.0
     alive: bool = True
+    active: bool = True  # handed tasks; False: registered and idle (Coordinator.set_active)
+    relay_addr: tuple[str, int] | None = None  # where this worker serves snapshot chunks to its children
 
 
 class _Conn:
@@ -60,6 +63,10 @@ class _Conn:
     @property
     def worker_id(self) -> str:
         return self.info.worker_id
+
+    @property
+    def relay_addr(self) -> tuple[str, int] | None:
+        return self.info.relay_addr
 
     async def send(self, header: dict, payload: bytes | memoryview = b"") -> None:
         await write_frame(self.writer, header, payload)
@@ -93,6 +100,7 @@ class Coordinator:
         self.refused = 0
         self.rejected: Counter[str] = Counter()
         self.protocol_errors = 0
+        self.broadcast_repairs: list[dict[str, Any]] = []  # every repair a worker reported, for the run's metrics
         self._conns: dict[str, _Conn] = {}
         self._ids = itertools.count(1)
         self._task_lock = threading.Lock()
@@ -145,6 +153,8 @@ class Coordinator:
             except Exception:  # noqa: BLE001
                 pass
             conn.writer.close()
+        if hasattr(self.delivery, "close"):
+            self.delivery.close()
 
     # -- publication -------------------------------------------------------------------------------
     def publish(self, version: int, weights: bytes) -> None:
@@ -155,15 +165,21 @@ class Coordinator:
     def _publish(self, version: int, weights: bytes) -> None:
         self._latest = (version, weights)
         peers = [c for c in self._conns.values() if c.info.alive]
-        self._bcast[version] = {"t0": time.monotonic(), "expected": {p.worker_id for p in peers}, "installed": {}}
+        self._bcast[version] = {
+            "t0": time.monotonic(),
+            "expected": {p.worker_id for p in peers},
+            "received": {},
+            "installed": {},
+        }
         self._loop.create_task(self.delivery.deliver(version, weights, peers))  # type: ignore[union-attr]
 
-    def t_bcast(self, version: int) -> tuple[float | None, float | None]:
-        """(T_bcast to q = 1/gamma of the workers alive at publication, T_bcast to all of them)."""
+    def t_bcast(self, version: int, event: str = "installed") -> tuple[float | None, float | None]:
+        """(T_bcast to q = 1/gamma of the workers alive at publication, T_bcast to all of them).
+        `event` is "installed" (live in the backend) or "received" (complete, verified copy on the worker)."""
         b = self._bcast.get(version)
         if not b or not b["expected"]:
             return None, None
-        times = sorted(t - b["t0"] for w, t in b["installed"].items() if w in b["expected"])
+        times = sorted(t - b["t0"] for w, t in b[event].items() if w in b["expected"])
         need = _ceil(len(b["expected"]) * self.q)
         t_q = times[need - 1] if len(times) >= need else None
         t_all = times[-1] if len(times) == len(b["expected"]) else None
@@ -180,10 +196,25 @@ class Coordinator:
             "refused": self.refused,
             "rejected": dict(self.rejected),
             "protocol_errors": self.protocol_errors,
+            "broadcast_repairs": len(self.broadcast_repairs),
         }
 
     def worker_table(self) -> list[dict[str, Any]]:
         return [asdict(w) for w in self.workers.values()]
+
+    # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) ---------------------------------
+    default_active: bool = True  # whether a worker that joins is handed tasks at once
+
+    def set_active(self, worker_id: str, active: bool) -> bool:
+        """Hand tasks to a registered worker again (True) or stop handing it any (False). A deactivated
+        worker stays registered, keeps its connection, heartbeats and snapshots, and idles (its
+        get_tasks are answered with no tasks). Returns False when no such live worker is registered."""
+        info = self.workers.get(worker_id)
+        if info is None or not info.alive:
+            return False
+        info.active = bool(active)
+        log.info("worker %s %s", worker_id, "activated" if active else "deactivated (registered, idle)")
+        return True
 
     # -- the connection handler --------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -212,6 +243,7 @@ class Coordinator:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str
     ) -> _Conn | None:
         nonce = new_nonce()
+        peer_host = address.rpartition(":")[0]
         await write_frame(writer, {"type": "challenge", "nonce": nonce})
         try:
             hello, _ = await asyncio.wait_for(read_frame(reader, MAX_CLIENT_PAYLOAD), HELLO_TIMEOUT_S)
@@ -227,17 +259,22 @@ class Coordinator:
         wid = str(hello.get("worker_id") or f"w{next(self._ids)}")
         if wid in self._conns:
             wid = f"{wid}-{next(self._ids)}"
-        price = hello.get("price_per_hour", 0.0)
+        price, relay_port = hello.get("price_per_hour", 0.0), hello.get("relay_port")
         info = WorkerInfo(
             worker_id=wid,
             address=address,
             price_per_hour=float(price) if isinstance(price, (int, float)) else 0.0,
             backend=str(hello.get("backend", "")),
+            relay_addr=(peer_host, relay_port) if isinstance(relay_port, int) and 0 < relay_port < 65536 else None,
         )
         conn = _Conn(info, writer)
+        info.active = self.default_active
         self.workers[wid], self._conns[wid] = info, conn
         latest_version = self._latest[0] if self._latest else 0
-        await conn.send({"type": "welcome", "worker_id": wid, "config": self.worker_config, "version": latest_version})
+        welcome = {"type": "welcome", "worker_id": wid, "config": self.worker_config, "version": latest_version}
+        if hasattr(self.delivery, "welcome_info"):
+            welcome["broadcast"] = self.delivery.welcome_info()
+        await conn.send(welcome)
         log.info("worker %s joined from %s", wid, address)
         if self._latest is not None:  # a late joiner gets the current policy at once
             await self.delivery.deliver(self._latest[0], self._latest[1], [conn])
@@ -249,7 +286,8 @@ class Coordinator:
             n = h.get("n")
             if not isinstance(n, int) or not 1 <= n <= 1024:
                 raise ProtocolError(f"get_tasks: field 'n' = {n!r} must be an int in [1, 1024]")
-            await conn.send({"type": "tasks", "rid": h.get("rid"), "tasks": self._next_tasks(n)})
+            tasks = self._next_tasks(n) if conn.info.active else []  # an inactive worker idles
+            await conn.send({"type": "tasks", "rid": h.get("rid"), "tasks": tasks})
         elif kind == "trajectories":
             accepted, rejected = self._intake(conn, h.get("groups"))
             await conn.send({"type": "ack", "rid": h.get("rid"), "accepted": accepted, "rejected": rejected})
@@ -266,6 +304,15 @@ class Coordinator:
                 b = self._bcast.get(v)
                 if b is not None:
                     b["installed"].setdefault(conn.worker_id, time.monotonic())
+        elif kind == "received":
+            v = h.get("version")
+            b = self._bcast.get(v) if isinstance(v, int) else None
+            if b is not None and h.get("ok"):
+                b["received"].setdefault(conn.worker_id, time.monotonic())
+            for r in h.get("repairs") or ():
+                self.broadcast_repairs.append({"worker": conn.worker_id, "version": v, **(r if isinstance(r, dict) else {})})
+            if hasattr(self.delivery, "on_report"):
+                self.delivery.on_report(conn.worker_id, h)
         elif kind == "snapshot_rejected":
             log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, h.get("version"), h.get("reason"))
         else:

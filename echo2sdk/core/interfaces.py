@@ -7,7 +7,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["SamplingParams", "Sample", "InferenceBackend", "Task", "Score", "TaskAdapter"]
+__all__ = [
+    "SamplingParams",
+    "Sample",
+    "InferenceBackend",
+    "Task",
+    "Score",
+    "TaskAdapter",
+    "StepResult",
+    "Episode",
+    "EpisodicTaskAdapter",
+    "is_episodic",
+]
 
 
 @dataclass(frozen=True)
@@ -94,3 +105,68 @@ class TaskAdapter(Protocol):
     def score(self, task: Task, response: str) -> Score:
         """Reward R(x, y); must not raise on malformed responses (a bad rollout is data, not a crash)."""
         ...
+
+
+# -- multi-turn (episodic) tasks ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What an episode says after the model's action: the next user message, or the end.
+
+    observation: content of the next user message (the acting seat's view), or None when done
+    reward:      r_{i,t}, the step reward (penalties for a malformed/illegal action included)
+    done:        the episode is over; `observation` is then None
+    info:        anything worth logging for this step (parsed action, fallback used, ...)
+    """
+
+    observation: str | None
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Episode(Protocol):
+    """One live multi-turn episode, driven by a rollout worker (paper appendix F.3-F.4).
+
+    The worker sends `messages` (system, then the first user state) to the model, passes each sampled
+    response to `step`, appends the next observation as a user message, and repeats until `done`.
+    """
+
+    @property
+    def messages(self) -> tuple[dict[str, str], ...]:
+        """The opening messages: system prompt, then the first user state message."""
+        ...
+
+    def step(self, response: str) -> StepResult:
+        """Apply the model's response text. Must not raise on malformed text (fallback + penalty);
+        an exception here means the sandbox itself failed, and the worker records a failed episode."""
+        ...
+
+    def abort(self, reason: str) -> None:
+        """End the episode early (turn or context limit); `result` must still work afterwards."""
+        ...
+
+    def result(self) -> Score:
+        """The record's reward R_i (per the adapter's reward spec) and episode statistics in `info`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class EpisodicTaskAdapter(Protocol):
+    """Data plane for interactive tasks: `tasks` yields one Task per GRPO group (its id is the group
+    id); `start(task, index)` opens the index-th episode of that group in a worker process."""
+
+    max_turns: int
+
+    def tasks(self, seed: int) -> Iterator[Task]: ...
+
+    def start(self, task: Task, index: int) -> Episode: ...
+
+
+def is_episodic(adapter: object) -> bool:
+    """True for adapters that play episodes (have `start`) rather than score single responses."""
+    return callable(getattr(adapter, "start", None))

@@ -46,6 +46,11 @@ class Meta(BaseModel):
     loss_mask: tuple[int, ...] | None = Field(
         default=None, description="1 where a response token carries loss (multi-turn); None = all"
     )
+    off_policy: bool = Field(
+        default=False,
+        description="response tokens replayed from a log, not sampled: logprobs are placeholders and the "
+        "learner takes pi_sampler = pi_old (w_t = 1)",
+    )
     worker: str = Field(default="", description="id of the worker that produced the record")
     extra: dict[str, Scalar] = Field(default_factory=dict, description="task metadata (e.g. 'correct')")
 

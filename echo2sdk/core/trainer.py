@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from echo2sdk.config import Config
 from echo2sdk.core import capacity
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.coordinator import Coordinator
+from echo2sdk.core.delivery import DirectPush
 from echo2sdk.core.interfaces import TaskAdapter
 from echo2sdk.errors import CapacityError, Echo2Error
 
@@ -84,18 +86,21 @@ class Trainer:
             "group_size": ro.group_size,
             "tasks_per_request": ro.tasks_per_request,
             "sampling": {"max_new_tokens": ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p},
+            "max_len": L.max_len,
         }
+        token = cfg.run.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(24)
         self.coordinator = Coordinator(
             buffer=self.buffer,
             tasks=adapter.tasks(cfg.run.seed),
             worker_config=worker_config,
             vocab_size=self.learner.vocab_size,
             max_len=L.max_len,
-            token=cfg.run.token or os.environ.get("ECHO2_TOKEN"),
+            token=token,
             host=cfg.run.host,
             port=cfg.run.port,
             heartbeat_s=cfg.run.heartbeat_s,
             worker_timeout_s=cfg.run.worker_timeout_s,
+            delivery=_delivery(cfg, token),
         )
         host, port = self.coordinator.start()
         log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d)", host, port, L.trajectories_per_step, L.staleness, cfg.kappa)
@@ -171,9 +176,11 @@ class Trainer:
                     "is_weight_mean": st.is_weight_mean,
                     "is_truncated_frac": st.is_truncated_frac,
                     "grad_norm": st.grad_norm,
+                    "task": _extra_means(records),
                     "workers_alive": len(self.coordinator.alive_workers()),
                     "t_bcast_s": t_q,
                     "t_bcast_all_s": t_all,
+                    "broadcast_repairs": len(self.coordinator.broadcast_repairs),
                 }
                 self.rows.append(row)
                 metrics.write(json.dumps(row) + "\n")
@@ -270,7 +277,150 @@ class Trainer:
             "config": cfg.model_dump(),
         }
 
+    # -- cost-aware provisioning (paper §4.3): warm-up calibration and the live scheduler loop --------
+    def calibrate(self, steps: int = 5, join_timeout_s: float = 120.0) -> dict[str, Any]:
+        """Warm-up measurements (paper §4.3, §5.1) and the provisioning decision.
+
+        - the calibration batch: the first R trajectories the pool delivers (consumed here);
+        - mu_i: each worker's end-to-end throughput (trajectories accepted per second) while the learner
+          runs the offline steps and the publication below (its own generation rate if it delivered none);
+        - T_train: median of `steps` offline learner steps on that batch: real forward, backward and
+          optimizer steps at learning rate 0, the optimizer state restored after, so the policy is unchanged;
+        - T_bcast: one real publication of the unchanged policy as version 1 (an update at learning rate 0),
+          timed to its installation on q = 1/gamma of the workers.
+
+        With scheduler.enabled the numbers go to a Scheduler: the cheapest-rho workers reaching mu_target
+        stay active, the others are deactivated (registered, idle), and a LiveLoop keeps mu_pool near the
+        target during run(). Writes DIR/calibration.json; returns the numbers and the decision text."""
+        import copy
+
+        from echo2sdk.plan import CatalogEntry, format_plan, make_plan
+
+        self.setup()
+        cfg, L, sc = self.cfg, self.cfg.learner, self.cfg.scheduler
+        R, kappa = L.trajectories_per_step, cfg.kappa
+        if self.version != 0:
+            raise Echo2Error(f"calibrate() runs before training (learner at version {self.version})")
+        k = R // cfg.rollout.group_size
+        self._wait_for_groups(k)
+        groups = self.buffer.sample(k)
+        deadline = time.monotonic() + join_timeout_s
+        while time.monotonic() < deadline:  # every joined worker has measured itself once
+            alive = self.coordinator.alive_workers()
+            if alive and all(w.rollouts_per_s > 0 for w in alive) and len(alive) >= cfg.rollout.workers:
+                break
+            time.sleep(0.2)
+        own = {w.worker_id: w.rollouts_per_s for w in self.coordinator.alive_workers() if w.rollouts_per_s > 0}
+        t_a, got_a = time.monotonic(), {w.worker_id: w.trajectories for w in self.coordinator.alive_workers()}
+        opt = self.learner.opt
+        saved = copy.deepcopy(opt.state_dict())
+        for g in opt.param_groups:
+            g["lr"] = 0.0
+        try:
+            times = [self.learner.step(groups).t_train_s for _ in range(steps)]
+        finally:
+            opt.load_state_dict(saved)  # learning rates and moments as they were
+        t_train = statistics.median(times)
+        self.version = 1  # the unchanged policy, published once to time the real path
+        self.buffer.set_version(self.version)
+        self._publish(self.version, self.learner.snapshot_state(L.snapshot_dtype))
+        t_bcast = None
+        deadline = time.monotonic() + join_timeout_s
+        while t_bcast is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            t_bcast = self.coordinator.t_bcast(self.version)[0]
+        if t_bcast is None:
+            raise Echo2Error(f"T_bcast calibration: snapshot v1 not installed within {join_timeout_s:g} s")
+        # mu_i end to end, while the learner trained and published (accepted trajectories per second);
+        # a worker that delivered nothing in that span keeps its own generation-rate estimate
+        span = time.monotonic() - t_a
+        mu = {}
+        for w in self.coordinator.alive_workers():
+            delivered = w.trajectories - got_a.get(w.worker_id, w.trajectories)
+            rate = delivered / span if delivered > 0 else own.get(w.worker_id, 0.0)
+            if rate > 0:
+                mu[w.worker_id] = rate
+        if not mu:
+            raise Echo2Error(f"calibration: no worker delivered trajectories in {span:.0f} s; see {self.out / 'workers'}")
+        prices = {w.worker_id: sc.prices.get(w.worker_id, w.price_per_hour) for w in self.coordinator.alive_workers()}
+        catalog = [CatalogEntry(wid, prices[wid], m) for wid, m in sorted(mu.items())]
+        plan = make_plan(catalog, T_train=t_train, R=R, S=L.staleness, kappa=kappa, gamma=sc.gamma, T_bcast=t_bcast)
+        text = format_plan(plan)
+        out = {"T_train": t_train, "T_train_steps": times, "T_bcast": t_bcast, "mu": mu, "prices": prices,
+               "plan": plan.to_dict(), "decision": text}
+        log.info("warm-up calibration:\n%s", text)
+        if sc.enabled:
+            self._start_scheduler(out)
+        (self.out / "calibration.json").write_text(json.dumps(out, indent=2, default=str))
+        return out
+
+    def _start_scheduler(self, cal: dict[str, Any]) -> None:
+        from echo2sdk.core.scheduler import LiveLoop, Scheduler
+        from echo2sdk.providers import load_provider
+
+        cfg, sc = self.cfg, self.cfg.scheduler
+        now = time.monotonic()
+        sched = Scheduler(gamma=sc.gamma, window_s=sc.window_s, heartbeat_s=cfg.run.heartbeat_s,
+                          sustain_s=sc.sustain_s, release_margin=sc.release_margin,
+                          fail_after_s=cfg.run.worker_timeout_s)
+        mus = list(cal["mu"].values()) or [1.0]
+        prior = statistics.fmean(mus)
+        for w in self.coordinator.alive_workers():
+            sched.add_worker(w.worker_id, cal["prices"][w.worker_id], cal["mu"].get(w.worker_id, prior), now=now)
+        provider = None
+        if sc.standby:
+            options = {"connect": f"{self.coordinator.host}:{self.coordinator.port}", "token": self.coordinator.token,
+                       "log_dir": str(self.out / "workers"), "threads": cfg.rollout.threads, "nice": cfg.rollout.nice}
+            provider = load_provider(sc.provider, **(options if sc.provider == "local" else {}), **sc.provider_options)
+            for i in range(sc.standby):
+                sched.add_worker(f"standby-{i}", sc.standby_price, prior, now=now)
+        try:
+            sched.calibrate(T_train=cal["T_train"], T_bcast=cal["T_bcast"], R=cfg.learner.trajectories_per_step,
+                            kappa=cfg.kappa)
+        except CapacityError as e:
+            log.warning("scheduler off: %s; every worker stays active", e)
+            return
+        decided = sched.provision(now)
+        chosen = {a.worker for a in decided}
+        self.coordinator.default_active = False  # later joiners idle until the scheduler wants them
+        for w in self.coordinator.alive_workers():
+            self.coordinator.set_active(w.worker_id, w.worker_id in chosen)
+        events = open(self.out / "scheduler.jsonl", "a")
+
+        def write(event: dict[str, Any]) -> None:
+            events.write(json.dumps(event, default=str) + "\n")
+            events.flush()
+
+        write({"t": now, "event": "provisioned", "mu_target": sched.mu_target, "active": sorted(chosen),
+               "standby": sched.standby()})
+        self._provisioning = (LiveLoop(sched, self.coordinator, provider, period_s=cfg.run.heartbeat_s,
+                                       prices=dict(sc.prices), stop_released=sc.stop_released, on_event=write,
+                                       remeasure=self._remeasure), provider, events)
+        self._provisioning[0].apply(decided)  # starts chosen machines that are not up yet
+        self._provisioning[0].start()
+
+    def _remeasure(self) -> dict[str, Any] | None:
+        """T_train (median of the last 5 steps) and T_bcast (the last publication) from the run itself."""
+        rows = self.rows[-5:]
+        bcasts = [r["t_bcast_s"] for r in self.rows if r.get("t_bcast_s") is not None]
+        if len(rows) < 5 or not bcasts:
+            return None
+        return {"T_train": statistics.median(r["t_train_s"] for r in rows), "T_bcast": bcasts[-1],
+                "R": self.cfg.learner.trajectories_per_step, "kappa": self.cfg.kappa}
+
+    def _stop_scheduler(self) -> None:
+        prov = getattr(self, "_provisioning", None)
+        if prov is None:
+            return
+        loop, provider, events = prov
+        loop.stop()
+        if provider is not None:
+            provider.close()
+        events.close()
+        self._provisioning = None
+
     def close(self) -> None:
+        self._stop_scheduler()
         if self.coordinator is not None:
             self.coordinator.stop()
         for p in self.procs:
@@ -284,6 +434,36 @@ class Trainer:
                     p.kill()
                     p.wait()
         self.procs.clear()
+
+
+def _delivery(cfg: Config, token: str):
+    """The snapshot delivery the config asks for (paper §4.2)."""
+    b = cfg.broadcast
+    if b.topology == "direct":
+        return DirectPush()
+    from echo2sdk.core.broadcast.delivery import ChainBroadcast
+
+    uplink = b.uplink_mbps * 1e6 / 8 if b.shape_uplink and b.uplink_mbps else None
+    return ChainBroadcast(
+        token,
+        topology=b.topology,
+        n_chains=b.chains(),
+        chunk_bytes=int(b.chunk_mib * (1 << 20)),
+        host=cfg.run.host,
+        uplink_bps=uplink,
+        stall_timeout_s=b.stall_timeout_s,
+    )
+
+
+def _extra_means(records: list) -> dict[str, float]:
+    """Mean of every numeric (or boolean) task-metadata field over the batch, e.g. an episodic task's
+    turns, fallbacks, failed episodes or chip change; fields a record lacks are left out of its mean."""
+    sums: dict[str, list[float]] = {}
+    for t in records:
+        for key, value in t.meta.extra.items():
+            if isinstance(value, (bool, int, float)) and not key.endswith("seed"):  # ids, not measurements
+                sums.setdefault(key, []).append(float(value))
+    return {k: round(statistics.fmean(v), 4) for k, v in sorted(sums.items())}
 
 
 def _progress(total: int, enabled: bool):

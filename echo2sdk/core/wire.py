@@ -12,13 +12,26 @@ import asyncio
 import hashlib
 import hmac
 import os
+import socket
 import struct
 from typing import Any
 
 from echo2sdk.core.records import pack, unpack
 from echo2sdk.errors import ProtocolError
 
-__all__ = ["MAGIC", "read_frame", "write_frame", "new_nonce", "auth_mac", "check_mac", "digest"]
+__all__ = [
+    "MAGIC",
+    "read_frame",
+    "write_frame",
+    "encode_frame",
+    "send_frame",
+    "recv_frame",
+    "recv_exactly_into",
+    "new_nonce",
+    "auth_mac",
+    "check_mac",
+    "digest",
+]
 
 MAGIC = b"E2F1"
 _PREFIX = struct.Struct(">4sIQ")
@@ -63,6 +76,42 @@ async def write_frame(
     if payload:
         writer.write(payload)
     await writer.drain()
+
+
+# -- the same frames over a blocking socket (the broadcast data path runs on threads) ------------------
+def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill `view` from `sock`; raises EOFError when the peer closes first, TimeoutError on a stall."""
+    while view.nbytes:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise EOFError("peer closed the connection")
+        view = view[n:]
+
+
+def recv_frame(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD) -> tuple[dict[str, Any], int]:
+    """Read one frame's header; returns (header, payload length) and leaves the payload on the socket."""
+    prefix = bytearray(_PREFIX.size)
+    recv_exactly_into(sock, memoryview(prefix))
+    magic, hlen, plen = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not an echo2 peer?")
+    if hlen > MAX_HEADER or plen > max_payload:
+        raise ProtocolError(f"frame of {hlen}+{plen} bytes exceeds the limits ({MAX_HEADER}+{max_payload})")
+    raw = bytearray(hlen)
+    recv_exactly_into(sock, memoryview(raw))
+    try:
+        header = unpack(bytes(raw))
+    except Exception as e:  # noqa: BLE001 - msgpack raises several exception types
+        raise ProtocolError(f"undecodable frame header: {e}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise ProtocolError("frame header must be a map with a string 'type'")
+    return header, plen
+
+
+def send_frame(sock: socket.socket, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
+    sock.sendall(encode_frame(header, payload))
+    if payload:
+        sock.sendall(payload)
 
 
 def new_nonce() -> bytes:

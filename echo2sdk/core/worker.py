@@ -19,8 +19,10 @@ import zlib
 from dataclasses import replace
 from typing import Any
 
+from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
+from echo2sdk.core.broadcast.relay import RelayNode, Upstream
 from echo2sdk.core.delivery import snapshot_frame_ok
-from echo2sdk.core.interfaces import InferenceBackend, SamplingParams, Task, TaskAdapter
+from echo2sdk.core.interfaces import InferenceBackend, SamplingParams, Task, TaskAdapter, is_episodic
 from echo2sdk.core.records import Message, Meta, Trajectory
 from echo2sdk.core.wire import auth_mac, read_frame, write_frame
 from echo2sdk.errors import AuthError, BackendError, ProtocolError
@@ -47,12 +49,22 @@ class RolloutWorker:
         price_per_hour: float = 0.0,
         max_batches: int | None = None,
         connect_timeout_s: float = 60.0,
+        relay: bool = True,
+        relay_only: bool = False,
+        relay_uplink_bps: float | None = None,
     ):
         self.host, self.port = parse_address(connect)
         self.token = token
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.price_per_hour, self.max_batches = price_per_hour, max_batches
         self.connect_timeout_s = connect_timeout_s
+        # Chain broadcast: `relay` serves verified chunks to children (off behind a NAT that admits no
+        # inbound connection: the worker is then a leaf); `relay_only` forwards snapshots and generates
+        # nothing (a bandwidth helper, and the broadcast benchmark's node).
+        self.relay_enabled, self.relay_only, self.relay_uplink_bps = relay or relay_only, relay_only, relay_uplink_bps
+        self.relay: RelayNode | None = None
+        self._public_key: bytes | None = None
+        self._received_version = 0
         self.backend: InferenceBackend | None = None
         self.adapter: TaskAdapter | None = None
         self._pending: tuple[dict[str, Any], bytes] | None = None  # newest snapshot not yet installed
@@ -64,7 +76,7 @@ class RolloutWorker:
 
     @property
     def version(self) -> int:
-        return self.backend.version if self.backend else 0
+        return self.backend.version if self.backend else self._received_version if self.relay_only else 0
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         deadline = time.monotonic() + self.connect_timeout_s
@@ -78,6 +90,10 @@ class RolloutWorker:
 
     async def run(self) -> int:
         reader, self._writer = await self._connect()
+        local_host = self._writer.get_extra_info("sockname")[0]  # serve children on the interface we reach the learner by
+        self.relay = RelayNode(
+            self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps
+        )
         challenge, _ = await read_frame(reader)
         if challenge["type"] != "challenge" or not isinstance(challenge.get("nonce"), bytes):
             raise ProtocolError(f"expected a challenge, got {challenge['type']!r}")
@@ -87,6 +103,7 @@ class RolloutWorker:
                 "worker_id": self.worker_id,
                 "mac": auth_mac(self.token, challenge["nonce"]),
                 "price_per_hour": self.price_per_hour,
+                "relay_port": self.relay.port if self.relay_enabled else None,
             }
         )
         welcome, _ = await read_frame(reader)
@@ -95,16 +112,25 @@ class RolloutWorker:
         if welcome["type"] != "welcome":
             raise ProtocolError(f"expected welcome, got {welcome['type']!r}")
         self.worker_id, cfg = welcome["worker_id"], welcome["config"]
+        self.relay.node_id = self.worker_id
+        bcast = welcome.get("broadcast") or {}
+        self._public_key = bcast.get("public_key")
+        if isinstance(bcast.get("stall_timeout_s"), (int, float)) and bcast["stall_timeout_s"] > 0:
+            self.relay.stall_timeout_s = float(bcast["stall_timeout_s"])
         log.info("worker %s joined %s:%d", self.worker_id, self.host, self.port)
         reader_task = asyncio.create_task(self._read_loop(reader))
         beat = asyncio.create_task(self._heartbeat(float(cfg.get("heartbeat_s", 1.0))))  # alive while loading
         try:
-            await asyncio.to_thread(self._setup, cfg)
-            await self._rollout_loop(cfg)
+            if self.relay_only:
+                await self._stop.wait()
+            else:
+                await asyncio.to_thread(self._setup, cfg)
+                await self._rollout_loop(cfg)
         finally:
             beat.cancel()
             reader_task.cancel()
             self._writer.close()
+            self.relay.close()
             if self.backend is not None:
                 self.backend.close()
         return 0
@@ -116,6 +142,7 @@ class RolloutWorker:
         model = cfg["model_path"] if os.path.isdir(cfg.get("model_path", "")) else cfg["model"]
         backend_cls = load_backend_class(cfg["backend"])
         self.backend = backend_cls(model, **(cfg.get("backend_options") or {}))
+        self.max_len = cfg.get("max_len")  # the learner's prompt + response limit (episodes stop short of it)
 
     async def _send(self, header: dict[str, Any]) -> None:
         await write_frame(self._writer, header)
@@ -141,6 +168,8 @@ class RolloutWorker:
                         await self._send({"type": "snapshot_rejected", "version": header.get("version"), "reason": why})
                     elif self._pending is None or header["version"] > self._pending[0]["version"]:
                         self._pending = (header, payload)
+                elif kind == "snapshot_plan":
+                    asyncio.get_running_loop().create_task(self._fetch(header))
                 elif kind == "shutdown":
                     self._stop.set()
                     return
@@ -154,6 +183,38 @@ class RolloutWorker:
         for fut in self._waiters.values():
             if not fut.done():
                 fut.set_exception(ConnectionError("coordinator connection closed"))
+
+    async def _fetch(self, plan: dict[str, Any]) -> None:
+        """Chain broadcast: verify the signed manifest, pull the chunks from the upstream list (forwarding
+        each to our own children as it lands), then queue the snapshot for install."""
+        assert self.relay is not None
+        try:
+            manifest = Manifest.from_wire(plan.get("manifest"))
+            if self._public_key is None:
+                raise ProtocolError("no broadcast public key was given at join time")
+            verify_manifest(manifest, self._public_key)
+            # a learner bound to a wildcard address is reached where we reach the coordinator
+            upstream = [
+                Upstream(str(u[0]), self.host if u[1] in ("0.0.0.0", "::", "") else str(u[1]), int(u[2]))
+                for u in plan.get("upstream") or ()
+            ]
+            if not upstream:
+                raise ProtocolError("snapshot_plan without an upstream node")
+        except (ProtocolError, TypeError, ValueError, IndexError) as e:
+            log.warning("refusing snapshot plan: %s", e)
+            await self._send({"type": "snapshot_rejected", "version": plan.get("manifest", {}).get("version"), "reason": str(e)})
+            return
+        report = await asyncio.to_thread(self.relay.fetch, manifest, upstream)
+        await self._send({"type": "received", **report.to_wire()})
+        asm = self.relay.assembly(manifest.version)
+        if not report.ok or asm is None or not asm.complete:
+            log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, report.repairs)
+            return
+        if self.relay_only:
+            self._received_version = max(self._received_version, manifest.version)
+            await self._send({"type": "installed", "version": manifest.version, "install_s": 0.0})
+        elif self._pending is None or manifest.version > self._pending[0]["version"]:
+            self._pending = ({"version": manifest.version}, bytes(asm.view))
 
     async def _heartbeat(self, every: float) -> None:
         while not self._stop.is_set():
@@ -209,8 +270,11 @@ class RolloutWorker:
                 log.warning("coordinator rejected %d group(s): %s", len(ack["rejected"]), ack["rejected"])
 
     def _rollout(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
-        """Generate n samples per task under the installed version v-hat and score them (rollout plane)."""
+        """Generate n samples per task under the installed version v-hat and score them (rollout plane).
+        Episodic adapters (multi-turn sandboxes) play n episodes per task instead: `_rollout_episodes`."""
         assert self.backend is not None and self.adapter is not None
+        if is_episodic(self.adapter):
+            return self._rollout_episodes(tasks, n, params)
         version = self.backend.version  # v-hat: installs only happen between batches
         prompt_ids = [self.backend.encode_chat(t.messages) for t in tasks]
         samples = self.backend.generate([p for p in prompt_ids for _ in range(n)], params)
@@ -232,6 +296,34 @@ class RolloutWorker:
                 group.append(t.to_wire())
             groups.append(group)
         return groups
+
+    def _rollout_episodes(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
+        """Play n episodes per task under v-hat, one record per episode (see echo2sdk.core.episodes). A
+        sandbox that raises becomes a recorded failed episode; the worker goes on."""
+        from echo2sdk.core.episodes import play_episodes
+
+        assert self.backend is not None and self.adapter is not None
+        groups = play_episodes(
+            self.backend,
+            self.adapter,  # type: ignore[arg-type]
+            tasks,
+            n,
+            params,
+            version=self.backend.version,
+            worker_id=self.worker_id,
+            max_len=getattr(self, "max_len", None),
+            stats=self.episode_stats,
+        )
+        return [[t.to_wire() for t in g] for g in groups]
+
+    @property
+    def episode_stats(self):
+        """Counters of the episodes this worker played (episodes, failed, dropped groups, fallbacks)."""
+        from echo2sdk.core.episodes import EpisodeStats
+
+        if not hasattr(self, "_episode_stats"):
+            self._episode_stats = EpisodeStats()
+        return self._episode_stats
 
 
 def _task(obj: dict[str, Any]) -> Task:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 FIELDS = {
     "step", "version", "time_s", "t_train_s", "reward_mean", "reward_std", "accuracy", "staleness_max",
-    "staleness_mean", "trajectories", "rejected", "learner_wait_s", "t_bcast_s", "t_bcast_all_s",
+    "staleness_mean", "trajectories", "rejected", "learner_wait_s", "t_bcast_s", "t_bcast_all_s", "broadcast_repairs",
 }
 
 

@@ -1,0 +1,406 @@
+"""Snapshot broadcast benchmark (paper §5.5.1, Figure 4): T_bcast vs N for chain, star and star-unlimited.
+
+Real processes, real TCP, real bandwidth shaping. Every worker is `echo2 worker --relay-only` (the worker's
+own broadcast code, no model) in its own network namespace, joined to the learner's namespace through a
+bridge by a veth pair; `tc tbf` caps each worker's link at Bw in both directions and the learner's uplink
+at B0 (star-unlimited: no learner cap). The learner side is the real coordinator with `ChainBroadcast`.
+Where namespaces are not available (not root, no `ip`), sender-side token buckets shape instead
+(`shaping: "token-bucket"`).
+
+    sudo python bench/broadcast.py --mode sweep --out runs/bench_broadcast
+    python bench/broadcast.py --mode ceiling            # unshaped 8-hop relay vs a plain socket relay
+
+One JSON line per run with its parameters. `ideal_s` is the line-rate model for the q-th worker:
+snapshot / goodput(Bw) plus the pipeline fill (depth - 1) * chunk / goodput(Bw) along its chain; for a
+capped star, N * snapshot / goodput(B0). tbf counts frame bytes, so goodput = 0.956 x the set rate
+(1448 payload bytes per 1514-byte frame).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOKEN = "bench-broadcast"
+GOODPUT = 1448 / 1514
+Q = 0.9
+PREFIX = "e2b"
+HUB, LEARNER = f"{PREFIX}-hub", f"{PREFIX}-l"
+NET = "10.77"
+
+
+# -- network namespaces ------------------------------------------------------------------------------
+def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def namespaces_available() -> bool:
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        return False
+    probe = f"{PREFIX}-probe"
+    ok = _sh("ip", "netns", "add", probe, check=False).returncode == 0
+    _sh("ip", "netns", "del", probe, check=False)
+    return ok
+
+
+def _ns_name(i: int) -> str:
+    return LEARNER if i < 0 else f"{PREFIX}-w{i}"
+
+
+def _ip(i: int) -> str:
+    return f"{NET}.0.1" if i < 0 else f"{NET}.{1 + i // 250}.{1 + i % 250}"
+
+
+def teardown() -> None:
+    out = _sh("ip", "netns", "list", check=False).stdout
+    for line in out.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if name.startswith(PREFIX + "-"):
+            _sh("ip", "netns", "del", name, check=False)
+
+
+def setup_network(n_workers: int) -> None:
+    """A hub namespace with a bridge; the learner and each worker in their own namespace on a veth."""
+    teardown()
+    _sh("ip", "netns", "add", HUB)
+    hub = ("ip", "netns", "exec", HUB)
+    _sh(*hub, "ip", "link", "add", "br0", "type", "bridge")
+    _sh(*hub, "ip", "link", "set", "br0", "up")
+    for i in range(-1, n_workers):
+        ns, a, b = _ns_name(i), f"{PREFIX}{i + 1}a", f"{PREFIX}{i + 1}b"
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "link", "add", a, "netns", ns, "type", "veth", "peer", "name", b, "netns", HUB)
+        ex = ("ip", "netns", "exec", ns)
+        _sh(*ex, "ip", "link", "set", a, "name", "eth0")
+        _sh(*ex, "ip", "addr", "add", f"{_ip(i)}/16", "dev", "eth0")
+        _sh(*ex, "ip", "link", "set", "eth0", "up")
+        _sh(*ex, "ip", "link", "set", "lo", "up")
+        _sh(*hub, "ip", "link", "set", b, "master", "br0")
+        _sh(*hub, "ip", "link", "set", b, "up")
+
+
+def tbf_burst(mbps: float) -> int:
+    """20 ms of line rate, and never below 128 KiB: a bucket smaller than a 64 KiB GSO packet makes tbf
+    segment every packet, which at 64 workers costs more CPU than the 2 cores have. A full bucket lets
+    that many bytes through at wire speed after an idle spell, so a chain's pipeline fill (every hop
+    starts idle) can come out a little below the line-rate model."""
+    return max(128 << 10, int(mbps * 1e6 / 8 * 0.020))
+
+
+def shape(i: int, mbps: float | None, both: bool) -> None:
+    """tbf on node i's link: its uplink (egress of its eth0) and, if `both`, its downlink (hub side)."""
+    targets = [(_ns_name(i), "eth0")] + ([(HUB, f"{PREFIX}{i + 1}b")] if both else [])
+    for ns, dev in targets:
+        ex = ("ip", "netns", "exec", ns, "tc", "qdisc")
+        if mbps is None:
+            _sh(*ex, "del", "dev", dev, "root", check=False)
+        else:
+            burst = tbf_burst(mbps)
+            _sh(*ex, "replace", "dev", dev, "root", "tbf", "rate", f"{mbps}mbit", "burst", str(burst), "latency", "200ms")
+
+
+# -- one shaped sweep point --------------------------------------------------------------------------
+def ideal(topology: str, n: int, n_chains: int, size: int, chunk: int, b0: float | None, bw: float) -> float:
+    g_w = bw * 1e6 / 8 * GOODPUT
+    if topology == "chain":
+        depths = sorted(1 + k // n_chains for k in range(n))
+        d = depths[math.ceil(Q * n) - 1]
+        return size / g_w + (d - 1) * min(chunk, size) / g_w
+    t = size / g_w
+    if topology == "star" and b0:
+        t = max(t, n * size / (b0 * 1e6 / 8 * GOODPUT))
+    return t
+
+
+def run_point(args) -> None:
+    """Inner process (inside the learner's namespace when shaping with tc): start the coordinator and N
+    relay-only workers, then time one publication per (topology, B0)."""
+    from echo2sdk.core.broadcast.delivery import ChainBroadcast
+    from echo2sdk.core.buffer import StalenessBuffer
+    from echo2sdk.core.capacity import num_chains
+    from echo2sdk.core.coordinator import Coordinator
+    from echo2sdk.testing import ToyAdapter
+
+    tc = args.shaping == "tc"
+    n, bw, size, chunk = args.n[0], args.bw, args.size_mib << 20, args.chunk_kib << 10
+    host = _ip(-1) if tc else "127.0.0.1"
+    delivery = ChainBroadcast(TOKEN, chunk_bytes=chunk, host=host, stall_timeout_s=30.0)
+    coord = Coordinator(buffer=StalenessBuffer(staleness=2, group_size=2), tasks=ToyAdapter().tasks(0),
+                        worker_config={}, vocab_size=256, max_len=64, token=TOKEN, host=host,
+                        heartbeat_s=1.0, worker_timeout_s=120.0, gamma=1 / Q, delivery=delivery)
+    coord.start()
+    procs = []
+    env = dict(os.environ, ECHO2_TOKEN=TOKEN, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    try:
+        for i in range(n):
+            cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{coord.port}",
+                   "--id", f"w{i:02d}", "--relay-only"]
+            if tc:
+                cmd = ["ip", "netns", "exec", _ns_name(i), *cmd]
+            else:
+                cmd += ["--relay-uplink-mbps", str(bw)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60 + 2 * n
+        while len(coord.alive_workers()) < n:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {len(coord.alive_workers())}/{n} workers joined")
+            time.sleep(0.2)
+        version = 0
+        runs = [("star-unlimited", None)] + [(t, b0) for b0 in args.b0 for t in ("chain", "star")]
+        payload = os.urandom(size)
+        for topology, b0 in runs:
+            version += 1
+            n_ch = num_chains(b0, bw) if topology == "chain" else n
+            delivery.topology = "chain" if topology == "chain" else "star"
+            delivery.n_chains = n_ch
+            # the learner streams to each receiver at its link rate Bw (paper §4.2), so flows sharing the
+            # uplink do not fight over it; with tc the links themselves are capped as well
+            delivery.source.per_peer_bps = bw * 1e6 / 8 * GOODPUT
+            if tc:
+                shape(-1, b0 if topology != "star-unlimited" else None, both=False)
+                delivery.source.uplink = None
+            else:
+                from echo2sdk.core.broadcast.relay import TokenBucket
+
+                delivery.source.uplink = TokenBucket(b0 * 1e6 / 8 * GOODPUT) if b0 and topology != "star-unlimited" else None
+            time.sleep(0.5)
+            coord.buffer.set_version(version)
+            coord.publish(version, payload)
+            limit = time.monotonic() + args.timeout_s
+            while coord.t_bcast(version, "received")[1] is None and time.monotonic() < limit:
+                time.sleep(0.05)
+            t_q, t_all = coord.t_bcast(version, "received")
+            reports = delivery.reports.get(version, {})
+            print(json.dumps({
+                "topology": topology,
+                "n_workers": n,
+                "snapshot_bytes": size,
+                "chunk_bytes": chunk,
+                "uplink_mbps": b0 if topology != "star-unlimited" else None,
+                "worker_mbps": bw,
+                "n_chains": delivery.plans[version].n_chains,
+                "t_bcast_q_s": None if t_q is None else round(t_q, 3),
+                "t_bcast_all_s": None if t_all is None else round(t_all, 3),
+                "ideal_s": round(ideal(topology, n, delivery.plans[version].n_chains, size, chunk, b0, bw), 3),
+                "q": Q,
+                "repairs": sum(len(r.get("repairs") or ()) for r in reports.values()),
+                "fetch_s_max": round(max((r.get("seconds", 0) for r in reports.values()), default=0), 3),
+                "shaping": args.shaping,
+                "tbf_burst_bytes": tbf_burst(bw) if tc else None,
+            }), flush=True)
+    finally:
+        coord.stop()
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def sweep(args) -> list[dict]:
+    tc = args.shaping == "tc"
+    rows: list[dict] = []
+    try:
+        for n in args.n:
+            # past ~5 Gbit/s aggregate the emulation is CPU-bound on 2 cores: scale Bw, B0 and the snapshot
+            scale = 1.0 if n * args.bw <= args.max_aggregate_mbps else 0.25
+            bw, size = args.bw * scale, max(4, int(args.size_mib * scale))
+            b0s = [b * scale for b in args.b0]
+            chunk = max(64, int(args.chunk_kib * scale))
+            if tc:
+                setup_network(n)
+                for i in range(n):
+                    shape(i, bw, both=True)
+            inner = [sys.executable, __file__, "--mode", "point", "--n", str(n), "--bw", str(bw),
+                     "--size-mib", str(size), "--chunk-kib", str(chunk), "--shaping", args.shaping,
+                     "--timeout-s", str(args.timeout_s), "--b0", *map(str, b0s)]
+            if tc:
+                inner = ["ip", "netns", "exec", LEARNER, *inner]
+            out = subprocess.run(inner, capture_output=True, text=True, timeout=args.timeout_s * 8 + 300)
+            for line in out.stdout.splitlines():
+                if line.startswith("{"):
+                    row = json.loads(line)
+                    row["bw_scale"] = scale
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            if out.returncode != 0:
+                print(out.stderr[-3000:], file=sys.stderr)
+    finally:
+        if tc:
+            teardown()
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    keys = sorted({(r["topology"], r["uplink_mbps"] and r["uplink_mbps"] / r["bw_scale"]) for r in rows},
+                  key=lambda k: (k[0], k[1] or 0))
+    for topology, b0 in keys:
+        # Bw, B0, snapshot and chunk scale together, so times compare across the scaled points as they are
+        pts = sorted((r["n_workers"], r["t_bcast_q_s"]) for r in rows
+                     if r["topology"] == topology and (r["uplink_mbps"] and r["uplink_mbps"] / r["bw_scale"]) == b0)
+        label = topology if topology == "star-unlimited" else f"{topology} B0={b0:g} Mbit/s"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rollout workers N")
+    ax.set_yscale("log")
+    ax.set_ylabel(f"T_bcast to q={Q} of workers (s)")
+    ax.set_title(f"Snapshot broadcast vs fleet size (cf. paper Figure 4); {rows[0]['shaping']} shaping")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# -- software ceiling: 8 unshaped relay hops on loopback ---------------------------------------------
+def _plain_relay(listen_port: int, next_port: int | None, total: int, chunk: int, ready, result) -> None:
+    srv = socket.create_server(("127.0.0.1", listen_port))
+    ready.set()
+    conn, _ = srv.accept()
+    out = socket.create_connection(("127.0.0.1", next_port)) if next_port else None
+    buf = bytearray(total)
+    view = memoryview(buf)
+    for i in range(0, total, 4096):
+        buf[i] = 0  # pre-touched, reused buffer
+    got, t0 = 0, None
+    while got < total:
+        end = min(got + chunk, total)
+        start = got
+        while got < end:
+            k = conn.recv_into(view[got:end])
+            if k == 0:
+                raise EOFError
+            t0 = t0 or time.perf_counter()
+            got += k
+        if out is not None:
+            out.sendall(view[start:end])
+    if out is None:
+        result.put(time.perf_counter())
+
+
+def plain_baseline(total: int, chunk: int, hops: int) -> float:
+    ctx = mp.get_context("fork")
+    base = 47000
+    result = ctx.Queue()
+    procs = []
+    for k in reversed(range(hops)):
+        ready = ctx.Event()
+        nxt = base + k + 1 if k < hops - 1 else None
+        p = ctx.Process(target=_plain_relay, args=(base + k, nxt, total, chunk, ready, result))
+        p.start()
+        ready.wait(10)
+        procs.append(p)
+    data = memoryview(bytearray(os.urandom(chunk)) * (total // chunk))
+    s = socket.create_connection(("127.0.0.1", base))
+    t0 = time.perf_counter()
+    s.sendall(data)
+    s.close()
+    t_end = result.get(timeout=300)
+    for p in procs:
+        p.join(10)
+    return total / (t_end - t0) / 1e9
+
+
+def ceiling(args) -> None:
+    from echo2sdk.core.broadcast.delivery import ChainBroadcast
+    from echo2sdk.core.buffer import StalenessBuffer
+    from echo2sdk.core.coordinator import Coordinator
+    from echo2sdk.testing import ToyAdapter
+
+    total, chunk, hops = args.size_mib << 20, args.chunk_kib << 10, 8
+    plain = plain_baseline(total, chunk, hops)
+    delivery = ChainBroadcast(TOKEN, chunk_bytes=chunk, n_chains=1, stall_timeout_s=60)
+    coord = Coordinator(buffer=StalenessBuffer(staleness=2, group_size=2), tasks=ToyAdapter().tasks(0),
+                        worker_config={}, vocab_size=256, max_len=64, token=TOKEN, heartbeat_s=1.0,
+                        worker_timeout_s=120.0, delivery=delivery)
+    coord.start()
+    env = dict(os.environ, ECHO2_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
+    procs = []
+    try:
+        for i in range(hops):
+            procs.append(subprocess.Popen([sys.executable, "-m", "echo2sdk.cli", "worker", "--connect",
+                                           f"127.0.0.1:{coord.port}", "--id", f"r{i}", "--relay-only"],
+                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            while f"r{i}" not in coord.workers:
+                time.sleep(0.05)
+        payload = os.urandom(total)
+        t0 = time.perf_counter()
+        from echo2sdk.core.broadcast.manifest import Signer, build_manifest
+
+        build_manifest(payload, 0, chunk, Signer())
+        t_manifest = time.perf_counter() - t0
+        coord.publish(1, payload)
+        while coord.t_bcast(1, "received")[1] is None:
+            time.sleep(0.01)
+        t_tail = coord.t_bcast(1, "received")[1]
+        print(json.dumps({
+            "mode": "ceiling",
+            "hops": hops,
+            "snapshot_bytes": total,
+            "chunk_bytes": chunk,
+            "echo2_tail_gbps": round(total / t_tail / 1e9, 3),
+            "echo2_tail_gbps_excl_manifest": round(total / (t_tail - t_manifest) / 1e9, 3),
+            "manifest_s": round(t_manifest, 3),
+            "plain_relay_gbps": round(plain, 3),
+            "ratio": round(total / t_tail / 1e9 / plain, 3),
+            "shaping": "none",
+        }), flush=True)
+    finally:
+        coord.stop()
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["sweep", "point", "ceiling"], default="sweep")
+    p.add_argument("--n", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    p.add_argument("--b0", type=float, nargs="+", default=[300.0, 800.0], help="learner uplink, Mbit/s")
+    p.add_argument("--bw", type=float, default=100.0, help="per-worker link, Mbit/s")
+    p.add_argument("--size-mib", type=int, default=None)
+    p.add_argument("--chunk-kib", type=int, default=None)
+    p.add_argument("--shaping", choices=["auto", "tc", "token-bucket"], default="auto")
+    p.add_argument("--max-aggregate-mbps", type=float, default=2000.0,
+                   help="above N * Bw of this, scale Bw, B0 and the snapshot by 1/4 (CPU-bound emulation)")
+    p.add_argument("--timeout-s", type=float, default=240.0)
+    p.add_argument("--out", type=Path, default=None, help="folder for broadcast.jsonl and figure4.png")
+    args = p.parse_args()
+    if args.mode == "ceiling":
+        args.size_mib, args.chunk_kib = args.size_mib or 512, args.chunk_kib or 4096
+        ceiling(args)
+        return
+    args.size_mib, args.chunk_kib = args.size_mib or 32, args.chunk_kib or 1024
+    if args.shaping == "auto":
+        args.shaping = "tc" if namespaces_available() else "token-bucket"
+    if args.mode == "point":
+        run_point(args)
+        return
+    rows = sweep(args)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "broadcast.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        plot(rows, args.out / "figure4.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The `poker` env scheme: `poker://nlhe_headsup_v1` (2 seats) and `poker://nlhe_6max_v1` (6 seats).
+
+env_options:
+  opponent:             calling_station | tight_aggressive | loose_aggressive | llm | mixed (default:
+                        mixed, a rule-based policy drawn per seat and hand), or a list, one per other seat
+  seat:                 the model's seat index (default 0; its position moves with the seeded dealer)
+  opponent_model:       the LLM opponent's model (default smollm2-135m, the base policy)
+  opponent_backend:     its inference backend (default hf)
+  opponent_max_tokens:  its reply budget (default 16)
+  opponent_temperature: its sampling temperature (default 0.7)
+
+Defaults for SandboxAdapter: serializer `envstate->chat_prompt_v2`, penalty 2 chips (one big blind) for a
+malformed or illegal reply, whose fallback is check if free, else fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from echo2sdk.errors import ConfigError, NameNotFound
+
+from .opponents import OPPONENTS
+from .serializer import ChatPromptV2
+
+__all__ = ["PokerPlugin", "ENV_IDS"]
+
+ENV_IDS = {"nlhe_headsup_v1": 2, "nlhe_6max_v1": 6}
+_OPTIONS = ("opponent", "seat", "opponent_model", "opponent_backend", "opponent_max_tokens", "opponent_temperature")
+
+
+class PokerPlugin:
+    scheme = "poker"
+    default_serializer = "envstate->chat_prompt_v2"
+    default_penalty = 2.0
+
+    def env_ids(self) -> Sequence[str]:
+        return tuple(ENV_IDS)
+
+    def check(self, env_id: str, options: Mapping[str, Any]) -> None:
+        if env_id not in ENV_IDS:
+            raise NameNotFound("poker env", env_id, ENV_IDS)
+        for key in options:
+            if key not in _OPTIONS:
+                raise ConfigError(f"poker://{env_id}: unknown env_options key {key!r} (known: {', '.join(_OPTIONS)})")
+        n = ENV_IDS[env_id]
+        opp = options.get("opponent", "mixed")
+        names = list(opp) if isinstance(opp, (list, tuple)) else [opp]
+        for name in names:
+            if name not in OPPONENTS:
+                raise NameNotFound("poker opponent", str(name), OPPONENTS)
+        if isinstance(opp, (list, tuple)) and len(names) != n - 1:
+            raise ConfigError(f"poker://{env_id}: env_options.opponent lists {len(names)} policies for {n - 1} other seats")
+        seat = options.get("seat", 0)
+        if isinstance(seat, bool) or not isinstance(seat, int) or not 0 <= seat < n:
+            raise ConfigError(f"poker://{env_id}: env_options.seat = {seat!r} must be a seat index in [0, {n - 1}]")
+
+    def make(self, env_id: str, options: Mapping[str, Any]):
+        from .table import PokerSandbox
+
+        self.check(env_id, options)
+        return PokerSandbox(ENV_IDS[env_id], options)
+
+    def components(self) -> Mapping[str, Mapping[str, Any]]:
+        return {"serializer": {"envstate->chat_prompt_v2": ChatPromptV2()}}

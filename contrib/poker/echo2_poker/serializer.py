@@ -1,0 +1,62 @@
+"""`envstate->chat_prompt_v2`: the acting player's view of a hold'em table as a short chat prompt.
+
+Only what that seat may know: its own two cards, the board, the pot, the stacks and chips in front of
+every seat, who has folded, the betting so far and the legal actions. Other seats' hole cards are
+never in the state the sandbox hands over, so they can never reach a prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["ChatPromptV2"]
+
+
+_EXAMPLES = (
+    (
+        "Preflop. You are P1 (big blind).\nYour cards: 9c 4d. Board: -.\nPot 8, to call 4, your stack 98.\n"
+        "Others: P0 stack 94.\nBetting: [preflop]; P0 raise_pot 6.\nLegal: fold, call, raise_pot, all_in.",
+        "fold",
+    ),
+    (
+        "Flop. You are P0 (small blind).\nYour cards: Kh Qh. Board: Ks 7d 2h.\nPot 4, to call 0, your stack 98.\n"
+        "Others: P1 stack 98.\nBetting: [preflop]; you call 2; P1 check.\nLegal: fold, check, raise_half_pot, raise_pot, all_in.",
+        "raise_half_pot",
+    ),
+)
+
+
+class ChatPromptV2:
+    """With `examples()`: two worked turns shown before the first state (a 135M model follows a shown
+    answer format far better than a described one)."""
+
+    def examples(self, renderer) -> list[dict[str, str]]:
+        out = []
+        for state, action in _EXAMPLES:
+            legal = [a.strip() for a in state.rsplit("Legal: ", 1)[1].rstrip(".").split(",")]
+            out.append({"role": "user", "content": state + "\n" + renderer.instructions(legal)})
+            out.append({"role": "assistant", "content": f"<answer>{action}</answer>"})
+        return out
+
+    def system(self, env: str) -> str:
+        return (
+            "You play no-limit Texas hold'em for chips. Blinds 1/2, stacks 100. Each turn you see your cards, "
+            "the board, the pot and the betting, and choose one legal action. Win chips."
+        )
+
+    def user(self, observation: Any, turn: int) -> str:
+        s: Mapping[str, Any] = observation.state
+        lines = [
+            f"{s['stage'].capitalize()}. You are {s['you']} ({s['position']}).",
+            f"Your cards: {' '.join(s['hand'])}. Board: {' '.join(s['board']) or '-'}.",
+            f"Pot {s['pot']}, to call {s['to_call']}, your stack {s['stack']}.",
+        ]
+        others = [
+            f"{o['seat']} {'folded' if o['folded'] else 'stack ' + str(o['stack'])}" for o in s["opponents"]
+        ]
+        lines.append("Others: " + ", ".join(others) + ".")
+        if s["history"]:
+            lines.append("Betting: " + "; ".join(s["history"][-8:]) + ".")
+        lines.append("Legal: " + ", ".join(observation.legal) + ".")
+        return "\n".join(lines)

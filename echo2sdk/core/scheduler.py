@@ -1,0 +1,706 @@
+"""Cost-aware, closed-loop activation of rollout workers (paper §3.4, §4.3, appendices C.2.1 and D).
+
+Symbols as in the paper:
+
+- ``c_i``      price of worker i in $/h (it comes with the worker's registration)
+- ``mu_i(t)``  its effective throughput in rollouts/s, measured from heartbeats over a sliding window
+- ``a_i(t)``   its availability over the same window: heartbeats received / heartbeats expected
+- ``rho_i``    unit throughput cost c_i / mu_i
+- ``mu_pool(t) = sum_{i in A} a_i(t) * mu_i(t)`` over the active set A (eq. (4))
+- ``mu_target = gamma * mu_min(kappa)`` with mu_min from :func:`echo2sdk.core.capacity.mu_min`
+
+Static provisioning (§3.4) is :func:`select_cheapest`: rank workers by increasing rho and activate the
+cheapest prefix whose summed throughput reaches mu_target. :func:`select_random` is the paper's
+"w/o Cost" ablation (uniform random activation that still targets full overlap).
+
+The closed loop (:class:`Scheduler`, C.2.1) acts only on a *sustained* deviation: capacity below the
+target for ``sustain_s`` activates the lowest-rho standby workers until the target is met again;
+capacity above ``target * (1 + release_margin)`` for ``sustain_s`` releases the most expensive active
+worker (highest rho), one at a time, and only when the rest still meets the target. Between the two
+thresholds nothing happens, and every decision is followed by a ``cooldown_s`` pause, so noisy
+heartbeats do not make it thrash. A failed worker (silent for ``fail_after_s``, or reported failed) is
+replaced from the standby pool at once when its loss drops capacity below the target (appendix D).
+
+The scheduler is a pure state machine over a caller-supplied clock: it never sleeps, starts or stops
+anything. It returns :class:`Action` values; the caller applies them: :class:`LiveLoop` (the trainer's
+thread against the coordinator and a provider from :mod:`echo2sdk.providers`) or the simulator in
+:mod:`echo2sdk.core.sim`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from echo2sdk.core import capacity
+from echo2sdk.errors import CapacityError
+
+__all__ = [
+    "LiveLoop",
+    "WorkerOffer",
+    "Selection",
+    "Action",
+    "Scheduler",
+    "unit_cost",
+    "by_unit_cost",
+    "select_cheapest",
+    "select_random",
+    "STANDBY",
+    "ACTIVE",
+    "FAILED",
+]
+
+STANDBY, ACTIVE, FAILED = "standby", "active", "failed"
+
+_REL = 1e-9  # relative tolerance when comparing a capacity against the target
+
+
+def _number(name: str, value: object, *, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise CapacityError(f"{name} must be a finite number, got {name}={value!r}")
+    if value < 0 or (positive and value == 0):
+        raise CapacityError(f"{name} must be {'> 0' if positive else '>= 0'}, got {name}={value!r}")
+    return float(value)
+
+
+def unit_cost(price_per_hour: float, mu: float) -> float:
+    """rho_i = c_i / mu_i, in $/h per (rollout/s)."""
+    return _number("price_per_hour", price_per_hour, positive=False) / _number("mu", mu)
+
+
+@dataclass(frozen=True)
+class WorkerOffer:
+    """A worker that can be activated: its name, price c_i ($/h) and throughput mu_i (rollouts/s)."""
+
+    name: str
+    price_per_hour: float
+    mu: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise CapacityError(f"worker name must be a non-empty string, got name={self.name!r}")
+        _number(f"price_per_hour of worker {self.name!r}", self.price_per_hour, positive=False)
+        _number(f"mu of worker {self.name!r}", self.mu)
+
+    @property
+    def rho(self) -> float:
+        return self.price_per_hour / self.mu
+
+
+def by_unit_cost(offers: Iterable[WorkerOffer]) -> list[WorkerOffer]:
+    """Offers by increasing rho; ties by lower price, then name (deterministic)."""
+    return sorted(offers, key=lambda o: (o.rho, o.price_per_hour, o.name))
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which workers a provisioning rule activates, and whether they reach mu_target."""
+
+    chosen: tuple[WorkerOffer, ...]
+    mu_target: float
+    mu_pool: float
+    cost_per_hour: float
+    feasible: bool
+
+    @property
+    def shortfall(self) -> float:
+        """Rollouts/s missing to reach mu_target (0 when feasible)."""
+        return max(0.0, self.mu_target - self.mu_pool)
+
+    @property
+    def names(self) -> list[str]:
+        return [o.name for o in self.chosen]
+
+
+def _prefix(ordered: Sequence[WorkerOffer], mu_target: float) -> Selection:
+    mu_target = _number("mu_target", mu_target)
+    chosen: list[WorkerOffer] = []
+    pool = 0.0
+    for o in ordered:
+        if pool >= mu_target * (1 - _REL):
+            break
+        chosen.append(o)
+        pool += o.mu
+    return Selection(
+        chosen=tuple(chosen),
+        mu_target=mu_target,
+        mu_pool=pool,
+        cost_per_hour=sum(o.price_per_hour for o in chosen),
+        feasible=pool >= mu_target * (1 - _REL),
+    )
+
+
+def select_cheapest(offers: Iterable[WorkerOffer], mu_target: float) -> Selection:
+    """Paper §3.4: the cheapest-rho prefix whose summed mu reaches mu_target (all of them if none does).
+
+    The last worker of a prefix can overshoot by a lot (a big machine after many small ones); the
+    prefix is then pruned: every chosen worker, most expensive first, is dropped when the rest still
+    reaches mu_target. Pruning never raises the cost and keeps the selection feasible.
+    """
+    sel = _prefix(by_unit_cost(_distinct(offers)), mu_target)
+    if not sel.feasible:
+        return sel
+    kept = list(sel.chosen)
+    pool = sel.mu_pool
+    for o in sorted(sel.chosen, key=lambda o: (-o.price_per_hour, -o.rho, o.name)):
+        if pool - o.mu >= sel.mu_target * (1 - _REL):
+            kept.remove(o)
+            pool -= o.mu
+    return Selection(
+        chosen=tuple(kept),
+        mu_target=sel.mu_target,
+        mu_pool=pool,
+        cost_per_hour=sum(o.price_per_hour for o in kept),
+        feasible=True,
+    )
+
+
+def select_random(offers: Iterable[WorkerOffer], mu_target: float, rng: random.Random) -> Selection:
+    """The "w/o Cost" ablation: a uniformly random order, activated until mu_target is reached."""
+    ordered = sorted(_distinct(offers), key=lambda o: o.name)
+    rng.shuffle(ordered)
+    return _prefix(ordered, mu_target)
+
+
+def _distinct(offers: Iterable[WorkerOffer]) -> list[WorkerOffer]:
+    offers = list(offers)
+    seen: set[str] = set()
+    for o in offers:
+        if o.name in seen:
+            raise CapacityError(f"worker names must be distinct, got {o.name!r} twice")
+        seen.add(o.name)
+    return offers
+
+
+@dataclass(frozen=True)
+class Action:
+    """A decision of the scheduler. ``kind``: "activate" (start or wake the worker), "release" (stop
+    giving it work; it stays registered and idle) or "failed" (it was declared dead; clean it up)."""
+
+    kind: Literal["activate", "release", "failed"]
+    worker: str
+    at: float
+    reason: str
+
+
+@dataclass
+class _Worker:
+    name: str
+    price_per_hour: float
+    mu_prior: float
+    state: str = STANDBY
+    since: float = 0.0  # when the current state began
+    samples: deque = field(default_factory=deque)  # (t, cumulative rollouts, rate, cumulative busy s); any may be None
+    last_beat: float | None = None
+    first_beat: float | None = None  # first heartbeat in the current state
+    last_mu: float | None = None  # the last measured mu_i, kept across release for ranking
+
+
+class Scheduler:
+    """Closed-loop cost-aware activation; see the module docstring.
+
+    Args:
+        gamma: safety factor, mu_target = gamma * mu_min (paper: 1.1).
+        window_s: sliding window for mu_i(t) and a_i(t).
+        heartbeat_s: the heartbeat period workers use (for availability).
+        sustain_s: a deviation must last this long before the scheduler acts.
+        release_margin: release only while capacity > target * (1 + release_margin).
+        cooldown_s: minimum time between two decisions (default: sustain_s).
+        fail_after_s: an active worker silent this long is declared failed (default: 3 windows' worth
+            of heartbeats, i.e. max(5 * heartbeat_s, window_s / 2)).
+        boot_timeout_s: an activated worker that never sends a heartbeat is failed after this long.
+        order: "rho" (cost-aware, the paper) or "random" (the w/o-Cost ablation: activate and release
+            in a random order).
+        seed: for order="random".
+    """
+
+    def __init__(
+        self,
+        *,
+        gamma: float = 1.1,
+        window_s: float = 60.0,
+        heartbeat_s: float = 1.0,
+        sustain_s: float = 30.0,
+        release_margin: float = 0.15,
+        cooldown_s: float | None = None,
+        fail_after_s: float | None = None,
+        boot_timeout_s: float = 600.0,
+        order: Literal["rho", "random"] = "rho",
+        seed: int = 0,
+    ) -> None:
+        self.gamma = _number("gamma", gamma)
+        if self.gamma < 1.0:
+            raise CapacityError(f"safety factor gamma must be >= 1, got gamma={gamma!r}")
+        self.window_s = _number("window_s", window_s)
+        self.heartbeat_s = _number("heartbeat_s", heartbeat_s)
+        self.sustain_s = _number("sustain_s", sustain_s, positive=False)
+        self.release_margin = _number("release_margin", release_margin, positive=False)
+        self.cooldown_s = self.sustain_s if cooldown_s is None else _number("cooldown_s", cooldown_s, positive=False)
+        default_fail = max(5 * self.heartbeat_s, self.window_s / 2)
+        self.fail_after_s = default_fail if fail_after_s is None else _number("fail_after_s", fail_after_s)
+        self.boot_timeout_s = _number("boot_timeout_s", boot_timeout_s)
+        if order not in ("rho", "random"):
+            raise CapacityError(f"order must be 'rho' or 'random', got order={order!r}")
+        self.order = order
+        self._rng = random.Random(seed)
+        self._random_rank: dict[str, float] = {}
+        self.workers: dict[str, _Worker] = {}
+        self.mu_min: float | None = None
+        self.mu_target: float | None = None
+        self.calibration: dict[str, float] = {}
+        self._below_since: float | None = None
+        self._above_since: float | None = None
+        self._last_action = -math.inf
+        self._failure_pending = False
+        self._changes_since_calibration = 0
+        self._active_at_calibration = 0
+        self.log: list[Action] = []
+
+    # ------------------------------------------------------------------ target
+
+    def calibrate(self, *, T_train: float, T_bcast: float, R: float, kappa: int) -> float:
+        """Set mu_target = gamma * mu_min(kappa) from measured T_train, T_bcast (paper §4.3: calibrated
+        at deployment, re-measured when the pool changes substantially). Returns mu_target.
+        Raises CapacityError when kappa * T_train <= T_bcast (no pool can keep the learner busy)."""
+        self.mu_min = capacity.mu_min(T_train, T_bcast, R, kappa)
+        self.mu_target = capacity.mu_target(self.mu_min, self.gamma)
+        self.calibration = {"T_train": float(T_train), "T_bcast": float(T_bcast), "R": float(R), "kappa": kappa}
+        self._changes_since_calibration = 0
+        self._active_at_calibration = len(self.active())
+        return self.mu_target
+
+    def set_target(self, mu_target: float) -> None:
+        """Set mu_target directly (for a target computed elsewhere)."""
+        self.mu_target = _number("mu_target", mu_target)
+
+    @property
+    def recalibration_due(self) -> bool:
+        """True once activations, releases and failures since the last calibration reach a quarter of
+        the active set at that time (at least one): the pool changed substantially (§4.3)."""
+        return self._changes_since_calibration >= max(1, math.ceil(0.25 * self._active_at_calibration))
+
+    # ------------------------------------------------------------------ registry
+
+    def add_worker(
+        self, name: str, price_per_hour: float, mu: float, *, active: bool = False, now: float = 0.0
+    ) -> None:
+        """Register a worker with its price c_i and a prior mu_i (catalog value or warm-up measurement),
+        used until heartbeats measure it. ``active=True`` registers it as already working."""
+        offer = WorkerOffer(name, price_per_hour, mu)  # validates
+        if name in self.workers:
+            raise CapacityError(f"worker {name!r} is already registered")
+        w = _Worker(name, offer.price_per_hour, offer.mu)
+        self.workers[name] = w
+        if active:
+            self._set_state(w, ACTIVE, now)
+
+    def remove_worker(self, name: str) -> None:
+        self.workers.pop(name, None)
+
+    def set_prior(self, name: str, mu: float) -> None:
+        """Replace a worker's prior throughput (e.g. after a warm-up measurement)."""
+        self._get(name).mu_prior = _number(f"mu of worker {name!r}", mu)
+
+    def mark_active(self, name: str, now: float) -> None:
+        """Record that a worker is active without a decision of ours (e.g. it joined already working)."""
+        self._set_state(self._get(name), ACTIVE, now)
+
+    def mark_standby(self, name: str, now: float) -> None:
+        """Return a (failed or released) worker to the standby pool, e.g. after it re-joined."""
+        self._set_state(self._get(name), STANDBY, now)
+
+    def mark_failed(self, name: str, now: float, reason: str = "reported failed") -> Action | None:
+        """Declare a worker failed (the coordinator dropped it). Returns the "failed" action, if any."""
+        w = self._get(name)
+        if w.state == FAILED:
+            return None
+        was_active = w.state == ACTIVE
+        self._set_state(w, FAILED, now)
+        if was_active:
+            self._failure_pending = True
+            self._changes_since_calibration += 1
+        action = Action("failed", name, now, reason)
+        self.log.append(action)
+        return action
+
+    def heartbeat(
+        self,
+        name: str,
+        now: float,
+        *,
+        rollouts: float | None = None,
+        rate: float | None = None,
+        busy_s: float | None = None,
+    ) -> None:
+        """A heartbeat from worker `name` at time `now`. ``rollouts``: its cumulative count of delivered
+        rollouts; with ``busy_s`` (cumulative seconds spent generating) mu_i is delta rollouts / delta
+        busy over the window (the rate while generating, immune to idle spells); without it, delta
+        rollouts / delta time. ``rate``: the worker's own estimate in rollouts/s, averaged over the
+        window when no counts are given. Heartbeats from unknown or failed workers are ignored."""
+        w = self.workers.get(name)
+        if w is None or w.state == FAILED:
+            return
+        if w.last_beat is not None and now <= w.last_beat:
+            return  # a repeated reading of the same heartbeat
+        w.last_beat = now
+        if w.first_beat is None:
+            w.first_beat = now
+        w.samples.append((now, rollouts, rate, busy_s))
+        self._trim(w, now)
+
+    # ------------------------------------------------------------------ estimates
+
+    def _trim(self, w: _Worker, now: float) -> None:
+        while w.samples and w.samples[0][0] < now - self.window_s:
+            w.samples.popleft()
+
+    def mu_i(self, name: str, now: float) -> float:
+        """mu_i(t): delivered rollouts per second over the window since the worker's state began; the
+        prior until at least half a window of heartbeats spans the measurement."""
+        w = self._get(name)
+        self._trim(w, now)
+        s = w.samples  # all inside the window and since the state began (cleared on every change)
+        if self._measured(w, now):
+            if s[0][1] is not None and s[-1][1] is not None:
+                if s[0][3] is not None and s[-1][3] is not None:
+                    busy = s[-1][3] - s[0][3]
+                    if busy >= self.window_s / 2 or (busy > 0 and w.last_mu is None):
+                        w.last_mu = max(0.0, (s[-1][1] - s[0][1]) / busy)
+                    return w.last_mu if w.last_mu is not None else w.mu_prior
+                w.last_mu = max(0.0, (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0]))
+                return w.last_mu
+            rates = [r for _, _, r, _ in s if r is not None]
+            if rates:
+                w.last_mu = max(0.0, sum(rates) / len(rates))
+                return w.last_mu
+        return w.mu_prior
+
+    def _measured(self, w: _Worker, now: float) -> bool:
+        s = w.samples
+        return len(s) >= 2 and s[-1][0] - s[0][0] >= self.window_s / 2
+
+    def a_i(self, name: str, now: float) -> float:
+        """a_i(t): heartbeats received over those expected in the window, counted from the first
+        heartbeat of the current state (1.0 for a worker still starting or too new to judge, 0.0 for a
+        failed one; a starting worker that never reports is failed after boot_timeout_s)."""
+        w = self._get(name)
+        if w.state == FAILED:
+            return 0.0
+        if w.first_beat is None:
+            return 1.0
+        span = min(self.window_s, now - w.first_beat)
+        if span < 2 * self.heartbeat_s:
+            return 1.0
+        self._trim(w, now)
+        return min(1.0, len(w.samples) / (span / self.heartbeat_s + 1))
+
+    def rho_i(self, name: str, now: float) -> float:
+        w = self._get(name)
+        mu = w.last_mu if w.state != ACTIVE and w.last_mu else self.mu_i(name, now)
+        return w.price_per_hour / mu if mu > 0 else math.inf
+
+    def active(self) -> list[str]:
+        return [n for n, w in self.workers.items() if w.state == ACTIVE]
+
+    def standby(self) -> list[str]:
+        return [n for n, w in self.workers.items() if w.state == STANDBY]
+
+    def contribution(self, name: str, now: float) -> float:
+        """a_i(t) * mu_i(t) of one worker."""
+        return self.a_i(name, now) * self.mu_i(name, now)
+
+    def mu_pool(self, now: float) -> float:
+        """mu_pool(t) = sum over active workers of a_i(t) * mu_i(t) (paper eq. (4))."""
+        return sum(self.contribution(n, now) for n in self.active())
+
+    def cost_per_hour(self) -> float:
+        return sum(self.workers[n].price_per_hour for n in self.active())
+
+    # ------------------------------------------------------------------ decisions
+
+    def provision(self, now: float) -> list[Action]:
+        """Initial provisioning (§3.4): activate the standby workers that :func:`select_cheapest` picks
+        (by their priors) to reach mu_target together with the workers already active, the same
+        decision `echo2 plan` prints. No hysteresis: this is the deployment decision."""
+        self._need_target()
+        assert self.mu_target is not None
+        if self.order == "random":
+            actions = self._activate_until_target(now, "initial provisioning")
+        else:
+            have = sum(self.workers[n].mu_prior for n in self.active())
+            offers = [WorkerOffer(n, self.workers[n].price_per_hour, self.workers[n].mu_prior) for n in self.standby()]
+            actions = []
+            if have < self.mu_target * (1 - _REL) and offers:
+                sel = select_cheapest(offers, self.mu_target - have)
+                for o in sel.chosen:
+                    self._set_state(self.workers[o.name], ACTIVE, now)
+                    actions.append(Action("activate", o.name, now, f"initial provisioning; rho={o.rho:.4g}"))
+                self._last_action = now
+                self.log += actions
+        self._below_since = self._above_since = None
+        return actions
+
+    def step(self, now: float) -> list[Action]:
+        """One control tick; returns the decisions taken (often none). See the module docstring."""
+        self._need_target()
+        assert self.mu_target is not None
+        actions: list[Action] = []
+        for w in list(self.workers.values()):  # liveness
+            if w.state != ACTIVE:
+                continue
+            if w.last_beat is None or w.last_beat < w.since:
+                if now - w.since > self.boot_timeout_s:
+                    actions.append(self.mark_failed(w.name, now, f"no heartbeat {now - w.since:.0f} s after activation"))
+            elif now - w.last_beat > self.fail_after_s:
+                actions.append(self.mark_failed(w.name, now, f"silent for {now - w.last_beat:.0f} s"))
+        actions = [a for a in actions if a is not None]
+
+        cap = self.mu_pool(now)
+        target = self.mu_target
+        if cap < target * (1 - _REL):
+            self._above_since = None
+            if self._below_since is None:
+                self._below_since = now
+            sustained = now - self._below_since >= self.sustain_s and now - self._last_action >= self.cooldown_s
+            if (self._failure_pending or sustained) and self.standby():
+                why = "replace failed worker" if self._failure_pending else (
+                    f"mu_pool {cap:.3g} < mu_target {target:.3g} for {now - self._below_since:.0f} s"
+                )
+                actions += self._activate_until_target(now, why)
+                self._below_since = None
+            self._failure_pending = False
+        elif cap > target * (1 + self.release_margin):
+            self._below_since = None
+            self._failure_pending = False
+            if self._above_since is None:
+                self._above_since = now
+            if now - self._above_since >= self.sustain_s and now - self._last_action >= self.cooldown_s:
+                action = self._release_one(now, cap)
+                if action is not None:
+                    actions.append(action)
+                self._above_since = None  # one release per sustained interval: gradual
+        else:
+            self._below_since = self._above_since = None
+            self._failure_pending = False
+        return actions
+
+    @property
+    def infeasible(self) -> bool:
+        """True when the target is set, no standby worker is left, and the active set misses it by
+        its priors (the plain warning `status()` reports)."""
+        return bool(self.mu_target) and not self.standby() and (
+            sum(self.workers[n].mu_prior for n in self.active()) < self.mu_target * (1 - _REL)
+        )
+
+    def status(self, now: float) -> dict:
+        """Numbers for logs and metrics."""
+        return {
+            "mu_min": self.mu_min,
+            "mu_target": self.mu_target,
+            "mu_pool": self.mu_pool(now),
+            "active": self.active(),
+            "standby": self.standby(),
+            "failed": [n for n, w in self.workers.items() if w.state == FAILED],
+            "cost_per_hour": self.cost_per_hour(),
+            "recalibration_due": self.recalibration_due,
+        }
+
+    # ------------------------------------------------------------------ internals
+
+    def _need_target(self) -> None:
+        if self.mu_target is None:
+            raise CapacityError("the scheduler has no mu_target: call calibrate(...) or set_target(...) first")
+
+    def _get(self, name: str) -> _Worker:
+        try:
+            return self.workers[name]
+        except KeyError:
+            raise CapacityError(f"unknown worker {name!r}; registered: {sorted(self.workers)}") from None
+
+    def _set_state(self, w: _Worker, state: str, now: float) -> None:
+        w.state, w.since = state, now
+        w.first_beat = None
+        w.samples.clear()  # measurements restart with the new state (an idle spell says nothing of mu_i)
+
+    def _order_key(self, name: str, now: float) -> float:
+        if self.order == "random":
+            if name not in self._random_rank:
+                self._random_rank[name] = self._rng.random()
+            return self._random_rank[name]
+        return self.rho_i(name, now)
+
+    def _activate_until_target(self, now: float, reason: str) -> list[Action]:
+        assert self.mu_target is not None
+        cap = self.mu_pool(now)
+        actions = []
+        for name in sorted(self.standby(), key=lambda n: (self._order_key(n, now), n)):
+            if cap >= self.mu_target * (1 - _REL):
+                break
+            w = self.workers[name]
+            mu_guess = w.last_mu or w.mu_prior
+            self._set_state(w, ACTIVE, now)
+            cap += mu_guess
+            actions.append(Action("activate", name, now, f"{reason}; rho={w.price_per_hour / mu_guess:.4g}"))
+        if actions:
+            self._last_action = now
+            self._changes_since_calibration += len(actions)
+        self.log += actions
+        return actions
+
+    def _release_one(self, now: float, cap: float) -> Action | None:
+        assert self.mu_target is not None
+        ranked = sorted(self.active(), key=lambda n: (-self._order_key(n, now), n))
+        for name in ranked:  # most expensive first
+            if not self._measured(self.workers[name], now):
+                continue  # too new to judge
+            rest = cap - self.contribution(name, now)
+            if rest >= self.mu_target * (1 + _REL):
+                self._set_state(self.workers[name], STANDBY, now)
+                self._last_action = now
+                self._changes_since_calibration += 1
+                action = Action(
+                    "release", name, now, f"mu_pool {cap:.3g} > mu_target {self.mu_target:.3g}; {rest:.3g} without it"
+                )
+                self.log.append(action)
+                return action
+        return None
+
+
+class LiveLoop:
+    """Runs a :class:`Scheduler` against a live coordinator on a thread (the trainer's live loop).
+
+    Every ``period_s`` it reads the coordinator's worker table (``workers``: id -> info with
+    ``alive``, ``active``, ``trajectories``, ``price_per_hour``), feeds heartbeats of active workers to
+    the scheduler (cumulative accepted trajectories: mu_i is the end-to-end rate), reports dropped ones
+    as failed, registers newcomers as standby, and applies the decisions: an activation wakes a
+    registered idle worker (``coordinator.set_active(id, True)``) or asks the provider to start the
+    machine; a release makes the worker idle (``set_active(id, False)``: it stays registered) and,
+    with ``stop_released``, stops its machine. Decisions and status go to ``on_event`` (a callable
+    taking a dict), e.g. a JSONL writer. Clock: ``time.monotonic``.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        coordinator: object,
+        provider: object | None = None,
+        *,
+        period_s: float = 1.0,
+        prices: dict[str, float] | None = None,
+        stop_released: bool = False,
+        on_event: object = None,
+        remeasure: object = None,
+    ) -> None:
+        import threading
+
+        self.remeasure = remeasure  # () -> dict(T_train=..., T_bcast=..., R=..., kappa=...) or None
+        self.s, self.coord, self.provider = scheduler, coordinator, provider
+        self.period_s, self.prices, self.stop_released = period_s, dict(prices or {}), stop_released
+        self.on_event = on_event
+        self.events: list[dict] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _emit(self, event: dict) -> None:
+        self.events.append(event)
+        if callable(self.on_event):
+            self.on_event(event)
+
+    def start(self) -> None:
+        import threading
+
+        self._thread = threading.Thread(target=self._run, name="echo2-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        import logging
+        import time
+
+        log = logging.getLogger("echo2sdk.scheduler")
+        while not self._stop.wait(self.period_s):
+            try:
+                self.tick(time.monotonic())
+            except Exception:  # noqa: BLE001 - the control loop must not take the run down
+                log.exception("scheduler tick failed")
+
+    def tick(self, now: float) -> list[Action]:
+        """One control step against the coordinator (public for tests)."""
+        with self._lock:
+            s = self.s
+            mean_mu = [w.last_mu or w.mu_prior for w in s.workers.values()]
+            prior = sum(mean_mu) / len(mean_mu) if mean_mu else 1.0
+            actions: list[Action] = []
+            for wid, info in list(self.coord.workers.items()):
+                if wid not in s.workers:  # joined after calibration: standby until the scheduler wants it
+                    if not info.alive:
+                        continue
+                    price = self.prices.get(wid, float(getattr(info, "price_per_hour", 0.0) or 0.0))
+                    s.add_worker(wid, price, prior, now=now)
+                    self.coord.set_active(wid, False)
+                    self._emit({"t": now, "event": "joined", "worker": wid, "price_per_hour": price})
+                    continue
+                w = s.workers[wid]
+                if not info.alive:
+                    if w.state != FAILED:
+                        a = s.mark_failed(wid, now, "dropped by the coordinator")
+                        if a is not None:
+                            actions.append(a)
+                    continue
+                if w.state == FAILED:  # the same id joined again
+                    s.mark_standby(wid, now)
+                    self.coord.set_active(wid, False)
+                elif w.state == ACTIVE:
+                    if not info.active:
+                        self.coord.set_active(wid, True)  # activated before it had joined
+                    # effective throughput: trajectories the coordinator accepted from it (end to end)
+                    s.heartbeat(wid, now, rollouts=float(getattr(info, "trajectories", 0)))
+                elif info.active:
+                    self.coord.set_active(wid, False)
+            actions += s.step(now)
+            for a in actions:
+                self._apply(a)
+            self._ticks = getattr(self, "_ticks", 0) + 1
+            if self._ticks % 10 == 0:
+                self._emit({"t": now, "event": "status", "mu_pool": s.mu_pool(now), "mu_target": s.mu_target,
+                            "mu": {n: s.mu_i(n, now) for n in s.active()}, "active": s.active(),
+                            "delivered": {w: getattr(i, "trajectories", 0) for w, i in self.coord.workers.items()}})
+            if s.recalibration_due and callable(self.remeasure):  # §4.3: re-measure after a big pool change
+                numbers = self.remeasure()
+                if numbers:
+                    try:
+                        target = s.calibrate(**numbers)
+                        self._emit({"t": now, "event": "recalibrated", **numbers, "mu_target": target})
+                    except CapacityError as e:
+                        self._emit({"t": now, "event": "recalibration_failed", "error": str(e)})
+            return actions
+
+    def apply(self, actions: Iterable[Action]) -> None:
+        """Carry out decisions taken outside tick() (the initial provisioning)."""
+        with self._lock:
+            for a in actions:
+                self._apply(a)
+
+    def _apply(self, a: Action) -> None:
+        registered = self.coord.workers.get(a.worker)
+        if a.kind == "activate":
+            if registered is not None and registered.alive:
+                self.coord.set_active(a.worker, True)
+            elif self.provider is not None:
+                self.provider.start(a.worker, self.s.workers[a.worker].price_per_hour)
+        elif a.kind == "release":
+            self.coord.set_active(a.worker, False)
+            if self.stop_released and self.provider is not None:
+                self.provider.stop(a.worker)
+        elif a.kind == "failed" and self.provider is not None:
+            self.provider.stop(a.worker)
+        self._emit({"t": a.at, "event": a.kind, "worker": a.worker, "reason": a.reason})

@@ -1,0 +1,147 @@
+"""echo2-poker on the real pettingzoo/rlcard no-limit hold'em: the seat's view, opponents, chips,
+fallbacks, re-deals, the LLM opponent, and conformance with a real (tiny) model."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytest.importorskip("echo2_poker")
+pytest.importorskip("pettingzoo")
+
+from echo2_poker import hand_category, preflop_strength  # noqa: E402
+from echo2_poker.cards import card_text  # noqa: E402
+
+from echo2sdk.adapters import SandboxAdapter  # noqa: E402
+from echo2sdk.errors import ConfigError, NameNotFound  # noqa: E402
+from echo2sdk.testing import check_adapter  # noqa: E402
+
+
+def _adapter(env="poker://nlhe_headsup_v1", **env_options):
+    return SandboxAdapter(env=env, env_options=env_options or None, max_turns=12)
+
+
+def _random_hand(adapter, seed, rng):
+    """Play one hand with random legal replies; return (episode, state user messages, steps)."""
+    ep = adapter.start(next(adapter.tasks(seed)), 0)
+    states, steps = [ep.messages[-1]["content"]], []
+    while True:
+        st = ep.step(f"<answer>{rng.choice(ep.obs.legal)}</answer>")
+        steps.append(st)
+        if st.done:
+            return ep, states, steps
+        states.append(st.observation)
+
+
+@pytest.mark.parametrize("env", ["poker://nlhe_headsup_v1", "poker://nlhe_6max_v1"])
+def test_prompts_show_the_seat_s_own_cards_and_never_another_seat_s(env):
+    adapter = _adapter(env, opponent="loose_aggressive")
+    rng = random.Random(0)
+    for seed in range(12):
+        ep, states, _ = _random_hand(adapter, seed, rng)
+        game = ep.sandbox._raw.game
+        mine = [card_text(c.get_index()) for c in game.players[ep.sandbox.seat].hand]
+        others = [card_text(c.get_index()) for p in game.players if p.player_id != ep.sandbox.seat for c in p.hand]
+        for text in states:
+            assert f"Your cards: {mine[0]} {mine[1]}." in text
+            assert not any(card in text for card in others), (others, text)
+
+
+def test_state_has_pot_stacks_history_and_legal_actions():
+    adapter = _adapter(opponent="calling_station")
+    ep = adapter.start(next(adapter.tasks(1)), 0)
+    s, text = ep.obs.state, ep.messages[-1]["content"]
+    assert {"hand", "board", "pot", "to_call", "stack", "opponents", "history", "position", "stage"} <= s.keys()
+    assert f"Pot {s['pot']}, to call {s['to_call']}, your stack {s['stack']}." in text
+    assert "Legal: " + ", ".join(ep.obs.legal) + "." in text
+    assert ep.obs.legal[0] == "fold" and ("check" in ep.obs.legal) != ("call" in ep.obs.legal)
+
+
+def test_chips_are_zero_sum_and_the_seed_fixes_the_hand():
+    rng = random.Random(1)
+    adapter = _adapter(opponent="tight_aggressive")
+    for seed in range(10):
+        ep, _, steps = _random_hand(adapter, seed, rng)
+        payoffs = ep.sandbox._raw.get_payoffs()
+        assert sum(payoffs) == 0 and ep.sandbox.chips == payoffs[ep.sandbox.seat]
+        assert ep.result().info["fallbacks"] == 0 and ep.result().info["chips"] == sum(s.reward for s in steps)
+    task = next(adapter.tasks(7))
+    a, b = adapter.start(task, 0), adapter.start(task, 1)
+    assert a.messages == b.messages and a.sandbox.hand_seed == b.sandbox.hand_seed
+
+
+def test_calling_station_never_folds_or_raises():
+    rng = random.Random(2)
+    adapter = _adapter(opponent="calling_station")
+    for seed in range(15):
+        ep, _, _ = _random_hand(adapter, seed, rng)
+        theirs = [a for st, p, a, _ in ep.sandbox.log if p != ep.sandbox.seat]
+        assert set(theirs) <= {"check", "call"}
+
+
+def test_malformed_reply_checks_or_folds_with_a_penalty():
+    adapter = _adapter(opponent="calling_station")
+    ep = adapter.start(next(adapter.tasks(0)), 0)
+    legal = ep.obs.legal
+    st = ep.step("I'd like to think about it")
+    assert st.info["status"] == "unparsable" and st.info["action"] == ("check" if "check" in legal else "fold")
+    res = ep.result()
+    assert res.info["fallbacks"] == 1 and res.reward == pytest.approx(res.info["chips"] - 2.0)  # penalty: 1 big blind
+
+
+def test_a_hand_that_ends_before_the_seat_acts_is_redealt():
+    # 6-max, tight opponents fold most hands: some seeds end before seat 0 acts and must be re-dealt
+    adapter = _adapter("poker://nlhe_6max_v1", opponent="tight_aggressive", seat=2)
+    redealt = 0
+    for t, _ in zip(adapter.tasks(0), range(30)):
+        ep = adapter.start(t, 0)
+        redealt += ep.sandbox.hand_seed != t.info["seed"]
+        assert ep.obs.legal  # the seat always has a decision
+    assert redealt > 0
+
+
+def test_hand_evaluator():
+    assert hand_category(["Ah", "Ad", "Kc", "Ks", "2d"]) == 2
+    assert hand_category(["5h", "4d", "3c", "2s", "Ad"]) == 4  # the wheel
+    assert hand_category(["9h", "8h", "7h", "6h", "5h", "Ac"]) == 8
+    assert hand_category(["Kh", "Kd", "Kc", "2s", "2d"]) == 6
+    assert preflop_strength(["Ah", "Ad"]) > preflop_strength(["Kh", "Qh"]) > preflop_strength(["7d", "2c"])
+
+
+def test_bad_options_are_named():
+    with pytest.raises(NameNotFound, match=r"unknown poker env 'nlhe_headsup_v2'.*Did you mean 'nlhe_headsup_v1'"):
+        SandboxAdapter(env="poker://nlhe_headsup_v2")
+    with pytest.raises(NameNotFound, match=r"unknown poker opponent 'calling_statoin'.*Did you mean 'calling_station'"):
+        _adapter(opponent="calling_statoin")
+    with pytest.raises(ConfigError, match=r"env_options.seat = 6 must be a seat index in \[0, 5\]"):
+        _adapter("poker://nlhe_6max_v1", seat=6)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    pytest.importorskip("torch")
+    from echo2sdk.models import resolve_model
+
+    return resolve_model("tiny-random")
+
+
+def test_llm_opponent_plays_through_a_backend(tiny):
+    adapter = _adapter(opponent="llm", opponent_model=tiny, opponent_max_tokens=4)
+    rng = random.Random(3)
+    acted = 0
+    for seed in range(3):
+        ep, _, _ = _random_hand(adapter, seed, rng)
+        llm = next(iter(ep.sandbox.policies.values()))
+        acted += llm.replies
+        assert llm.fallbacks == llm.replies  # a random tiny model never answers well: every reply falls back
+    assert acted > 0
+
+
+@pytest.mark.parametrize("env", ["poker://nlhe_headsup_v1", "poker://nlhe_6max_v1"])
+def test_poker_conformance_with_a_real_model(tiny, env):
+    from echo2sdk.backends.hf import HFBackend
+
+    with HFBackend(tiny) as backend:
+        report = check_adapter(SandboxAdapter(env=env, max_action_tokens=6), backend=backend, n=2, groups=2)
+    assert report["records"] == 4 and report["failed"] == 0

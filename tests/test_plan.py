@@ -1,0 +1,144 @@
+"""`echo2 plan`: catalog files, the provisioning decision, infeasible plans and their fixes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from echo2sdk.core import capacity
+from echo2sdk.core.sim import GB, Network, measure_t_bcast
+from echo2sdk.errors import CapacityError, ConfigError
+from echo2sdk.plan import CatalogEntry, idle_share, idle_share_overlap, load_catalog, make_plan
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_toml_and_csv_catalogs_agree_and_match_the_simulated_pool():
+    from echo2sdk.simulate import MIXED_POOL
+
+    toml = load_catalog(EXAMPLES / "catalog_mixed.toml")
+    csv = load_catalog(EXAMPLES / "catalog_mixed.csv")
+    assert toml == csv
+    assert [(e.name, e.price_per_hour, e.mu, e.count) for e in toml] == [tuple(p) for p in MIXED_POOL]
+
+
+@pytest.mark.parametrize(
+    ("text", "suffix", "message"),
+    [
+        ("name,price_per_hour,mu\nx,0.3,abc\n", ".csv", r"row 2: field 'mu' = 'abc' is not a number"),
+        ("name,price_per_hour,mu\nx,-1,0.2\n", ".csv", r"row 2: field 'price_per_hour' = '-1' must be"),
+        ("name,price_per_hour,mu,count\nx,0.3,0.2,1.5\n", ".csv", r"field 'count' = '1.5' must be an integer"),
+        ("name,price_per_hour\nx,0.3\n", ".csv", r"missing field 'mu'"),
+        ('[[worker]]\nname = "x"\nprice_per_hour = 0.3\nmu = 0.2\nspeed = 3\n', ".toml", r"unknown field\(s\) \['speed'\]"),
+        ("[[worker]]\nname = 'x'\nprice_per_hour = 0.3\nmu = 0.0\n", ".toml", r"\[\[worker\]\] #1: field 'mu' = 0.0"),
+        ("[workers]\n", ".toml", r"expected \[\[worker\]\] tables"),
+    ],
+)
+def test_bad_catalog_rows_name_file_row_field_and_value(tmp_path, text, suffix, message):
+    path = tmp_path / f"cat{suffix}"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_catalog(path)
+
+
+def test_missing_catalog_and_wrong_suffix():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_catalog("nope.toml")
+    bad = EXAMPLES.parent / "README.md"
+    with pytest.raises(ConfigError, match="use a .toml or .csv"):
+        load_catalog(bad)
+
+
+CAT = [CatalogEntry("a100", 3.06, 0.40, 4), CatalogEntry("rtx5090", 0.35, 0.28, 16)]
+
+
+def test_plan_numbers_follow_the_capacity_rule():
+    p = make_plan(CAT, T_train=1631.2, R=2048, S=3, T_bcast=1437.0, learner_price_per_hour=12.24)
+    m = capacity.mu_min(1631.2, 1437.0, 2048, 2)
+    assert p.feasible and p.kappa == 2
+    assert p.mu_min == pytest.approx(m) and p.mu_target == pytest.approx(1.1 * m)
+    assert p.chosen == [{"name": "rtx5090", "count": 9, "price_per_hour": 0.35, "mu": 0.28, "rho": pytest.approx(1.25)}]
+    assert p.mu_pool == pytest.approx(9 * 0.28)
+    assert p.cost_per_hour == pytest.approx(12.24 + 9 * 0.35)
+    assert p.cost_per_step == pytest.approx(p.cost_per_hour * 1631.2 / 3600)
+    assert p.idle_share == 0.0
+    assert p.delta_max_tightened == capacity.delta_max_tightened(1631.2, 1437.0, 2)
+    assert p.delta_max_conservative == capacity.delta_max_conservative(1631.2, 1437.0, 2048, 2, 9 * 0.28)
+
+
+def test_t_bcast_is_estimated_with_the_simulators_chain_model():
+    p = make_plan(CAT, T_train=1631.2, R=2048, S=3, snapshot_gb=16.38, B0_mbps=600, Bw_mbps=100, install_s=30)
+    net = Network(snapshot_bytes=16.38 * GB, B0_mbps=600, install_s=30)
+    assert p.T_bcast == pytest.approx(measure_t_bcast(p.workers, net, 100.0, 1 / 1.1))
+    assert "chain model" in p.T_bcast_source and p.feasible
+
+
+def test_idle_share_is_zero_exactly_when_eq1_holds():
+    m = capacity.mu_min(100.0, 40.0, 128, 2)
+    assert idle_share(100.0, 40.0, 128, 2, m) == pytest.approx(0.0, abs=1e-12)
+    # half the pool: period = 40 + 2*128/(m/2) = 40 + 2*160 = 360 s for 200 s of training
+    assert idle_share(100.0, 40.0, 128, 2, m / 2) == pytest.approx(1 - 200 / 360)
+    assert idle_share(100.0, 40.0, 128, 2, 0.0) == 1.0
+    # workers that keep generating during dissemination: only R / T_train matters
+    assert idle_share_overlap(100.0, 128, 1.28) == 0.0
+    assert idle_share_overlap(100.0, 128, 0.64) == pytest.approx(0.5)
+
+
+def test_broadcast_longer_than_kappa_steps_is_infeasible_with_a_staleness_fix():
+    p = make_plan(CAT, T_train=1000.0, R=2048, S=3, T_bcast=2500.0)
+    assert not p.feasible and p.mu_min is None
+    assert p.workers == 20 and p.idle_share == pytest.approx(idle_share(1000.0, 2500.0, 2048, 2, 4 * 0.4 + 16 * 0.28))
+    assert p.idle_share > 0.3  # eq. (1) can never hold: at least (2500 - 2000) / 2500 of each period idles
+    assert any("no number of workers" in w for w in p.warnings)
+    # S = 4 hides the broadcast (3 * 1000 > 2500) but needs 12.3 rollouts/s; S = 5 needs 6.0 <= 6.08
+    assert any("larger staleness: S = 5" in f for f in p.fixes), p.fixes
+
+
+def test_a_catalog_too_small_is_infeasible_with_three_fixes():
+    small = [CatalogEntry("rtx5090", 0.35, 0.28, 6)]
+    p = make_plan(small, T_train=1631.2, R=2048, S=3, T_bcast=1437.0)
+    assert not p.feasible and p.workers == 6
+    assert p.idle_share == pytest.approx(idle_share(1631.2, 1437.0, 2048, 2, 6 * 0.28)) and p.idle_share > 0.1
+    text = " | ".join(p.fixes)
+    assert "more workers: about 3 more like 'rtx5090'" in text  # (2.468 - 1.68) / 0.28 = 2.8
+    assert "larger staleness: S =" in text
+    assert "faster dissemination: T_bcast below" in text
+    tiny = make_plan([CatalogEntry("rtx5090", 0.35, 0.28, 4)], T_train=1631.2, R=2048, S=3, T_bcast=1437.0)
+    assert "even with T_bcast = 0" in " | ".join(tiny.fixes)  # 1.12/s < gamma * R / T_train: only workers help
+    assert not any("larger staleness" in f for f in tiny.fixes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"S": 1}, CapacityError, "S must be >= 2"),
+        ({"gamma": 0.8}, CapacityError, "gamma.*0.8"),
+        ({"kappa": 3}, CapacityError, r"kappa must be an integer in \[1, S - 1 = 2\], got kappa=3"),
+        ({"T_bcast": None}, ConfigError, "give T_bcast, or snapshot_gb"),
+        ({"T_train": -5.0}, CapacityError, "T_train must be > 0, got T_train=-5.0"),
+    ],
+)
+def test_bad_plan_inputs_are_named(kwargs, error, message):
+    args = {"T_train": 100.0, "R": 64, "S": 3, "T_bcast": 10.0, **kwargs}
+    with pytest.raises(error, match=message):
+        make_plan(CAT, **args)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "echo2sdk.cli", "plan", *args], capture_output=True, text=True)
+
+
+def test_cli_plan_prints_json_and_signals_infeasible_plans():
+    cat = str(EXAMPLES / "catalog_5090.toml")
+    ok = _cli("--catalog", cat, "--t-train", "1631.2", "--R", "2048", "--S", "3", "--t-bcast", "1437", "--json")
+    assert ok.returncode == 0, ok.stderr
+    data = json.loads(ok.stdout)
+    assert data["feasible"] and data["chosen"][0]["count"] == 9
+    bad = _cli("--catalog", cat, "--t-train", "1000", "--R", "2048", "--S", "3", "--t-bcast", "2500")
+    assert bad.returncode == 1 and "feasible  NO" in bad.stdout and "fix" in bad.stdout
+    err = _cli("--catalog", "missing.csv", "--t-train", "1", "--R", "2", "--S", "3", "--t-bcast", "0")
+    assert err.returncode == 2 and "missing.csv" in err.stderr and "Traceback" not in err.stderr
