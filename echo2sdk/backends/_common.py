@@ -26,6 +26,7 @@ __all__ = [
     "check_prompts",
     "encode_chat",
     "row_seeds",
+    "resolve_eos",
     "Layout",
     "SnapshotHeader",
     "parse_snapshot",
@@ -118,14 +119,28 @@ def encode_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]
     return [int(t) for t in ids]
 
 
-def row_seeds(seed: int, n: int) -> list[int]:
+def row_seeds(seed: int | None, n: int) -> list[int | None]:
     """One sampling seed per row, derived from a batch seed: engines seed each request separately, and a
-    GRPO group repeats one prompt n times, so equal seeds would give n equal samples. 31-bit (any engine takes it)."""
-    out = []
+    GRPO group repeats one prompt n times, so equal seeds would give n equal samples. 31-bit (any engine takes it).
+    No batch seed: no row seeds (None per row)."""
+    if seed is None:
+        return [None] * n
+    out: list[int | None] = []
     for i in range(n):
         digest = hashlib.blake2b(f"{seed}:{i}".encode(), digest_size=8).digest()
         out.append(int.from_bytes(digest, "little") & 0x7FFFFFFF)
     return out
+
+
+def resolve_eos(folder: Any, *candidates: Any) -> int:
+    """The end-of-sequence id: the first candidate that is set (tokenizer first, then the model's configs);
+    a list means its first entry. Raises BackendError naming the folder when none defines one."""
+    eos = next((c for c in candidates if c is not None), None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    if eos is None:
+        raise BackendError(f"model folder {folder!r} defines no end-of-sequence token (tokenizer or config)")
+    return int(eos)
 
 
 # ------------------------------------------------------------------------------------- snapshots

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from echo2sdk.backends._common import check_params as _check_params
-from echo2sdk.backends._common import check_prompts, encode_chat
+from echo2sdk.backends._common import check_prompts, encode_chat, resolve_eos
 from echo2sdk.core.interfaces import Sample, SamplingParams
 from echo2sdk.core.snapshot import load_snapshot
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled, ProtocolError
@@ -86,16 +86,10 @@ class HFBackend:
         self._version = 0
         self._closed = False
 
-        eos = self._tokenizer.eos_token_id
-        if eos is None:
-            eos = net.generation_config.eos_token_id if net.generation_config is not None else None
-        if eos is None:
-            eos = net.config.eos_token_id
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        if eos is None:
-            raise BackendError(f"model folder {folder!r} defines no end-of-sequence token (tokenizer or config)")
-        self._eos = int(eos)
+        gen = net.generation_config
+        self._eos = resolve_eos(
+            folder, self._tokenizer.eos_token_id, gen.eos_token_id if gen is not None else None, net.config.eos_token_id
+        )
         pad = self._tokenizer.pad_token_id
         self._pad = int(pad) if pad is not None else self._eos
         self._max_positions = getattr(net.config, "max_position_embeddings", None)

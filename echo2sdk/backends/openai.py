@@ -49,6 +49,7 @@ from echo2sdk.backends._common import (
     positive_int,
     read_config,
     refusal,
+    resolve_eos,
     row_seeds,
 )
 from echo2sdk.core.interfaces import Sample, SamplingParams
@@ -129,14 +130,7 @@ class OpenAIBackend:
         entry = next(m for m in listed if m.get("id") == served_model)
         self._max_len = entry.get("max_model_len") or config.get("max_position_embeddings")
         self._vocab = int(config.get("vocab_size") or len(self._tokenizer))
-        eos = self._tokenizer.eos_token_id
-        if eos is None:
-            eos = config.get("eos_token_id")
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        if eos is None:
-            raise BackendError(f"model folder {folder!r} defines no end-of-sequence token (tokenizer or config)")
-        self._eos = int(eos)
+        self._eos = resolve_eos(folder, self._tokenizer.eos_token_id, config.get("eos_token_id"))
         self._reload = self._find_reload() if reload == "auto" else reload
         self._own_dir = snapshot_dir is None
         if snapshot_dir is None:
@@ -220,7 +214,7 @@ class OpenAIBackend:
         self._check_open()
         check_params(params)
         batch = check_prompts(prompts, self._vocab, self._max_len, params.max_new_tokens)
-        seeds: list[int | None] = row_seeds(params.seed, len(batch)) if params.seed is not None else [None] * len(batch)
+        seeds = row_seeds(params.seed, len(batch))
         bodies = []
         for ids, seed in zip(batch, seeds):
             body: dict[str, Any] = {

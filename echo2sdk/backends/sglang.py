@@ -29,6 +29,7 @@ from echo2sdk.backends._common import (
     parse_snapshot,
     read_config,
     refusal,
+    resolve_eos,
     row_seeds,
 )
 from echo2sdk.core.interfaces import Sample, SamplingParams
@@ -112,14 +113,7 @@ class SGLangBackend:
         self._tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         self._vocab = int(config.get("vocab_size") or len(self._tokenizer))
         self._max_len = config.get("max_position_embeddings")
-        eos = self._tokenizer.eos_token_id
-        if eos is None:
-            eos = config.get("eos_token_id")
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        if eos is None:
-            raise BackendError(f"model folder {folder!r} defines no end-of-sequence token (tokenizer or config)")
-        self._eos = int(eos)
+        self._eos = resolve_eos(folder, self._tokenizer.eos_token_id, config.get("eos_token_id"))
         self._dtype = dtype
         self._version = 0
         self._closed = False
@@ -151,7 +145,7 @@ class SGLangBackend:
         batch = check_prompts(prompts, self._vocab, self._max_len, params.max_new_tokens)
         if not batch:
             return []
-        seeds: list[int | None] = row_seeds(params.seed, len(batch)) if params.seed is not None else [None] * len(batch)
+        seeds = row_seeds(params.seed, len(batch))
         sampling = []
         for seed in seeds:
             sp: dict[str, Any] = {

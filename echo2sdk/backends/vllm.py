@@ -39,6 +39,7 @@ from echo2sdk.backends._common import (
     positive_int,
     read_config,
     refusal,
+    resolve_eos,
     row_seeds,
 )
 from echo2sdk.core.interfaces import Sample, SamplingParams
@@ -224,14 +225,7 @@ class VLLMBackend:
         self._tokenizer = self._llm.get_tokenizer()
         self._max_len = int(self._llm.llm_engine.model_config.max_model_len)
         self._vocab = int(config.get("vocab_size") or self._llm.llm_engine.model_config.get_vocab_size())
-        eos = self._tokenizer.eos_token_id
-        if eos is None:
-            eos = config.get("eos_token_id")
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
-        if eos is None:
-            raise BackendError(f"model folder {folder!r} defines no end-of-sequence token (tokenizer or config)")
-        self._eos = int(eos)
+        self._eos = resolve_eos(folder, self._tokenizer.eos_token_id, config.get("eos_token_id"))
         self._dtype = dtype
         self._version = 0
         self._closed = False
@@ -267,7 +261,7 @@ class VLLMBackend:
         batch = check_prompts(prompts, self._vocab, self._max_len, params.max_new_tokens)
         if not batch:
             return []
-        seeds: list[int | None] = row_seeds(params.seed, len(batch)) if params.seed is not None else [None] * len(batch)
+        seeds = row_seeds(params.seed, len(batch))
         vllm = self._vllm
         sampling = [
             vllm.SamplingParams(

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from echo2sdk.core.broadcast.manifest import Manifest, chunk_digest
@@ -132,15 +132,7 @@ class FetchReport:
     bad_chunks: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "ok": self.ok,
-            "seconds": self.seconds,
-            "parent": self.parent,
-            "served_bps": self.served_bps,
-            "repairs": self.repairs,
-            "bad_chunks": self.bad_chunks,
-        }
+        return asdict(self)
 
 
 class _ParentFailed(Exception):
