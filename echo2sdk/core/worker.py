@@ -206,15 +206,16 @@ class RolloutWorker:
             return
         report = await asyncio.to_thread(self.relay.fetch, manifest, upstream)
         await self._send({"type": "received", **report.to_wire()})
-        asm = self.relay.assembly(manifest.version)
-        if not report.ok or asm is None or not asm.complete:
-            log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, report.repairs)
-            return
+        with self.relay.hold(manifest.version) as asm:
+            if not report.ok or asm is None:
+                log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, report.repairs)
+                return
+            if self.relay_only:
+                self._received_version = max(self._received_version, manifest.version)
+            elif self._pending is None or manifest.version > self._pending[0]["version"]:
+                self._pending = ({"version": manifest.version}, bytes(asm.view))
         if self.relay_only:
-            self._received_version = max(self._received_version, manifest.version)
             await self._send({"type": "installed", "version": manifest.version, "install_s": 0.0})
-        elif self._pending is None or manifest.version > self._pending[0]["version"]:
-            self._pending = ({"version": manifest.version}, bytes(asm.view))
 
     async def _heartbeat(self, every: float) -> None:
         while not self._stop.is_set():

@@ -168,6 +168,36 @@ def test_chain_pipelines_identical_bytes(nodes):
     assert src.served_chunks == m.n_chunks  # the learner sent the snapshot once
 
 
+def test_evicted_buffer_is_reused_by_the_next_version_unless_held(nodes):
+    """Snapshots of one run have one size: a node recycles the buffer of an evicted version (already paged
+    in) for the next one, but never one a reader still holds."""
+    signer, src, node = Signer(), nodes(SOURCE), nodes("w")
+    snaps = {v: os.urandom(6 * CHUNK) for v in range(1, 7)}
+    manifests = {v: build_manifest(d, v, CHUNK, signer) for v, d in snaps.items()}
+
+    def fetch(v: int):
+        src.publish(manifests[v], snaps[v])
+        assert node.fetch(manifests[v], [_up(src)]).ok
+        asm = node.assembly(v)
+        assert bytes(asm.view) == snaps[v]
+        return asm
+
+    first, second = fetch(1), fetch(2)
+    third = fetch(3)  # keep_versions=2: v1 is evicted and its buffer reused
+    assert third.buf is first.buf and node.assembly(1) is None
+    with node.hold(3) as held:
+        assert held is third
+        fourth = fetch(4)
+        assert fourth.buf is second.buf
+        fifth = fetch(5)  # evicts v3, but a reader holds it: v5 gets a fresh buffer
+        assert node.assembly(3) is None and fifth.buf is not third.buf
+        assert bytes(held.view) == snaps[3]
+    assert third.buf in node._spare  # released: recycled now
+    assert fetch(6).buf in (third.buf, fourth.buf)
+    with node.hold(99) as missing:
+        assert missing is None
+
+
 class _CorruptingRelay(RelayNode):
     """A compromised relay: it holds the right bytes but flips one byte of chunk 3 on the wire."""
 

@@ -19,12 +19,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from echo2sdk.core.records import pack
 from echo2sdk.errors import ProtocolError
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "Manifest", "Signer", "build_manifest", "chunk_digest", "verify_manifest"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "Manifest", "Signer", "build_manifest", "chunk_digest", "chunk_hasher", "verify_manifest"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 ALGO = "blake3"
 MIN_CHUNK_BYTES = 4 << 10
 MAX_CHUNKS = 1 << 20
+
+
+def chunk_hasher() -> blake3.blake3:
+    """An incremental chunk hasher: ``update`` it with a chunk's bytes, then compare its ``digest()``."""
+    return blake3.blake3(max_threads=1)
 
 
 def chunk_digest(data: bytes | memoryview) -> bytes:
@@ -102,7 +107,11 @@ def build_manifest(data: bytes | memoryview, version: int, chunk_bytes: int, sig
     if chunk_bytes < MIN_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes = {chunk_bytes} must be at least {MIN_CHUNK_BYTES}")
     view = memoryview(data)
-    chunks = tuple(chunk_digest(view[i : i + chunk_bytes]) for i in range(0, len(view), chunk_bytes))
+    # the learner hashes on all its cores (each relay hashes on one, beside its copies)
+    chunks = tuple(
+        blake3.blake3(view[i : i + chunk_bytes], max_threads=blake3.blake3.AUTO).digest()
+        for i in range(0, len(view), chunk_bytes)
+    )
     m = Manifest(version, len(view), chunk_bytes, chunks, blake3.blake3(b"".join(chunks)).digest())
     return Manifest(**{**m.__dict__, "signature": signer.sign(m.signed_part())})
 

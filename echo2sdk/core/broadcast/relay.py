@@ -11,8 +11,10 @@ sends a chunk that fails its digest or speaks garbage, the fetcher drops it, rec
 from its first missing chunk at the next upstream node - the nearest healthy ancestor, finally the
 learner. Nothing unverified is ever stored, forwarded or installed.
 
-Threads and blocking sockets rather than asyncio: ``recv_into`` straight into the snapshot buffer and
-``sendall`` of buffer slices keep the per-byte work at one copy in and one copy out.
+Threads and blocking sockets rather than asyncio: ``recv_into`` straight into the snapshot buffer (hashing
+each piece while it is in cache) and ``sendall`` of buffer slices keep the per-byte work at one copy in,
+one hash and one copy out. The buffer of an evicted version is recycled for the next one, so steady-state
+publications land in memory that is already paged in.
 
 Bandwidth: optional sender-side token buckets - ``uplink_bps`` shared by all of a node's children and
 ``per_peer_bps`` per child (the receiver's link) - emulate capped links where namespaces and ``tc`` are
@@ -26,11 +28,12 @@ import mmap
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from echo2sdk.core.broadcast.manifest import Manifest, chunk_digest
+from echo2sdk.core.broadcast.manifest import Manifest, chunk_hasher
 from echo2sdk.core.broadcast.planner import SOURCE
 from echo2sdk.core.wire import (
     auth_mac,
@@ -48,6 +51,8 @@ __all__ = ["TokenBucket", "Assembly", "RelayNode", "FetchReport", "Upstream"]
 log = logging.getLogger("echo2sdk.broadcast")
 
 SEND_SLICE = 256 << 10
+RECV_PIECE = 256 << 10  # hash each piece while it is still in cache
+MAX_SPARES = 1  # evicted snapshot buffers kept for reuse by the next version
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
@@ -74,19 +79,25 @@ class TokenBucket:
 
 class Assembly:
     """One snapshot version on one node: a buffer, how many leading chunks are verified, and a condition
-    that wakes the chunk-server threads waiting for the next chunk."""
+    that wakes the chunk-server threads waiting for the next chunk. `users` counts the threads reading or
+    writing the buffer; an evicted assembly's buffer is recycled only once that count is back to zero."""
 
-    def __init__(self, manifest: Manifest, data: bytes | memoryview | None = None):
+    def __init__(self, manifest: Manifest, data: bytes | memoryview | None = None, spare: mmap.mmap | None = None):
         self.manifest = manifest
+        self.own: mmap.mmap | None = None
         if data is None:
             # anonymous mmap, not bytearray: its zero pages are faulted in as chunks land (overlapping the
-            # network), where bytearray(n) would touch every page before the first byte is fetched
-            self.buf: mmap.mmap | memoryview = mmap.mmap(-1, max(1, manifest.total_bytes))
+            # network), where bytearray(n) would touch every page before the first byte is fetched; a spare
+            # buffer of an evicted version is already faulted in and skips even that
+            self.own = spare if spare is not None else mmap.mmap(-1, max(1, manifest.total_bytes))
+            self.buf: mmap.mmap | memoryview = self.own
             self.ready = 0
         else:
             self.buf, self.ready = memoryview(data), manifest.n_chunks
         self.view = memoryview(self.buf)[: manifest.total_bytes]
         self.failed = False
+        self.evicted = False
+        self.users = 0
         self.cond = threading.Condition()
 
     @property
@@ -135,6 +146,19 @@ class FetchReport:
         return asdict(self)
 
 
+def _recv_hashed(sock: socket.socket, view: memoryview) -> bytes:
+    """Fill `view` from `sock` and return its chunk digest, hashing each piece as it lands while it is still
+    in the CPU cache (hashing the whole chunk afterwards reads it back from memory)."""
+    hasher, filled = chunk_hasher(), 0
+    while filled < view.nbytes:
+        n = sock.recv_into(view[filled : filled + RECV_PIECE])
+        if n == 0:
+            raise EOFError("peer closed the connection")
+        hasher.update(view[filled : filled + n])
+        filled += n
+    return hasher.digest()
+
+
 class _ParentFailed(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -161,6 +185,7 @@ class RelayNode:
         self.per_peer_bps = per_peer_bps
         self.stall_timeout_s, self.keep_versions = stall_timeout_s, keep_versions
         self._versions: dict[int, Assembly] = {}
+        self._spare: list[mmap.mmap] = []  # buffers of evicted versions, already faulted in
         self._lock = threading.Condition()
         self._closed = False
         self._conns: set[socket.socket] = set()
@@ -172,17 +197,67 @@ class RelayNode:
         self._thread.start()
 
     # -- the store ---------------------------------------------------------------------------------
-    def _add(self, asm: Assembly) -> Assembly:
+    def _add(self, manifest: Manifest, data: bytes | memoryview | None = None) -> Assembly:
+        """Store a new version, evicting the oldest beyond `keep_versions`. Evicting first lets the new
+        version take over an evicted buffer: snapshots of one run have one size, so in steady state a node
+        reuses already-faulted memory instead of paging in a fresh buffer per publication."""
         with self._lock:
-            self._versions[asm.manifest.version] = asm
-            for v in sorted(self._versions)[: -self.keep_versions]:
-                del self._versions[v]
+            self._versions.pop(manifest.version, None)
+            for v in sorted(self._versions)[: max(0, len(self._versions) - self.keep_versions + 1)]:
+                old = self._versions.pop(v)
+                old.evicted = True
+                if not old.complete:
+                    old.fail()
+                self._recycle(old)
+            spare = None
+            if data is None:
+                fits = [b for b in self._spare if len(b) >= manifest.total_bytes]
+                if fits:
+                    spare = min(fits, key=len)
+                    self._spare.remove(spare)
+            asm = self._versions[manifest.version] = Assembly(manifest, data, spare)
             self._lock.notify_all()
         return asm
 
+    def _recycle(self, asm: Assembly) -> None:
+        """Under self._lock: keep an evicted buffer nobody reads or writes any more for the next version."""
+        if asm.evicted and asm.users == 0 and asm.own is not None and not self._closed:
+            self._spare = [*self._spare, asm.own][-MAX_SPARES:]
+            asm.own = None
+
+    @contextmanager
+    def _using(self, asm: Assembly) -> Iterator[Assembly]:
+        with self._lock:
+            asm.users += 1
+        try:
+            yield asm
+        finally:
+            with self._lock:
+                asm.users -= 1
+                self._recycle(asm)
+
+    @contextmanager
+    def hold(self, version: int) -> Iterator[Assembly | None]:
+        """The complete snapshot `version` (or None), kept from being evicted into reuse while held."""
+        with self._lock:
+            asm = self._versions.get(version)
+            if asm is None or not asm.complete:
+                asm = None
+            else:
+                asm.users += 1
+        if asm is None:
+            yield None
+            return
+        try:
+            yield asm
+        finally:
+            with self._lock:
+                asm.users -= 1
+                self._recycle(asm)
+
     def publish(self, manifest: Manifest, data: bytes | memoryview) -> None:
         """Hold a complete snapshot to serve (the learner's side)."""
-        self._add(Assembly(manifest, data))
+        self._add(manifest, data)
 
     def assembly(self, version: int) -> Assembly | None:
         return self._versions.get(version)
@@ -218,22 +293,27 @@ class RelayNode:
             if asm is None:
                 send_frame(conn, {"type": "unavailable", "version": version})
                 return
-            conn.settimeout(None)
-            peer = TokenBucket(self.per_peer_bps) if self.per_peer_bps else None
-            for i in range(start, asm.manifest.n_chunks):
-                while not asm.wait_for(i, self.stall_timeout_s / 3):
-                    if asm.failed or self._closed:
-                        return  # gave up on this version: the child repairs upstream
-                    send_frame(conn, {"type": "wait"})  # keep-alive while this node repairs its own feed
-                data = asm.chunk(i)
-                conn.sendall(encode_frame({"type": "chunk", "i": i}, data))  # prefix + header; body paced below
-                self._send_paced(conn, data, peer)
-                self.served_chunks += 1
+            with self._using(asm):
+                self._stream(conn, asm, start)
         except (OSError, EOFError, ProtocolError) as e:
             log.debug("relay %s: connection ended: %s", self.node_id, e)
         finally:
             self._conns.discard(conn)
             conn.close()
+
+    def _stream(self, conn: socket.socket, asm: Assembly, start: int) -> None:
+        """Send chunks start.. of `asm` to a child, each the moment it is verified here."""
+        conn.settimeout(None)
+        peer = TokenBucket(self.per_peer_bps) if self.per_peer_bps else None
+        for i in range(start, asm.manifest.n_chunks):
+            while not asm.wait_for(i, self.stall_timeout_s / 3):
+                if asm.failed or self._closed:
+                    return  # gave up on this version: the child repairs upstream
+                send_frame(conn, {"type": "wait"})  # keep-alive while this node repairs its own feed
+            data = asm.chunk(i)
+            conn.sendall(encode_frame({"type": "chunk", "i": i}, data))  # prefix + header; body paced below
+            self._send_paced(conn, data, peer)
+            self.served_chunks += 1
 
     def _send_paced(self, conn: socket.socket, data: memoryview, peer: TokenBucket | None) -> None:
         if self.uplink is None and peer is None:
@@ -259,7 +339,15 @@ class RelayNode:
         for old in list(self._versions.values()):  # a newer snapshot supersedes any older one still arriving
             if old.manifest.version < manifest.version and not old.complete:
                 old.fail()
-        asm = self._add(Assembly(manifest))
+        asm = self._add(manifest)
+        with self._using(asm):
+            report = self._fetch(asm, upstream, on_chunk)
+        if not report.ok:
+            asm.fail()
+        return report
+
+    def _fetch(self, asm: Assembly, upstream: Sequence[Upstream], on_chunk: Callable[[int], None] | None) -> FetchReport:
+        manifest = asm.manifest
         report = FetchReport(version=manifest.version)
         t0 = time.monotonic()
         pending_repair: dict[str, Any] | None = None
@@ -294,8 +382,6 @@ class RelayNode:
         if pending_repair is not None:
             pending_repair.pop("_t", None)
         report.seconds = time.monotonic() - t0
-        if not report.ok:
-            asm.fail()
         return report
 
     def _pull(self, asm: Assembly, up: Upstream, busy: list[float]):
@@ -325,10 +411,10 @@ class RelayNode:
                 if i != asm.ready or plen != b - a:
                     raise ProtocolError(f"chunk {i!r} of {plen} bytes, expected chunk {asm.ready} of {b - a}")
                 t = time.monotonic()
-                recv_exactly_into(sock, asm.view[a:b])
+                digest = _recv_hashed(sock, asm.view[a:b])
                 busy[0] += b - a
                 busy[1] += time.monotonic() - t
-                if chunk_digest(asm.view[a:b]) != m.chunks[i]:
+                if digest != m.chunks[i]:
                     raise _ParentFailed("bad_chunk")
                 asm.advance()
                 yield i
@@ -347,6 +433,7 @@ class RelayNode:
             self._lock.notify_all()
         for asm in list(self._versions.values()):
             asm.fail()
+        self._spare.clear()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
