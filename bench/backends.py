@@ -3,8 +3,9 @@
 For each backend and dtype (each in a fresh process: vLLM pins threads and patches torch process-wide):
 
 * tokens/s at batch 8, 16 and 64: math-task chat prompts (the main job's), temperature 0.8, natural
-  stopping (end-of-sequence, or max_new_tokens), generated tokens / wall time of one generate() call,
-  median of --repeats calls after one warm-up call;
+  stopping (end-of-sequence, or max_new_tokens); the rate is
+  all generated tokens / all wall time over --repeats calls (each a different seed) after one warm-up
+  call: with natural stopping a call lasts as long as its longest row, so single calls vary a lot;
 * install latency: from the snapshot's last byte being in memory (install() called with the bytes) to the
   first token generated under the new version (a 1-token generate after install() returns), median of
   --repeats installs of a learner-style bfloat16 snapshot of the same model.
@@ -95,7 +96,7 @@ def measure(backend: str, dtype: str, model: str, batches: list[int], repeats: i
         chats = _prompts(max(batches))
         prompts = [be.encode_chat(c) for c in chats]
         for batch in batches:
-            rates, lengths = [], []
+            rates, lengths, tokens_all, wall_all = [], [], 0, 0.0
             for r in range(repeats + 1):  # the first call warms up
                 params = SamplingParams(max_new_tokens=max_new, temperature=0.8, seed=1000 * batch + r)
                 t0 = time.perf_counter()
@@ -105,9 +106,10 @@ def measure(backend: str, dtype: str, model: str, batches: list[int], repeats: i
                     tokens = sum(len(s.token_ids) for s in samples)
                     rates.append(tokens / dt)
                     lengths.append(tokens / batch)
+                    tokens_all, wall_all = tokens_all + tokens, wall_all + dt
                     stopped = sum(s.finish_reason == "stop" for s in samples) / batch
             print(json.dumps({
-                **base, "metric": "tokens_per_s", "batch": batch, "value": round(statistics.median(rates), 1),
+                **base, "metric": "tokens_per_s", "batch": batch, "value": round(tokens_all / wall_all, 1),
                 "runs": [round(x, 1) for x in rates], "mean_tokens": round(statistics.mean(lengths), 1),
                 "stopped_share": round(stopped, 2), "temperature": 0.8,
             }), flush=True)  # fmt: skip
@@ -140,7 +142,7 @@ def main() -> None:
     p.add_argument("--backends", default="hf,vllm", help="comma-separated: hf, vllm, openai, sglang")
     p.add_argument("--dtypes", default=None, help="comma-separated; default: hf float32, others bfloat16 and float32")
     p.add_argument("--batches", default="8,16,64")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--one", nargs=2, metavar=("BACKEND", "DTYPE"), help=argparse.SUPPRESS)

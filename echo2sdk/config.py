@@ -146,7 +146,10 @@ class SchedulerConfig(_Section):
 
 
 class RunConfig(_Section):
-    out: str = Field("runs/latest", description="output folder: metrics.jsonl, summary.json, checkpoint/")
+    out: str = Field(
+        "runs/latest",
+        description="output folder: metrics.jsonl, summary.json, checkpoint/ (from a file: runs/<file stem>)",
+    )
     seed: int = 0
     host: str = Field("127.0.0.1", description="coordinator bind address")
     port: int = Field(0, ge=0, le=65535, description="coordinator port (0: pick a free one)")
@@ -234,6 +237,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"config file {source!r} does not exist") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{source}: invalid TOML: {e}") from None
+        run = data.get("run")
+        if isinstance(run, dict) and "out" not in run or "run" not in data:
+            # one config, one output folder: examples/poker.toml writes runs/poker unless told otherwise
+            data.setdefault("run", {})["out"] = f"runs/{Path(path).stem}"
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():

@@ -7,7 +7,7 @@ Three local workers with different prices join; the warm-up measures T_train (me
 steps), T_bcast (one real publication) and each worker's mu_i, and the scheduler keeps the cheapest
 workers that reach mu_target = gamma * mu_min active, the rest registered and idle. After
 --kill-at-step steps the script kills an active worker; the scheduler activates a standby one. At the
-end the run's own measurements after the failover (median T_train and T_bcast of the later steps, each
+end the run's own measurements after the failover (mean T_train, median T_bcast of the later steps, each
 active worker's end-to-end throughput: trajectories the coordinator accepted per second) go through
 echo2sdk.plan.make_plan, and its predicted idle shares are printed next to the measured one.
 """
@@ -80,9 +80,10 @@ def main() -> None:
     t_b, _, got_b, active = next(m for m in marks if m[1] == len(rows))  # at the last step, before shutdown
     mu = {w: (got_b.get(w, 0) - got_a.get(w, 0)) / (t_b - t_a) for w in active}  # end-to-end mu_i
     after = rows[first_step:]
-    t_train = statistics.median(r["t_train_s"] for r in after)
+    # the mean, not the warm-up's median: idle share = wait / (wait + busy) sums the same steps' T_train
+    t_train = statistics.fmean(r["t_train_s"] for r in after)
     bcasts = [r["t_bcast_s"] for r in after if r["t_bcast_s"] is not None]
-    t_bcast = statistics.median(bcasts)
+    t_bcast = statistics.median(bcasts) if bcasts else float(cal["T_bcast"])  # none measured: warm-up's
     wait, busy = sum(r["learner_wait_s"] for r in after), sum(r["t_train_s"] for r in after)
     measured_idle = wait / (wait + busy)
     cfg = echo.config

@@ -22,6 +22,7 @@ from echo2sdk.core.interfaces import SamplingParams
 from echo2sdk.errors import BackendError, ConfigError
 
 __all__ = [
+    "BackendBase",
     "check_params",
     "check_prompts",
     "encode_chat",
@@ -295,3 +296,54 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise BackendError(f"{str(path)!r} is not a JSON object")
     return config
+
+
+# ------------------------------------------------------------------------------------- the base
+
+
+class BackendBase:
+    """The bookkeeping every backend shares: the installed version, the vocabulary and end-of-sequence
+    ids, chat encoding with the model's own template, the closed / broken state, and a repr. A subclass
+    sets ``_tokenizer``, ``_vocab``, ``_eos`` (and ``_folder``, ``_dtype``) in its ``__init__``."""
+
+    _name = "backend"  # in error messages: "<name> backend for <where> is closed"
+    _version = 0
+    _closed = False
+    _broken: str | None = None  # why the engine's weights are undefined after a failed update
+    _tokenizer: Any
+    _vocab: int
+    _eos: int
+    _folder: str
+    _dtype: str
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._eos
+
+    def _where(self) -> str:
+        return repr(self._folder)
+
+    def _describe(self) -> str:
+        return f"model={self._folder!r}, dtype={self._dtype!r}"
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"v{self._version}"
+        return f"{type(self).__name__}({self._describe()}, {state})"
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        self._check_open()
+        return encode_chat(self._tokenizer, messages)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError(f"{self._name} backend for {self._where()} is closed")
+        if self._broken:
+            raise BackendError(self._broken)

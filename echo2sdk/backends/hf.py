@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from echo2sdk.backends._common import check_params as _check_params
-from echo2sdk.backends._common import check_prompts, encode_chat, resolve_eos
+from echo2sdk.backends._common import BackendBase, check_prompts, resolve_eos
 from echo2sdk.core.interfaces import Sample, SamplingParams
 from echo2sdk.core.snapshot import load_snapshot
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled, ProtocolError
@@ -41,7 +41,7 @@ def _import_torch():
     return torch, transformers
 
 
-class HFBackend:
+class HFBackend(BackendBase):
     """InferenceBackend on transformers (CPU).
 
     model:     a local HF model folder, or a built-in name (see echo2sdk.models.resolve_model)
@@ -50,6 +50,8 @@ class HFBackend:
     seed:      seeds the sampler when SamplingParams.seed is None
     max_batch: prompts per forward batch; longer lists are generated in chunks
     """
+
+    _name = "hf"
 
     def __init__(
         self,
@@ -110,27 +112,11 @@ class HFBackend:
     # ------------------------------------------------------------------------------- properties
 
     @property
-    def version(self) -> int:
-        return self._version
-
-    @property
     def vocab_size(self) -> int:
         self._check_open()
         return int(self._model.get_input_embeddings().weight.shape[0])
 
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else f"v{self._version}"
-        return f"HFBackend(model={self._folder!r}, dtype={self._dtype!r}, {state})"
-
     # ----------------------------------------------------------------------------------- prompts
-
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        self._check_open()
-        return encode_chat(self._tokenizer, messages)
 
     # -------------------------------------------------------------------------------- generation
 
@@ -279,9 +265,6 @@ class HFBackend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendError(f"hf backend for {self._folder!r} is closed")
 
 
 def _sample(probs: Any, gen: Any) -> Any:

@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from echo2sdk.backends._common import (
+    BackendBase,
     Layout,
     check_params,
     check_prompts,
     check_version,
-    encode_chat,
     parse_snapshot,
     positive_int,
     read_config,
@@ -62,7 +62,7 @@ _RELOAD_MODES = ("auto", "vllm", "sglang", "none")
 _COPIED = ("config.json", "generation_config.json")  # SGLang reads the config next to the weights
 
 
-class OpenAIBackend:
+class OpenAIBackend(BackendBase):
     """InferenceBackend on an OpenAI-compatible HTTP server.
 
     model:           the local model folder (or built-in name) the server serves: its tokenizer encodes
@@ -76,6 +76,14 @@ class OpenAIBackend:
     timeout_s:       per HTTP request
     max_concurrency: requests in flight at once
     """
+
+    _name = "openai"
+
+    def _where(self) -> str:
+        return str(self._root)
+
+    def _describe(self) -> str:
+        return f"server={self._root!r}, model={self._served!r}, reload={self._reload!r}"
 
     def __init__(
         self,
@@ -184,29 +192,9 @@ class OpenAIBackend:
     # ------------------------------------------------------------------------------- properties
 
     @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos
-
-    @property
     def reload_mode(self) -> str:
         """How snapshots reach the server: "vllm", "sglang" or "none"."""
         return self._reload
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else f"v{self._version}"
-        return f"OpenAIBackend(server={self._root!r}, model={self._served!r}, reload={self._reload!r}, {state})"
-
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        self._check_open()
-        return encode_chat(self._tokenizer, messages)
 
     # -------------------------------------------------------------------------------- generation
 

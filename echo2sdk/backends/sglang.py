@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from echo2sdk.backends._common import (
+    BackendBase,
     Layout,
     check_params,
     check_prompts,
     check_version,
-    encode_chat,
     parse_snapshot,
     read_config,
     refusal,
@@ -51,7 +51,7 @@ def _import_sglang() -> Any:
     return sglang
 
 
-class SGLangBackend:
+class SGLangBackend(BackendBase):
     """InferenceBackend on the offline SGLang engine.
 
     model:               a local HF model folder (safetensors), or a built-in name (echo2sdk.models)
@@ -61,6 +61,8 @@ class SGLangBackend:
     deterministic:       enable_deterministic_inference, needed for per-request seeds (default True)
     engine_options:      further keyword arguments for sglang.Engine, passed as they are
     """
+
+    _name = "sglang"
 
     def __init__(
         self,
@@ -115,29 +117,6 @@ class SGLangBackend:
         self._max_len = config.get("max_position_embeddings")
         self._eos = resolve_eos(folder, self._tokenizer.eos_token_id, config.get("eos_token_id"))
         self._dtype = dtype
-        self._version = 0
-        self._closed = False
-        self._broken: str | None = None
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else f"v{self._version}"
-        return f"SGLangBackend(model={self._folder!r}, dtype={self._dtype!r}, {state})"
-
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        self._check_open()
-        return encode_chat(self._tokenizer, messages)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Sample]:
         self._check_open()
@@ -227,8 +206,3 @@ class SGLangBackend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendError(f"sglang backend for {self._folder!r} is closed")
-        if self._broken:
-            raise BackendError(self._broken)

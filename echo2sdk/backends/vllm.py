@@ -30,11 +30,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from echo2sdk.backends._common import (
+    BackendBase,
     Layout,
     check_params,
     check_prompts,
     check_version,
-    encode_chat,
     parse_snapshot,
     positive_int,
     read_config,
@@ -110,7 +110,7 @@ class Echo2WorkerExtension:
         return _repack_output_heads(self.model_runner.get_model())  # type: ignore[attr-defined]
 
 
-class VLLMBackend:
+class VLLMBackend(BackendBase):
     """InferenceBackend on the offline vLLM engine.
 
     model:                  a local HF model folder (safetensors), or a built-in name (echo2sdk.models)
@@ -131,6 +131,8 @@ class VLLMBackend:
                             without serializing them. None keeps the environment's setting
     engine_options:         further keyword arguments for vllm.LLM, passed as they are
     """
+
+    _name = "vllm"
 
     def __init__(
         self,
@@ -227,31 +229,8 @@ class VLLMBackend:
         self._vocab = int(config.get("vocab_size") or self._llm.llm_engine.model_config.get_vocab_size())
         self._eos = resolve_eos(folder, self._tokenizer.eos_token_id, config.get("eos_token_id"))
         self._dtype = dtype
-        self._version = 0
-        self._closed = False
-        self._broken: str | None = None
 
     # ------------------------------------------------------------------------------- properties
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else f"v{self._version}"
-        return f"VLLMBackend(model={self._folder!r}, dtype={self._dtype!r}, {state})"
-
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        self._check_open()
-        return encode_chat(self._tokenizer, messages)
 
     # -------------------------------------------------------------------------------- generation
 
@@ -350,8 +329,3 @@ class VLLMBackend:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendError(f"vllm backend for {self._folder!r} is closed")
-        if self._broken:
-            raise BackendError(self._broken)

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,7 +40,6 @@ from echo2sdk.core.wire import (
     check_mac,
     encode_frame,
     new_nonce,
-    recv_exactly_into,
     recv_frame,
     send_frame,
 )
@@ -226,34 +225,26 @@ class RelayNode:
             asm.own = None
 
     @contextmanager
-    def _using(self, asm: Assembly) -> Iterator[Assembly]:
+    def _using(self, asm: Assembly | None = None, *, version: int | None = None) -> Iterator[Assembly | None]:
+        """Count a reader or writer of `asm` (or of the complete `version`, None if there is none) for as long
+        as the block runs: its buffer is not recycled meanwhile."""
         with self._lock:
-            asm.users += 1
-        try:
-            yield asm
-        finally:
-            with self._lock:
-                asm.users -= 1
-                self._recycle(asm)
-
-    @contextmanager
-    def hold(self, version: int) -> Iterator[Assembly | None]:
-        """The complete snapshot `version` (or None), kept from being evicted into reuse while held."""
-        with self._lock:
-            asm = self._versions.get(version)
-            if asm is None or not asm.complete:
-                asm = None
-            else:
+            if asm is None:
+                asm = self._versions.get(version)  # type: ignore[arg-type]
+                asm = asm if asm is not None and asm.complete else None
+            if asm is not None:
                 asm.users += 1
-        if asm is None:
-            yield None
-            return
         try:
             yield asm
         finally:
-            with self._lock:
-                asm.users -= 1
-                self._recycle(asm)
+            if asm is not None:
+                with self._lock:
+                    asm.users -= 1
+                    self._recycle(asm)
+
+    def hold(self, version: int) -> AbstractContextManager[Assembly | None]:
+        """The complete snapshot `version` (or None), kept from being evicted into reuse while held."""
+        return self._using(version=version)
 
     def publish(self, manifest: Manifest, data: bytes | memoryview) -> None:
         """Hold a complete snapshot to serve (the learner's side)."""
