@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-new-tokens", type=int, default=12)
     ev.add_argument("--temperature", type=float, default=0.7)
     ev.add_argument("--json", help="also write the table as JSON to this path")
+    ev.add_argument("--backend", default="hf", help="inference backend of the evaluated policies (hf, vllm, ...)")
+    ev.add_argument("--batch", type=int, default=16, help="hands played side by side (one generate call per turn)")
     ev.set_defaults(func=_eval)
     return p
 
@@ -148,6 +150,11 @@ def _eval(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         llm_opponent_model=args.base,
+        backend=args.backend,
+        batch=args.batch,
+        on_cell=lambda label, opp, c, dt: print(
+            f"  {label} vs {opp}: {c.mean:+.3f} ± {c.ci95:.3f} over {c.hands} hands ({dt:.0f} s)", file=sys.stderr, flush=True
+        ),
     )
     print(format_table(table, env=args.env, hands=args.hands, seed=args.seed))
     if args.json:

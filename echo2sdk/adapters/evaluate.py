@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +54,11 @@ def evaluate(
     env_options: Mapping[str, Any] | None = None,
     llm_opponent_model: str | None = None,
     metric: str = "chips",
+    on_cell: Callable[[str, str, Cell, float], None] | None = None,
 ) -> dict[str, dict[str, Cell]]:
     """{policy label: {opponent: Cell}}. `policies` maps a row label to a model (name or folder); every
-    row plays the same `hands` seeded hands against each opponent."""
+    row plays the same `hands` seeded hands against each opponent. `on_cell(label, opponent, cell,
+    seconds)` is called as each cell is done (a long evaluation shows its progress)."""
     from echo2sdk.adapters.sandbox import SandboxAdapter
     from echo2sdk.core.episodes import play_episodes
     from echo2sdk.core.interfaces import SamplingParams
@@ -64,6 +67,8 @@ def evaluate(
 
     if hands < 2:
         raise ConfigError(f"echo2 eval: hands = {hands!r} must be >= 2 for a confidence interval")
+    if batch < 1:
+        raise ConfigError(f"echo2 eval: batch = {batch!r} must be >= 1")
     backend_cls = load_backend_class(backend)
     table: dict[str, dict[str, Cell]] = {}
     base_model = next(iter(policies.values()))
@@ -80,6 +85,7 @@ def evaluate(
                 tasks = [next(stream) for _ in range(hands)]
                 values: list[float] = []
                 fallbacks = decisions = 0
+                t0 = time.monotonic()
                 for i in range(0, hands, batch):
                     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
                     for (record,) in play_episodes(policy, adapter, tasks[i : i + batch], 1, params, version=0):
@@ -90,6 +96,8 @@ def evaluate(
                         fallbacks += int(extra.get("fallbacks", 0))
                         decisions += int(extra.get("turns", 0))
                 row[opp] = _cell(values, fallbacks, decisions)
+                if on_cell is not None:
+                    on_cell(label, opp, row[opp], time.monotonic() - t0)
         finally:
             policy.close()
         table[label] = row

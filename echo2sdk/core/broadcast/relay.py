@@ -215,6 +215,8 @@ class RelayNode:
                     spare = min(fits, key=len)
                     self._spare.remove(spare)
             asm = self._versions[manifest.version] = Assembly(manifest, data, spare)
+            if data is None:
+                asm.users = 1  # its fetcher, from the start: see fetch()
             self._lock.notify_all()
         return asm
 
@@ -238,9 +240,12 @@ class RelayNode:
             yield asm
         finally:
             if asm is not None:
-                with self._lock:
-                    asm.users -= 1
-                    self._recycle(asm)
+                self._release(asm)
+
+    def _release(self, asm: Assembly) -> None:
+        with self._lock:
+            asm.users -= 1
+            self._recycle(asm)
 
     def hold(self, version: int) -> AbstractContextManager[Assembly | None]:
         """The complete snapshot `version` (or None), kept from being evicted into reuse while held."""
@@ -330,9 +335,11 @@ class RelayNode:
         for old in list(self._versions.values()):  # a newer snapshot supersedes any older one still arriving
             if old.manifest.version < manifest.version and not old.complete:
                 old.fail()
-        asm = self._add(manifest)
-        with self._using(asm):
+        asm = self._add(manifest)  # counts this fetcher as a user already
+        try:
             report = self._fetch(asm, upstream, on_chunk)
+        finally:
+            self._release(asm)
         if not report.ok:
             asm.fail()
         return report
