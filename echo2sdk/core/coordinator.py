@@ -165,16 +165,18 @@ class Coordinator:
     def _publish(self, version: int, weights: bytes) -> None:
         self._latest = (version, weights)
         peers = [c for c in self._conns.values() if c.info.alive]
+        # T_bcast counts the active rollout pool (paper §4.2); idle standby workers still get the snapshot
+        active = {p.worker_id for p in peers if p.info.active}
         self._bcast[version] = {
             "t0": time.monotonic(),
-            "expected": {p.worker_id for p in peers},
+            "expected": active or {p.worker_id for p in peers},
             "received": {},
             "installed": {},
         }
         self._loop.create_task(self.delivery.deliver(version, weights, peers))  # type: ignore[union-attr]
 
     def t_bcast(self, version: int, event: str = "installed") -> tuple[float | None, float | None]:
-        """(T_bcast to q = 1/gamma of the workers alive at publication, T_bcast to all of them).
+        """(T_bcast to q = 1/gamma of the workers active at publication, T_bcast to all of them).
         `event` is "installed" (live in the backend) or "received" (complete, verified copy on the worker)."""
         b = self._bcast.get(version)
         if not b or not b["expected"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -96,6 +97,24 @@ def test_worker_process_streams_valid_groups_and_installs_snapshots(coord):
         assert {t.version for g in coord.buffer.sample(1) for t in g} == {1}
     finally:
         _stop(p)
+
+
+def test_t_bcast_counts_the_active_pool_not_idle_standby_workers(coord):
+    """A deactivated worker stays registered and still gets the snapshot, but T_bcast (paper §4.2) is the
+    time to install on the active pool: a frozen standby worker must not hold `t_bcast_all_s` back."""
+    a, b = _spawn(coord.port, "s3cret", "w-a"), _spawn(coord.port, "s3cret", "w-b")
+    try:
+        assert _wait(lambda: {"w-a", "w-b"} <= set(coord.workers)), _stop(a) + _stop(b)
+        assert coord.set_active("w-b", False)
+        b.send_signal(signal.SIGSTOP)  # it cannot install anything now
+        coord.buffer.set_version(1)
+        coord.publish(1, safetensors_blob())
+        assert _wait(lambda: coord.t_bcast(1)[1] is not None), _stop(a)
+        t_q, t_all = coord.t_bcast(1)
+        assert 0 <= t_q <= t_all < 30 and coord.workers["w-b"].version == 0
+    finally:
+        b.send_signal(signal.SIGCONT)
+        _stop(a), _stop(b)
 
 
 def test_wrong_token_is_refused_and_logged(coord, caplog):
