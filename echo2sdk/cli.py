@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _eval(args: argparse.Namespace) -> int:
     from echo2sdk.adapters.evaluate import evaluate, format_table
 
+    # the table goes to stdout: keep an in-process vLLM engine's INFO/WARNING lines off it (unless asked for)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     policies = {f"base ({args.base})": args.base}
     if args.trained:
         policies[f"trained ({args.trained})"] = args.trained
