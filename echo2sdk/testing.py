@@ -65,7 +65,7 @@ class MockBackend:
             raise BackendError(f"snapshot version {version} is not newer than installed version {self._version}")
         try:
             (n,) = struct.unpack("<Q", weights[:8])
-            header = json.loads(weights[8 : 8 + n])
+            header = json.loads(bytes(weights[8 : 8 + n]))
         except (struct.error, ValueError) as e:
             raise BackendError(f"snapshot v{version} is not a safetensors file: {e}") from None
         self.installed_keys = sorted(k for k in header if k != "__metadata__")
@@ -492,7 +492,7 @@ def check_backend(
         state["v1_bytes"] = data = _serialize(_perturbed(base), "bfloat16")
         v = state["v0"] + 1
         t0 = time.perf_counter()
-        be.install(v, data)
+        be.install(v, memoryview(data))  # workers install straight from the relay's buffer
         took = time.perf_counter() - t0
         _require(be.version == v, f"after installing v{v} the backend reports version {be.version}")
         after = be.generate(state["prompts"], params)

@@ -68,7 +68,9 @@ class InferenceBackend(Protocol):
         ...
 
     def install(self, version: int, weights: bytes) -> None:
-        """Install a safetensors snapshot. On any mismatch raise BackendError and keep the old weights."""
+        """Install a safetensors snapshot: `weights` is bytes-like (bytes or a memoryview of the relay's buffer,
+        valid for the duration of the call; copy what must outlive it). On any mismatch raise BackendError and
+        keep the old weights."""
         ...
 
     def close(self) -> None: ...

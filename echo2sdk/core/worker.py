@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
-from echo2sdk.core.broadcast.relay import RelayNode, Upstream
+from echo2sdk.core.broadcast.relay import Assembly, RelayNode, Upstream
 from echo2sdk.core.delivery import snapshot_frame_ok
 from echo2sdk.core.interfaces import InferenceBackend, SamplingParams, Task, TaskAdapter, is_episodic
 from echo2sdk.core.records import Message, Meta, Trajectory
@@ -67,7 +67,9 @@ class RolloutWorker:
         self._received_version = 0
         self.backend: InferenceBackend | None = None
         self.adapter: TaskAdapter | None = None
-        self._pending: tuple[dict[str, Any], bytes] | None = None  # newest snapshot not yet installed
+        # the newest snapshot not yet installed: its bytes (direct push), or its assembly in the relay, acquired
+        # there so the verified buffer is installed in place (no copy) and never recycled before that
+        self._pending: tuple[dict[str, Any], bytes | Assembly] | None = None
         self._waiters: dict[int, asyncio.Future] = {}
         self._rids = itertools.count(1)
         self._stop = asyncio.Event()
@@ -167,7 +169,7 @@ class RolloutWorker:
                         log.warning("dropping snapshot v%s: %s", header.get("version"), why)
                         await self._send({"type": "snapshot_rejected", "version": header.get("version"), "reason": why})
                     elif self._pending is None or header["version"] > self._pending[0]["version"]:
-                        self._pending = (header, payload)
+                        self._set_pending(header, payload)
                 elif kind == "snapshot_plan":
                     asyncio.get_running_loop().create_task(self._fetch(header))
                 elif kind == "shutdown":
@@ -206,15 +208,16 @@ class RolloutWorker:
             return
         report = await asyncio.to_thread(self.relay.fetch, manifest, upstream)
         await self._send({"type": "received", **report.to_wire()})
-        with self.relay.hold(manifest.version) as asm:
-            if not report.ok or asm is None:
-                log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, report.repairs)
-                return
-            if self.relay_only:
-                self._received_version = max(self._received_version, manifest.version)
-            elif self._pending is None or manifest.version > self._pending[0]["version"]:
-                self._pending = ({"version": manifest.version}, bytes(asm.view))
+        asm = self.relay.acquire(manifest.version) if report.ok else None
+        if asm is None:
+            log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, report.repairs)
+            return
+        if not self.relay_only and (self._pending is None or manifest.version > self._pending[0]["version"]):
+            self._set_pending({"version": manifest.version}, asm)
+        else:
+            self.relay.release(asm)
         if self.relay_only:
+            self._received_version = max(self._received_version, manifest.version)
             await self._send({"type": "installed", "version": manifest.version, "install_s": 0.0})
 
     async def _heartbeat(self, every: float) -> None:
@@ -224,20 +227,29 @@ class RolloutWorker:
             )
             await asyncio.sleep(every)
 
+    def _set_pending(self, header: dict[str, Any], payload: bytes | Assembly) -> None:
+        if self._pending is not None and isinstance(self._pending[1], Assembly):
+            self.relay.release(self._pending[1])  # type: ignore[union-attr]
+        self._pending = (header, payload)
+
     async def _install_pending(self) -> None:
         if self._pending is None or self.backend is None:
             return
         header, payload = self._pending
         self._pending = None
-        if header["version"] <= self.version:
-            return
         t0 = time.perf_counter()
         try:
-            await asyncio.to_thread(self.backend.install, header["version"], payload)
+            if header["version"] <= self.version:
+                return
+            weights = payload.view if isinstance(payload, Assembly) else payload
+            await asyncio.to_thread(self.backend.install, header["version"], weights)
         except BackendError as e:
             log.warning("snapshot v%s refused by the backend: %s", header["version"], e)
             await self._send({"type": "snapshot_rejected", "version": header["version"], "reason": str(e)})
             return
+        finally:
+            if isinstance(payload, Assembly):
+                self.relay.release(payload)  # type: ignore[union-attr]
         await self._send({"type": "installed", "version": self.version, "install_s": time.perf_counter() - t0})
 
     async def _rollout_loop(self, cfg: dict[str, Any]) -> None:

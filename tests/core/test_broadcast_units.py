@@ -198,6 +198,27 @@ def test_evicted_buffer_is_reused_by_the_next_version_unless_held(nodes):
         assert missing is None
 
 
+def test_an_acquired_snapshot_outlives_eviction_until_released(nodes):
+    """A worker acquires its newest snapshot and installs it later, straight from the relay's buffer: newer
+    versions may evict it meanwhile, but its bytes stay intact and the buffer is recycled only on release."""
+    signer, src, node = Signer(), nodes(SOURCE), nodes("w")
+    snaps = {v: os.urandom(5 * CHUNK) for v in range(1, 5)}
+    for v in (1, 2):
+        m = build_manifest(snaps[v], v, CHUNK, signer)
+        src.publish(m, snaps[v])
+        assert node.fetch(m, [_up(src)]).ok
+    pinned = node.acquire(1)
+    assert pinned is not None and node.acquire(99) is None
+    for v in (3, 4):  # evicts v1 (and v2)
+        m = build_manifest(snaps[v], v, CHUNK, signer)
+        src.publish(m, snaps[v])
+        assert node.fetch(m, [_up(src)]).ok
+        assert node.assembly(v).buf is not pinned.buf
+    assert node.assembly(1) is None and bytes(pinned.view) == snaps[1]
+    node.release(pinned)
+    assert pinned.buf in node._spare
+
+
 class _CorruptingRelay(RelayNode):
     """A compromised relay: it holds the right bytes but flips one byte of chunk 3 on the wire."""
 

@@ -251,6 +251,20 @@ class RelayNode:
         """The complete snapshot `version` (or None), kept from being evicted into reuse while held."""
         return self._using(version=version)
 
+    def acquire(self, version: int) -> Assembly | None:
+        """Like `hold`, for a holder that outlives a block: the complete snapshot `version` (or None), whose
+        buffer stays valid - even once a newer version evicts it - until ``release(asm)``."""
+        with self._lock:
+            asm = self._versions.get(version)
+            if asm is None or not asm.complete:
+                return None
+            asm.users += 1
+            return asm
+
+    def release(self, asm: Assembly) -> None:
+        """End an `acquire`."""
+        self._release(asm)
+
     def publish(self, manifest: Manifest, data: bytes | memoryview) -> None:
         """Hold a complete snapshot to serve (the learner's side)."""
         self._add(manifest, data)
