@@ -103,7 +103,9 @@ class Trainer:
             delivery=_delivery(cfg, token),
         )
         host, port = self.coordinator.start()
-        log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d)", host, port, L.trajectories_per_step, L.staleness, cfg.kappa)
+        log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d); learner %s (precision=%s)", host, port,
+                 L.trajectories_per_step, L.staleness, cfg.kappa, "bf16 autocast" if self.learner.autocast else "fp32",
+                 L.precision)
         self._start_local_workers(host, port)
         self._ready = True
 
