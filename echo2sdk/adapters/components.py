@@ -75,7 +75,10 @@ class AnswerTagRenderer:
     """
 
     def instructions(self, legal: Sequence[str]) -> str:
-        return "Answer with exactly one legal action as <answer>ACTION</answer>, e.g. <answer>" + legal[0] + "</answer>."
+        """The paper's F.4 format line. It names no particular action on purpose: an example action in every
+        prompt is one a small model copies (with legal[0] as the example, SmolLM2-135M drifted to folding every
+        poker hand under the malformed-reply penalty)."""
+        return "Always output exactly one of the legal actions as <answer>ACTION</answer>."
 
     def parse(self, text: str, legal: Sequence[str]) -> ParsedAction:
         if not isinstance(text, str):

@@ -38,7 +38,9 @@ def test_renderer_never_raises_on_odd_input():
     r = AnswerTagRenderer()
     assert r.parse(None, LEGAL).status == "unparsable"  # type: ignore[arg-type]
     assert r.parse("<answer>" * 10000, LEGAL).status in ("illegal", "unparsable")
-    assert "<answer>fold</answer>" in r.instructions(LEGAL)
+    text = r.instructions(LEGAL)
+    assert "<answer>ACTION</answer>" in text
+    assert not any(a in text for a in LEGAL), "the format line must not suggest one particular action"
 
 
 def test_reward_specs():
