@@ -76,8 +76,7 @@ class AnswerTagRenderer:
 
     def instructions(self, legal: Sequence[str]) -> str:
         """The paper's F.4 format line. It names no particular action on purpose: an example action in every
-        prompt is one a small model copies (with legal[0] as the example, SmolLM2-135M drifted to folding every
-        poker hand under the malformed-reply penalty)."""
+        prompt (it used to be legal[0], "fold" in poker) is a bias a small model can copy."""
         return "Always output exactly one of the legal actions as <answer>ACTION</answer>."
 
     def parse(self, text: str, legal: Sequence[str]) -> ParsedAction:
