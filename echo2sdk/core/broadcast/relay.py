@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -227,33 +227,28 @@ class RelayNode:
             asm.own = None
 
     @contextmanager
-    def _using(self, asm: Assembly | None = None, *, version: int | None = None) -> Iterator[Assembly | None]:
-        """Count a reader or writer of `asm` (or of the complete `version`, None if there is none) for as long
-        as the block runs: its buffer is not recycled meanwhile."""
+    def _using(self, asm: Assembly) -> Iterator[Assembly]:
+        """Count a reader or writer of `asm` for as long as the block runs: its buffer is not recycled meanwhile."""
         with self._lock:
-            if asm is None:
-                asm = self._versions.get(version)  # type: ignore[arg-type]
-                asm = asm if asm is not None and asm.complete else None
-            if asm is not None:
-                asm.users += 1
+            asm.users += 1
+        try:
+            yield asm
+        finally:
+            self.release(asm)
+
+    @contextmanager
+    def hold(self, version: int) -> Iterator[Assembly | None]:
+        """The complete snapshot `version` (or None), kept from being evicted into reuse while held."""
+        asm = self.acquire(version)
         try:
             yield asm
         finally:
             if asm is not None:
-                self._release(asm)
-
-    def _release(self, asm: Assembly) -> None:
-        with self._lock:
-            asm.users -= 1
-            self._recycle(asm)
-
-    def hold(self, version: int) -> AbstractContextManager[Assembly | None]:
-        """The complete snapshot `version` (or None), kept from being evicted into reuse while held."""
-        return self._using(version=version)
+                self.release(asm)
 
     def acquire(self, version: int) -> Assembly | None:
-        """Like `hold`, for a holder that outlives a block: the complete snapshot `version` (or None), whose
-        buffer stays valid - even once a newer version evicts it - until ``release(asm)``."""
+        """`hold` for a holder that outlives a block: the complete snapshot `version` (or None), whose buffer
+        stays valid - even once a newer version evicts it - until ``release(asm)``."""
         with self._lock:
             asm = self._versions.get(version)
             if asm is None or not asm.complete:
@@ -262,8 +257,10 @@ class RelayNode:
             return asm
 
     def release(self, asm: Assembly) -> None:
-        """End an `acquire`."""
-        self._release(asm)
+        """End an `acquire` (or any other counted use of `asm`)."""
+        with self._lock:
+            asm.users -= 1
+            self._recycle(asm)
 
     def publish(self, manifest: Manifest, data: bytes | memoryview) -> None:
         """Hold a complete snapshot to serve (the learner's side)."""
@@ -353,7 +350,7 @@ class RelayNode:
         try:
             report = self._fetch(asm, upstream, on_chunk)
         finally:
-            self._release(asm)
+            self.release(asm)
         if not report.ok:
             asm.fail()
         return report
