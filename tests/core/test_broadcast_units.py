@@ -4,13 +4,14 @@ relay data path between in-process nodes over real loopback sockets."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
 import time
 
 import pytest
 
-from echo2sdk.core.broadcast.manifest import Manifest, Signer, build_manifest, verify_manifest
+from echo2sdk.core.broadcast.manifest import Manifest, Signer, build_manifest, chunk_digest, verify_manifest
 from echo2sdk.core.broadcast.planner import (
     DECAY_WINDOW_S,
     FAILURE_THRESHOLD,
@@ -18,7 +19,7 @@ from echo2sdk.core.broadcast.planner import (
     WorkerScores,
     plan_chains,
 )
-from echo2sdk.core.broadcast.relay import RelayNode, TokenBucket, Upstream
+from echo2sdk.core.broadcast.relay import HASH_BLOCK, RelayNode, TokenBucket, Upstream, _recv_hashed
 from echo2sdk.errors import ProtocolError
 
 TOKEN = "relay-secret"
@@ -151,6 +152,32 @@ def _fetch_all(chain: list[RelayNode], m: Manifest, upstream_of) -> dict:
     for t in threads:
         t.join(30)
     return reports
+
+
+@pytest.mark.parametrize("size", [1, HASH_BLOCK - 1, HASH_BLOCK, 3 * HASH_BLOCK + 4097, 1 << 20])
+def test_recv_hashed_matches_the_digest_whatever_pieces_tcp_delivers(size):
+    """The hasher is fed aligned blocks while TCP hands over odd-sized pieces: same digest as one call."""
+    data = os.urandom(size)
+    a, b = socket.socketpair()
+    rng = random.Random(size)
+
+    def send_in_odd_pieces():
+        i = 0
+        while i < size:
+            n = rng.randint(1, 70_000)
+            a.sendall(data[i : i + n])
+            i += n
+
+    t = threading.Thread(target=send_in_odd_pieces)
+    t.start()
+    buf = bytearray(size)
+    try:
+        assert _recv_hashed(b, memoryview(buf)) == chunk_digest(data)
+    finally:
+        t.join(10)
+        a.close()
+        b.close()
+    assert bytes(buf) == data
 
 
 def test_chain_pipelines_identical_bytes(nodes):
