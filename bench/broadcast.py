@@ -280,6 +280,7 @@ def _plain_relay(listen_port: int, next_port: int | None, total: int, chunk: int
     ready.set()
     conn, _ = srv.accept()
     out = socket.create_connection(("127.0.0.1", next_port)) if next_port else None
+    cpu0 = time.process_time()
     got, k = 0, 0
     while got < total:
         view = memoryview(bufs[k % 2])[: min(chunk, total - got)]
@@ -292,11 +293,13 @@ def _plain_relay(listen_port: int, next_port: int | None, total: int, chunk: int
         got, k = got + filled, k + 1
         if out is not None:
             out.sendall(view)
+    result.put(("cpu", time.process_time() - cpu0))  # one thread: the process's CPU is the thread's
     if out is None:
-        result.put(time.perf_counter())
+        result.put(("end", time.perf_counter()))
 
 
-def plain_baseline(total: int, chunk: int, hops: int) -> float:
+def plain_baseline(total: int, chunk: int, hops: int) -> tuple[float, list[float]]:
+    """(GB/s at the tail, CPU seconds of each thread: the source's, then one per relay)."""
     ctx = mp.get_context("fork")
     base = 47000
     result = ctx.Queue()
@@ -310,13 +313,64 @@ def plain_baseline(total: int, chunk: int, hops: int) -> float:
         procs.append(p)
     data = memoryview(bytearray(os.urandom(chunk)) * (total // chunk))
     s = socket.create_connection(("127.0.0.1", base))
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.thread_time()
     s.sendall(data)
+    cpus = [time.thread_time() - cpu0]
     s.close()
-    t_end = result.get(timeout=300)
+    t_end = None
+    while t_end is None or len(cpus) < hops + 1:
+        kind, value = result.get(timeout=300)
+        if kind == "end":
+            t_end = value
+        else:
+            cpus.append(value)
     for p in procs:
         p.join(10)
-    return total / (t_end - t0) / 1e9
+    return total / (t_end - t0) / 1e9, cpus
+
+
+def _stat_cpu(path: str) -> float:
+    """User + system CPU seconds from a /proc .../stat file."""
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_snapshot(pids: list[int]) -> dict[int, tuple[float, dict[int, float]]]:
+    """Per process: (its CPU seconds, including threads that have exited; each live thread's)."""
+    out = {}
+    for pid in pids:
+        try:
+            threads = {}
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    threads[int(tid)] = _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+                except (FileNotFoundError, ProcessLookupError):
+                    pass  # exited meanwhile: its time is in the process's total
+            out[pid] = (_stat_cpu(f"/proc/{pid}/stat"), threads)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+def _thread_cpus(before: dict, after: dict) -> list[float]:
+    """CPU seconds each thread spent between two snapshots. A relay serves each fetch on a thread that
+    exits when the child has everything; per process, the time not on any live thread is that thread's."""
+    cpus = []
+    for pid, (total, threads) in after.items():
+        total0, threads0 = before.get(pid, (0.0, {}))
+        live = [t - threads0.get(tid, 0.0) for tid, t in threads.items()]
+        cpus += [c for c in live if c > 0]
+        gone = (total - total0) - sum(live)
+        if gone > 0:
+            cpus.append(gone)
+    return cpus
+
+
+def _cpu_summary(cpus: list[float], total: int) -> tuple[float, float]:
+    """(all threads' CPU seconds per GB delivered, the busiest thread's)."""
+    gb = total / 1e9
+    return sum(cpus) / gb, max(cpus) / gb
 
 
 def ceiling(args) -> None:
@@ -348,18 +402,25 @@ def ceiling(args) -> None:
         build_manifest(payload, 0, chunk, Signer())
         t_manifest = time.perf_counter() - t0
 
-        def publish(v: int) -> float:
+        pids = [os.getpid(), *(p.pid for p in procs)]  # the learner's node (this process) and the relays
+
+        def publish(v: int) -> tuple[float, list[float]]:
+            before = _cpu_snapshot(pids)
             coord.publish(v, payload)
             while coord.t_bcast(v, "received")[1] is None:
                 time.sleep(0.01)
-            return total / coord.t_bcast(v, "received")[1] / 1e9
+            return total / coord.t_bcast(v, "received")[1] / 1e9, _thread_cpus(before, _cpu_snapshot(pids))
 
-        cold = [publish(1), publish(2)]
+        cold = [publish(1)[0], publish(2)[0]]
         plain, echo2 = [], []
         for r in range(args.repeats):
             plain.append(plain_baseline(total, chunk, hops))
             echo2.append(publish(3 + r))
-        med_plain, med_echo2 = statistics.median(plain), statistics.median(echo2)
+        med_plain, med_echo2 = (statistics.median(g for g, _ in runs) for runs in (plain, echo2))
+        cpu_plain, cpu_echo2 = (
+            [statistics.median(col) for col in zip(*(_cpu_summary(c, total) for _, c in runs))]
+            for runs in (plain, echo2)
+        )
         print(json.dumps({
             "mode": "ceiling",
             "hops": hops,
@@ -369,8 +430,16 @@ def ceiling(args) -> None:
             "echo2_tail_gbps": round(med_echo2, 3),
             "plain_relay_gbps": round(med_plain, 3),
             "ratio": round(med_echo2 / med_plain, 3),
-            "echo2_samples_gbps": [round(x, 3) for x in echo2],
-            "plain_samples_gbps": [round(x, 3) for x in plain],
+            "echo2_samples_gbps": [round(g, 3) for g, _ in echo2],
+            "plain_samples_gbps": [round(g, 3) for g, _ in plain],
+            # where the time goes: CPU seconds (user + system, all threads) per GB delivered to the tail.
+            # On a CPU-bound box the tail rate ratio follows the all-thread ratio; with a core per thread
+            # it would follow the busiest thread's (an estimate: contention inflates both here)
+            "echo2_cpu_s_per_gb": round(cpu_echo2[0], 2),
+            "plain_cpu_s_per_gb": round(cpu_plain[0], 2),
+            "echo2_busiest_thread_cpu_s_per_gb": round(cpu_echo2[1], 2),
+            "plain_busiest_thread_cpu_s_per_gb": round(cpu_plain[1], 2),
+            "est_ratio_core_per_thread": round(cpu_plain[1] / cpu_echo2[1], 3),
             "echo2_first_publication_gbps": round(cold[0], 3),
             "manifest_s": round(t_manifest, 3),
             "shaping": "none",

@@ -5,7 +5,7 @@ whole, and carries the learner's Ed25519 signature over all of it. Workers learn
 over the authenticated control connection, so a relay (or anyone on the path) can neither forge a
 manifest nor slip in a chunk: every node verifies each chunk against the signed digest before it stores,
 forwards or installs it. BLAKE3 rather than SHA-256 because each relay hashes every byte it passes on,
-and BLAKE3 is ~1.5x faster here (2.1 vs 1.4 GB/s on one core).
+and BLAKE3 is ~4x faster here (6.2-7.6 vs 1.6 GB/s on one core with AVX-512).
 """
 
 from __future__ import annotations
