@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from echo2sdk.core.interfaces import SamplingParams
+from echo2sdk.core.interfaces import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError
 
 __all__ = [
@@ -31,6 +31,8 @@ __all__ = [
     "Layout",
     "SnapshotHeader",
     "parse_snapshot",
+    "check_snapshot",
+    "finished_sample",
     "refusal",
     "check_version",
     "positive_int",
@@ -157,6 +159,33 @@ def check_version(version: Any, current: int) -> None:
 def refusal(version: int, current: int, problems: list[str]) -> BackendError:
     more = f" (and {len(problems) - MAX_REPORTED} more)" if len(problems) > MAX_REPORTED else ""
     return BackendError(f"snapshot v{version} refused, kept v{current}: " + "; ".join(problems[:MAX_REPORTED]) + more)
+
+
+def check_snapshot(version: Any, current: int, weights: Any, layout: Layout) -> None:
+    """What an engine backend checks before it touches its weights: the version moves forward, the bytes
+    are well-formed safetensors, and every tensor fits `layout`. Raises the refusal that keeps `current`."""
+    check_version(version, current)
+    try:
+        snap = parse_snapshot(weights)
+    except ValueError as exc:
+        raise refusal(version, current, [str(exc)]) from exc
+    problems = layout.problems(snap, weights)
+    if problems:
+        raise refusal(version, current, problems)
+
+
+def finished_sample(
+    engine: str, ids: tuple[int, ...], logprobs: tuple[float, ...], reason: Any, eos: int, tokenizer: Any
+) -> Sample:
+    """An engine's completion as a Sample, once its finish is one a trajectory may record: stopped on the
+    end-of-sequence token (kept in `ids`, so the learner scores it) or cut at the length limit."""
+    if reason == "stop" and (not ids or ids[-1] != eos):
+        last = ids[-1] if ids else None
+        raise BackendError(f"{engine} stopped on token {last}, not on the end-of-sequence token {eos}")
+    if reason not in ("stop", "length"):
+        raise BackendError(f"{engine} finished with reason {reason!r}")
+    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    return Sample(token_ids=ids, logprobs=logprobs, text=text, finish_reason=reason)
 
 
 @dataclass(frozen=True)

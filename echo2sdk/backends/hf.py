@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from echo2sdk.backends._common import check_params as _check_params
-from echo2sdk.backends._common import BackendBase, check_prompts, resolve_eos
+from echo2sdk.backends._common import MAX_REPORTED, BackendBase, check_prompts, check_version, refusal, resolve_eos
 from echo2sdk.core.interfaces import Sample, SamplingParams
 from echo2sdk.core.snapshot import load_snapshot
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled, ProtocolError
@@ -29,7 +29,6 @@ from echo2sdk.models import resolve_model
 __all__ = ["HFBackend"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_MAX_REPORTED = 5  # problems named in one refusal message
 
 
 def _import_torch():
@@ -202,22 +201,14 @@ class HFBackend(BackendBase):
     def install(self, version: int, weights: bytes) -> None:
         self._check_open()
         current = self._version
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise BackendError(f"snapshot version must be an int, got {version!r}; kept v{current}")
-        if version < current:
-            raise BackendError(
-                f"snapshot v{version} is older than the installed v{current}; refused, kept v{current}"
-            )
+        check_version(version, current)
         try:
             state = load_snapshot(weights)
         except ProtocolError as exc:
-            raise BackendError(f"snapshot v{version} refused, kept v{current}: {exc}") from exc
+            raise refusal(version, current, [str(exc)]) from exc
         problems = self._validate(state)
         if problems:
-            more = f" (and {len(problems) - _MAX_REPORTED} more)" if len(problems) > _MAX_REPORTED else ""
-            raise BackendError(
-                f"snapshot v{version} refused, kept v{current}: " + "; ".join(problems[:_MAX_REPORTED]) + more
-            )
+            raise refusal(version, current, problems)
         torch = self._torch
         with torch.no_grad():
             for name, tensor in state.items():
@@ -241,7 +232,7 @@ class HFBackend(BackendBase):
         covered = {self._alias_of.get(name, name) for name in state}
         missing = [name for name in self._targets if name not in self._alias_of and name not in covered]
         if missing:
-            shown = ", ".join(map(repr, missing[:_MAX_REPORTED])) + (" ..." if len(missing) > _MAX_REPORTED else "")
+            shown = ", ".join(map(repr, missing[:MAX_REPORTED])) + (" ..." if len(missing) > MAX_REPORTED else "")
             problems.append(f"{len(missing)} missing keys: {shown}")
         if not problems:
             for alias, canonical in self._alias_of.items():

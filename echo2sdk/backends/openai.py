@@ -44,11 +44,11 @@ from echo2sdk.backends._common import (
     Layout,
     check_params,
     check_prompts,
+    check_snapshot,
     check_version,
-    parse_snapshot,
+    finished_sample,
     positive_int,
     read_config,
-    refusal,
     resolve_eos,
     row_seeds,
 )
@@ -239,12 +239,7 @@ class OpenAIBackend(BackendBase):
                 f"the server returned {len(ids)} token ids and {len(lps)} log-probs for prompt {row}: it must "
                 "return token ids and log-probs (vLLM and SGLang do with logprobs=0)"
             )
-        if reason == "stop" and ids[-1] != self._eos:
-            raise BackendError(f"the server stopped prompt {row} on token {ids[-1]}, not on end-of-sequence {self._eos}")
-        if reason not in ("stop", "length"):
-            raise BackendError(f"the server finished prompt {row} with reason {reason!r}")
-        text = self._tokenizer.decode(list(ids), skip_special_tokens=True)
-        return Sample(token_ids=ids, logprobs=lps, text=text, finish_reason=reason)
+        return finished_sample(f"the server (prompt {row})", ids, lps, reason, self._eos, self._tokenizer)
 
     # ---------------------------------------------------------------------------------- snapshots
 
@@ -252,20 +247,14 @@ class OpenAIBackend(BackendBase):
         """Check the snapshot, write it where the server can read it, and have the server reload it."""
         self._check_open()
         current = self._version
-        check_version(version, current)
+        check_version(version, current)  # first: a stale version is refused whatever the server can do
         if self._reload == "none":
             raise BackendError(
                 f"snapshot v{version} refused, kept v{current}: the server at {self._root} has no weight-reload "
                 "endpoint (vLLM: POST /collective_rpc with VLLM_SERVER_DEV_MODE=1; SGLang: POST "
                 "/update_weights_from_disk), so it cannot follow the policy"
             )
-        try:
-            snap = parse_snapshot(weights)
-        except ValueError as exc:
-            raise refusal(version, current, [str(exc)]) from exc
-        problems = self._layout.problems(snap, weights)
-        if problems:
-            raise refusal(version, current, problems)
+        check_snapshot(version, current, weights, self._layout)
         target = Path(tempfile.mkdtemp(prefix=f"v{version}-", dir=self._snapshot_dir))
         try:
             (target / "model.safetensors").write_bytes(bytes(weights))

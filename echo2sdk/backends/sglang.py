@@ -25,10 +25,9 @@ from echo2sdk.backends._common import (
     Layout,
     check_params,
     check_prompts,
-    check_version,
-    parse_snapshot,
+    check_snapshot,
+    finished_sample,
     read_config,
-    refusal,
     resolve_eos,
     row_seeds,
 )
@@ -156,25 +155,13 @@ class SGLangBackend(BackendBase):
         reason = finish.get("type") if isinstance(finish, dict) else finish
         if not ids:
             raise BackendError(f"sglang returned no tokens for prompt {row}")
-        if reason == "stop" and ids[-1] != self._eos:
-            raise BackendError(f"sglang stopped prompt {row} on {finish!r}, not on the end-of-sequence token")
-        if reason not in ("stop", "length"):
-            raise BackendError(f"sglang finished prompt {row} with reason {finish!r}")
-        text = self._tokenizer.decode(list(ids), skip_special_tokens=True)
-        return Sample(token_ids=ids, logprobs=logprobs, text=text, finish_reason=reason)
+        return finished_sample(f"sglang (prompt {row})", ids, logprobs, reason, self._eos, self._tokenizer)
 
     def install(self, version: int, weights: bytes) -> None:
         """Check the snapshot against the model's checkpoint, then update every weight in place."""
         self._check_open()
         current = self._version
-        check_version(version, current)
-        try:
-            snap = parse_snapshot(weights)
-        except ValueError as exc:
-            raise refusal(version, current, [str(exc)]) from exc
-        problems = self._layout.problems(snap, weights)
-        if problems:
-            raise refusal(version, current, problems)
+        check_snapshot(version, current, weights, self._layout)
         import safetensors.torch
 
         tensors = list(safetensors.torch.load(bytes(weights)).items())

@@ -34,11 +34,10 @@ from echo2sdk.backends._common import (
     Layout,
     check_params,
     check_prompts,
-    check_version,
-    parse_snapshot,
+    check_snapshot,
+    finished_sample,
     positive_int,
     read_config,
-    refusal,
     resolve_eos,
     row_seeds,
 )
@@ -269,13 +268,7 @@ class VLLMBackend(BackendBase):
         if len(entries) != len(ids):
             raise BackendError(f"vllm returned {len(entries)} log-probs for {len(ids)} tokens")
         logprobs = tuple(float(entry[token].logprob) for entry, token in zip(entries, ids))
-        reason = completion.finish_reason
-        if reason == "stop" and (not ids or ids[-1] != self._eos):
-            raise BackendError(f"vllm stopped on {completion.stop_reason!r}, not on the end-of-sequence token")
-        if reason not in ("stop", "length"):
-            raise BackendError(f"vllm finished a request with reason {reason!r}")
-        text = self._tokenizer.decode(list(ids), skip_special_tokens=True)
-        return Sample(token_ids=ids, logprobs=logprobs, text=text, finish_reason=reason)
+        return finished_sample("vllm", ids, logprobs, completion.finish_reason, self._eos, self._tokenizer)
 
     # ---------------------------------------------------------------------------------- snapshots
 
@@ -283,14 +276,7 @@ class VLLMBackend(BackendBase):
         """Check the snapshot against the model's checkpoint, then reload every weight in place."""
         self._check_open()
         current = self._version
-        check_version(version, current)
-        try:
-            snap = parse_snapshot(weights)
-        except ValueError as exc:
-            raise refusal(version, current, [str(exc)]) from exc
-        problems = self._layout.problems(snap, weights)
-        if problems:
-            raise refusal(version, current, problems)
+        check_snapshot(version, current, weights, self._layout)
         import safetensors.torch
 
         tensors = list(safetensors.torch.load(bytes(weights)).items())
