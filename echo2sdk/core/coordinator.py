@@ -52,6 +52,8 @@ class WorkerInfo:
     alive: bool = True
     active: bool = True  # handed tasks; False: registered and idle (Coordinator.set_active)
     relay_addr: tuple[str, int] | None = None  # where this worker serves snapshot chunks to its children
+    session: str = ""  # the worker process's random id: a re-join from it keeps worker_id and record
+    rejoins: int = 0
 
 
 class _Conn:
@@ -259,25 +261,39 @@ class Coordinator:
             await write_frame(writer, {"type": "refused", "reason": "authentication failed: wrong token"})
             return None
         wid = str(hello.get("worker_id") or f"w{next(self._ids)}")
+        session = hello.get("session") if isinstance(hello.get("session"), str) else ""
+        before = self.workers.get(wid)
+        rejoin = before is not None and bool(session) and before.session == session
         if wid in self._conns:
-            wid = f"{wid}-{next(self._ids)}"
-        price, relay_port = hello.get("price_per_hour", 0.0), hello.get("relay_port")
+            if rejoin:  # the same process on a new connection: the old one is dead, whatever TCP says yet
+                old = self._conns[wid]
+                self._drop(old, "re-joined on a new connection")
+                old.writer.close()
+            else:  # another process under a taken id
+                wid = f"{wid}-{next(self._ids)}"
+        price, relay_port, version = hello.get("price_per_hour", 0.0), hello.get("relay_port"), hello.get("version")
         info = WorkerInfo(
             worker_id=wid,
             address=address,
             price_per_hour=float(price) if isinstance(price, (int, float)) else 0.0,
             backend=str(hello.get("backend", "")),
+            version=version if isinstance(version, int) and not isinstance(version, bool) and version >= 0 else 0,
             relay_addr=(peer_host, relay_port) if isinstance(relay_port, int) and 0 < relay_port < 65536 else None,
+            session=session,
         )
         conn = _Conn(info, writer)
         info.active = self.default_active
+        if rejoin and before is not None:  # its record goes on: counts, activation (the scheduler's choice)
+            info.joined_at, info.trajectories, info.rejected = before.joined_at, before.trajectories, before.rejected
+            info.rollouts_per_s, info.active = before.rollouts_per_s, before.active
+            info.rejoins = before.rejoins + 1
         self.workers[wid], self._conns[wid] = info, conn
         latest_version = self._latest[0] if self._latest else 0
         welcome = {"type": "welcome", "worker_id": wid, "config": self.worker_config, "version": latest_version}
         if hasattr(self.delivery, "welcome_info"):
             welcome["broadcast"] = self.delivery.welcome_info()
         await conn.send(welcome)
-        log.info("worker %s joined from %s", wid, address)
+        log.info("worker %s %s from %s", wid, "re-joined" if rejoin else "joined", address)
         if self._latest is not None:  # a late joiner gets the current policy at once
             await self.delivery.deliver(self._latest[0], self._latest[1], [conn])
         return conn

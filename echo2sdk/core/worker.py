@@ -49,6 +49,7 @@ class RolloutWorker:
         price_per_hour: float = 0.0,
         max_batches: int | None = None,
         connect_timeout_s: float = 60.0,
+        reconnect_s: float = 120.0,
         relay: bool = True,
         relay_only: bool = False,
         relay_uplink_bps: float | None = None,
@@ -58,6 +59,12 @@ class RolloutWorker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.price_per_hour, self.max_batches = price_per_hour, max_batches
         self.connect_timeout_s = connect_timeout_s
+        # a lost coordinator connection (a WAN blip, or a timeout while this machine was overloaded) is
+        # re-dialled for up to reconnect_s; the worker re-joins under its id with its model and version
+        # (0: exit instead). `session` tells the coordinator that a re-join is this process, not a namesake.
+        self.reconnect_s = reconnect_s
+        self.session = os.urandom(8).hex()
+        self.joins = 0
         # Chain broadcast: `relay` serves verified chunks to children (off behind a NAT that admits no
         # inbound connection: the worker is then a leaf); `relay_only` forwards snapshots and generates
         # nothing (a bandwidth helper, and the broadcast benchmark's node).
@@ -73,6 +80,9 @@ class RolloutWorker:
         self._waiters: dict[int, asyncio.Future] = {}
         self._rids = itertools.count(1)
         self._stop = asyncio.Event()
+        self._shutdown = False  # the coordinator said so (as opposed to a lost connection)
+        self._batches_done = False  # max_batches reached
+        self._batch = 0
         self._done = 0
         self._rate = 0.0
 
@@ -80,22 +90,48 @@ class RolloutWorker:
     def version(self) -> int:
         return self.backend.version if self.backend else self._received_version if self.relay_only else 0
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        deadline = time.monotonic() + self.connect_timeout_s
+    async def _connect(self, timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        deadline, pause = time.monotonic() + timeout_s, 0.5
         while True:
             try:
                 return await asyncio.open_connection(self.host, self.port)
             except OSError:
                 if time.monotonic() > deadline:
                     raise
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 5.0)
 
     async def run(self) -> int:
-        reader, self._writer = await self._connect()
-        local_host = self._writer.get_extra_info("sockname")[0]  # serve children on the interface we reach the learner by
-        self.relay = RelayNode(
-            self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps
-        )
+        """Join, work until the coordinator says shutdown (or max_batches), re-joining after a lost
+        connection for as long as reconnect_s allows. The backend and the relay live across re-joins."""
+        try:
+            while True:
+                timeout = self.connect_timeout_s if self.joins == 0 else self.reconnect_s
+                try:
+                    reader, self._writer = await self._connect(timeout)
+                except OSError as e:
+                    if self.joins == 0:
+                        raise
+                    log.error("coordinator %s:%d unreachable for %.0f s (%s); giving up", self.host, self.port, timeout, e)
+                    return 1
+                if not await self._session(reader) or self.reconnect_s <= 0:
+                    return 0
+                log.warning("lost the coordinator; re-dialling %s:%d for up to %.0f s", self.host, self.port, self.reconnect_s)
+        finally:
+            if self.relay is not None:
+                self.relay.close()
+            if self.backend is not None:
+                self.backend.close()
+
+    async def _session(self, reader: asyncio.StreamReader) -> bool:
+        """One connection's life: handshake, then relay or roll out. True when the connection was lost
+        (re-join), False when the work is over (shutdown, or max_batches done)."""
+        self._stop, self._waiters, self._shutdown = asyncio.Event(), {}, False
+        if self.relay is None:  # one relay node for the process: its port stays what the coordinator knows
+            local_host = self._writer.get_extra_info("sockname")[0]  # serve children where we reach the learner
+            self.relay = RelayNode(
+                self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps
+            )
         challenge, _ = await read_frame(reader)
         if challenge["type"] != "challenge" or not isinstance(challenge.get("nonce"), bytes):
             raise ProtocolError(f"expected a challenge, got {challenge['type']!r}")
@@ -103,9 +139,11 @@ class RolloutWorker:
             {
                 "type": "hello",
                 "worker_id": self.worker_id,
+                "session": self.session,
                 "mac": auth_mac(self.token, challenge["nonce"]),
                 "price_per_hour": self.price_per_hour,
                 "relay_port": self.relay.port if self.relay_enabled else None,
+                "version": self.version,
             }
         )
         welcome, _ = await read_frame(reader)
@@ -119,23 +157,22 @@ class RolloutWorker:
         self._public_key = bcast.get("public_key")
         if isinstance(bcast.get("stall_timeout_s"), (int, float)) and bcast["stall_timeout_s"] > 0:
             self.relay.stall_timeout_s = float(bcast["stall_timeout_s"])
-        log.info("worker %s joined %s:%d", self.worker_id, self.host, self.port)
+        self.joins += 1
+        log.info("worker %s %s %s:%d", self.worker_id, "joined" if self.joins == 1 else "re-joined", self.host, self.port)
         reader_task = asyncio.create_task(self._read_loop(reader))
         beat = asyncio.create_task(self._heartbeat(float(cfg.get("heartbeat_s", 1.0))))  # alive while loading
         try:
             if self.relay_only:
                 await self._stop.wait()
             else:
-                await asyncio.to_thread(self._setup, cfg)
+                if self.backend is None:
+                    await asyncio.to_thread(self._setup, cfg)
                 await self._rollout_loop(cfg)
         finally:
             beat.cancel()
             reader_task.cancel()
             self._writer.close()
-            self.relay.close()
-            if self.backend is not None:
-                self.backend.close()
-        return 0
+        return not self._shutdown and not self._batches_done
 
     def _setup(self, cfg: dict[str, Any]) -> None:
         from echo2sdk.plugins import load_adapter, load_backend_class
@@ -148,6 +185,13 @@ class RolloutWorker:
 
     async def _send(self, header: dict[str, Any]) -> None:
         await write_frame(self._writer, header)
+
+    async def _notify(self, header: dict[str, Any]) -> None:
+        """A report the coordinator can live without (it re-sends the latest snapshot when we re-join)."""
+        try:
+            await self._send(header)
+        except (ConnectionError, OSError) as e:
+            log.debug("could not report %s: %s", header.get("type"), e)
 
     async def _request(self, header: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
         rid = next(self._rids)
@@ -167,12 +211,13 @@ class RolloutWorker:
                 if kind == "snapshot":
                     if (why := snapshot_frame_ok(header, payload)) is not None:
                         log.warning("dropping snapshot v%s: %s", header.get("version"), why)
-                        await self._send({"type": "snapshot_rejected", "version": header.get("version"), "reason": why})
+                        await self._notify({"type": "snapshot_rejected", "version": header.get("version"), "reason": why})
                     elif self._pending is None or header["version"] > self._pending[0]["version"]:
                         self._set_pending(header, payload)
                 elif kind == "snapshot_plan":
                     asyncio.get_running_loop().create_task(self._fetch(header))
                 elif kind == "shutdown":
+                    self._shutdown = True
                     self._stop.set()
                     return
                 elif (fut := self._waiters.get(header.get("rid"))) is not None and not fut.done():
@@ -204,10 +249,10 @@ class RolloutWorker:
                 raise ProtocolError("snapshot_plan without an upstream node")
         except (ProtocolError, TypeError, ValueError, IndexError) as e:
             log.warning("refusing snapshot plan: %s", e)
-            await self._send({"type": "snapshot_rejected", "version": plan.get("manifest", {}).get("version"), "reason": str(e)})
+            await self._notify({"type": "snapshot_rejected", "version": plan.get("manifest", {}).get("version"), "reason": str(e)})
             return
         report = await asyncio.to_thread(self.relay.fetch, manifest, upstream)
-        await self._send({"type": "received", **report.to_wire()})
+        await self._notify({"type": "received", **report.to_wire()})
         asm = self.relay.acquire(manifest.version) if report.ok else None
         if asm is None:
             log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, report.repairs)
@@ -218,11 +263,11 @@ class RolloutWorker:
             self.relay.release(asm)
         if self.relay_only:
             self._received_version = max(self._received_version, manifest.version)
-            await self._send({"type": "installed", "version": manifest.version, "install_s": 0.0})
+            await self._notify({"type": "installed", "version": manifest.version, "install_s": 0.0})
 
     async def _heartbeat(self, every: float) -> None:
         while not self._stop.is_set():
-            await self._send(
+            await self._notify(
                 {"type": "heartbeat", "version": self.version, "rollouts": self._done, "rollouts_per_s": self._rate}
             )
             await asyncio.sleep(every)
@@ -245,20 +290,24 @@ class RolloutWorker:
             await asyncio.to_thread(self.backend.install, header["version"], weights)
         except BackendError as e:
             log.warning("snapshot v%s refused by the backend: %s", header["version"], e)
-            await self._send({"type": "snapshot_rejected", "version": header["version"], "reason": str(e)})
+            await self._notify({"type": "snapshot_rejected", "version": header["version"], "reason": str(e)})
             return
         finally:
             if isinstance(payload, Assembly):
                 self.relay.release(payload)  # type: ignore[union-attr]
-        await self._send({"type": "installed", "version": self.version, "install_s": time.perf_counter() - t0})
+        await self._notify({"type": "installed", "version": self.version, "install_s": time.perf_counter() - t0})
 
     async def _rollout_loop(self, cfg: dict[str, Any]) -> None:
         n, per_request = int(cfg["group_size"]), int(cfg["tasks_per_request"])
         base = SamplingParams(**cfg["sampling"])
         seed0 = zlib.crc32(self.worker_id.encode()) << 20  # distinct, reproducible streams per worker
-        for batch in itertools.count():
+        while True:
+            batch, self._batch = self._batch, self._batch + 1  # counts on across re-joins
             params = replace(base, seed=seed0 + batch) if base.seed is None else base
-            if self._stop.is_set() or (self.max_batches is not None and batch >= self.max_batches):
+            if self.max_batches is not None and batch >= self.max_batches:
+                self._batches_done = True
+                return
+            if self._stop.is_set():
                 return
             await self._install_pending()
             try:
@@ -350,3 +399,6 @@ def run_worker(connect: str, token: str, **kwargs: Any) -> int:
     except AuthError as e:
         log.error("%s", e)
         return 2
+    except OSError as e:
+        log.error("cannot reach the coordinator at %s: %s", connect, e)
+        return 1

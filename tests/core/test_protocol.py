@@ -184,3 +184,60 @@ def test_dead_worker_is_dropped_and_others_continue(coord):
         assert _wait(lambda: coord.workers["w-b"].trajectories > n)
     finally:
         _stop(a), _stop(b)
+
+
+def test_a_worker_dropped_while_frozen_rejoins_with_its_id_model_and_version(coord):
+    """A worker the coordinator dropped as silent (here: SIGSTOP past worker_timeout_s, as on an overloaded
+    machine) re-dials when it runs again and re-joins under its id, with its loaded model and installed
+    version and its record (counts) carried on; no second worker appears."""
+    p = _spawn(coord.port, "s3cret", "w-a")
+    out = ""
+    try:
+        assert _wait(lambda: "w-a" in coord.workers and coord.workers["w-a"].alive), _stop(p)
+        coord.buffer.set_version(1)
+        coord.publish(1, safetensors_blob())
+        assert _wait(lambda: coord.workers["w-a"].version == 1), _stop(p)
+        before = coord.workers["w-a"].trajectories
+        assert before > 0 or _wait(lambda: coord.workers["w-a"].trajectories > 0)
+        p.send_signal(signal.SIGSTOP)
+        assert _wait(lambda: not coord.workers["w-a"].alive, timeout=15)
+        p.send_signal(signal.SIGCONT)
+        assert _wait(lambda: coord.workers["w-a"].alive and coord.workers["w-a"].rejoins == 1), _stop(p)
+        assert set(coord.workers) == {"w-a"}
+        info = coord.workers["w-a"]
+        assert info.version == 1 and info.trajectories >= before
+        n = info.trajectories
+        assert _wait(lambda: coord.workers["w-a"].trajectories > n)
+        coord.buffer.sample(coord.buffer.ready_groups())
+        assert _wait(lambda: coord.buffer.ready_groups() >= 1)
+        assert {t.version for g in coord.buffer.sample(1) for t in g} == {1}
+    finally:
+        p.send_signal(signal.SIGCONT)
+        out = _stop(p)
+    assert "re-joined" in out and "lost the coordinator" in out
+
+
+async def _hello(port: int, worker_id: str, session: str):
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    ch, _ = await read_frame(reader)
+    await write_frame(writer, {"type": "hello", "worker_id": worker_id, "session": session,
+                               "mac": auth_mac("s3cret", ch["nonce"])})
+    welcome, _ = await read_frame(reader)
+    return reader, writer, welcome["worker_id"]
+
+
+def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
+    async def scenario():
+        r1, w1, id1 = await _hello(coord.port, "gpu-1", "aaaa")
+        r2, w2, id2 = await _hello(coord.port, "gpu-1", "bbbb")  # a namesake: another process
+        r3, w3, id3 = await _hello(coord.port, "gpu-1", "aaaa")  # the first process again
+        try:
+            first_closed = await asyncio.wait_for(r1.read(), 5) == b""  # its old connection is dropped
+        finally:
+            for w in (w1, w2, w3):
+                w.close()
+        return id1, id2, id3, first_closed
+
+    id1, id2, id3, first_closed = asyncio.run(scenario())
+    assert id1 == "gpu-1" and id2.startswith("gpu-1-") and id3 == "gpu-1"
+    assert first_closed and coord.workers["gpu-1"].rejoins == 1
