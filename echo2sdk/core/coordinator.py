@@ -17,7 +17,7 @@ import logging
 import secrets
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,6 +54,7 @@ class WorkerInfo:
     relay_addr: tuple[str, int] | None = None  # where this worker serves snapshot chunks to its children
     session: str = ""  # the worker process's random id: a re-join from it keeps worker_id and record
     rejoins: int = 0
+    batches: deque[str] = field(default_factory=lambda: deque(maxlen=64), repr=False)  # recent pushes' ids
 
 
 class _Conn:
@@ -204,7 +205,7 @@ class Coordinator:
         }
 
     def worker_table(self) -> list[dict[str, Any]]:
-        return [asdict(w) for w in self.workers.values()]
+        return [{k: v for k, v in asdict(w).items() if k not in ("batches", "session")} for w in self.workers.values()]
 
     # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) ---------------------------------
     default_active: bool = True  # whether a worker that joins is handed tasks at once
@@ -286,7 +287,7 @@ class Coordinator:
         if rejoin and before is not None:  # its record goes on: counts, activation (the scheduler's choice)
             info.joined_at, info.trajectories, info.rejected = before.joined_at, before.trajectories, before.rejected
             info.rollouts_per_s, info.active = before.rollouts_per_s, before.active
-            info.rejoins = before.rejoins + 1
+            info.rejoins, info.batches = before.rejoins + 1, before.batches
         self.workers[wid], self._conns[wid] = info, conn
         latest_version = self._latest[0] if self._latest else 0
         welcome = {"type": "welcome", "worker_id": wid, "config": self.worker_config, "version": latest_version}
@@ -307,7 +308,13 @@ class Coordinator:
             tasks = self._next_tasks(n) if conn.info.active else []  # an inactive worker idles
             await conn.send({"type": "tasks", "rid": h.get("rid"), "tasks": tasks})
         elif kind == "trajectories":
+            batch = h.get("batch")  # the worker's id for this push: a re-sent push is acknowledged, not re-admitted
+            if isinstance(batch, str) and batch in conn.info.batches:
+                await conn.send({"type": "ack", "rid": h.get("rid"), "accepted": 0, "rejected": [], "duplicate": True})
+                return
             accepted, rejected = self._intake(conn, h.get("groups"))
+            if isinstance(batch, str):
+                conn.info.batches.append(batch)
             await conn.send({"type": "ack", "rid": h.get("rid"), "accepted": accepted, "rejected": rejected})
         elif kind == "heartbeat":
             v, rate = h.get("version"), h.get("rollouts_per_s")

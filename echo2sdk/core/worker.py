@@ -83,6 +83,7 @@ class RolloutWorker:
         self._shutdown = False  # the coordinator said so (as opposed to a lost connection)
         self._batches_done = False  # max_batches reached
         self._batch = 0
+        self._held: tuple[str, list[list[dict[str, Any]]]] | None = None  # a pushed batch the coordinator never acked
         self._done = 0
         self._rate = 0.0
 
@@ -302,13 +303,18 @@ class RolloutWorker:
         base = SamplingParams(**cfg["sampling"])
         seed0 = zlib.crc32(self.worker_id.encode()) << 20  # distinct, reproducible streams per worker
         while True:
-            batch, self._batch = self._batch, self._batch + 1  # counts on across re-joins
-            params = replace(base, seed=seed0 + batch) if base.seed is None else base
-            if self.max_batches is not None and batch >= self.max_batches:
+            if self.max_batches is not None and self._batch >= self.max_batches:
                 self._batches_done = True
                 return
+            if self._held is not None and not self._stop.is_set():
+                held = self._held
+                if not await self._push(*held):
+                    return
+                log.info("pushed batch %s (%d groups) held across the re-join", held[0], len(held[1]))
             if self._stop.is_set():
                 return
+            batch, self._batch = self._batch, self._batch + 1  # counts on across re-joins
+            params = replace(base, seed=seed0 + batch) if base.seed is None else base
             await self._install_pending()
             try:
                 reply = await self._request({"type": "get_tasks", "n": per_request})
@@ -324,12 +330,24 @@ class RolloutWorker:
             self._done += sum(len(g) for g in groups)
             inst = sum(len(g) for g in groups) / max(dt, 1e-6)
             self._rate = inst if self._rate == 0 else 0.7 * self._rate + 0.3 * inst
-            try:
-                ack = await self._request({"type": "trajectories", "groups": groups})
-            except (ConnectionError, TimeoutError):
+            if not await self._push(f"{self.session}:{batch}", groups):
                 return
-            if ack.get("rejected"):
-                log.warning("coordinator rejected %d group(s): %s", len(ack["rejected"]), ack["rejected"])
+
+    async def _push(self, batch_id: str, groups: list[list[dict[str, Any]]]) -> bool:
+        """Push one batch's groups. When the connection is lost on the way they are held and pushed again
+        after the re-join under the same id: the coordinator admits a batch once (staleness is judged
+        then, as for any record), so nothing generated is lost and nothing is counted twice."""
+        try:
+            ack = await self._request({"type": "trajectories", "batch": batch_id, "groups": groups})
+        except (ConnectionError, TimeoutError):
+            self._held = (batch_id, groups)
+            return False
+        self._held = None
+        if ack.get("duplicate"):
+            log.info("batch %s had reached the coordinator before the connection was lost", batch_id)
+        if ack.get("rejected"):
+            log.warning("coordinator rejected %d group(s): %s", len(ack["rejected"]), ack["rejected"])
+        return True
 
     def _rollout(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
         """Generate n samples per task under the installed version v-hat and score them (rollout plane).

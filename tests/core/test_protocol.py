@@ -241,3 +241,46 @@ def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
     id1, id2, id3, first_closed = asyncio.run(scenario())
     assert id1 == "gpu-1" and id2.startswith("gpu-1-") and id3 == "gpu-1"
     assert first_closed and coord.workers["gpu-1"].rejoins == 1
+
+
+def test_a_resent_batch_is_acknowledged_but_admitted_once(coord):
+    """A worker that lost its connection before the ack re-sends the batch after re-joining; the coordinator
+    knows its id and does not admit the groups twice."""
+
+    async def scenario():
+        reader, writer, _ = await _hello(coord.port, "w-x", "cccc")
+        group = [_record(meta={"group_id": "g1"}) for _ in range(GROUP)]
+        acks = []
+        for rid in (1, 2):
+            await write_frame(writer, {"type": "trajectories", "rid": rid, "batch": "cccc:0", "groups": [group]})
+            while True:
+                h, _ = await read_frame(reader)
+                if h["type"] == "ack":
+                    acks.append(h)
+                    break
+        writer.close()
+        return acks
+
+    first, second = asyncio.run(scenario())
+    assert first["accepted"] == GROUP and not first.get("duplicate")
+    assert second["accepted"] == 0 and second["duplicate"] is True
+    assert coord.buffer.ready_groups() == 1 and coord.workers["w-x"].trajectories == GROUP
+
+
+def test_a_batch_whose_push_was_cut_off_is_held_and_pushed_first_after_the_rejoin():
+    from echo2sdk.core.worker import RolloutWorker
+
+    w = RolloutWorker("127.0.0.1:9", "token", worker_id="w-unit")
+    sent = []
+
+    async def flaky_request(header, timeout=60.0):
+        sent.append(header)
+        if len(sent) == 1:
+            raise ConnectionError("lost")
+        return {"type": "ack", "accepted": 3, "rejected": []}
+
+    w._request = flaky_request
+    groups = [[{"x": 1}] * 3]
+    assert asyncio.run(w._push("s:4", groups)) is False and w._held == ("s:4", groups)
+    assert asyncio.run(w._push(*w._held)) is True and w._held is None
+    assert [h["batch"] for h in sent] == ["s:4", "s:4"] and sent[1]["groups"] == groups
