@@ -93,7 +93,9 @@ class Coordinator:
         delivery: SnapshotDelivery | None = None,
     ):
         self.buffer, self._tasks = buffer, tasks
-        self.worker_config = dict(worker_config, heartbeat_s=heartbeat_s)
+        # staleness: a worker that knows a snapshot more than S versions ahead of its own is on the way waits
+        # for it rather than generate records the buffer must reject
+        self.worker_config = dict(worker_config, heartbeat_s=heartbeat_s, staleness=buffer.staleness)
         self.vocab_size, self.max_len = vocab_size, max_len
         self.token = token or secrets.token_urlsafe(24)
         self.host, self.port = host, port

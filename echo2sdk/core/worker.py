@@ -31,6 +31,8 @@ __all__ = ["RolloutWorker", "run_worker", "parse_address"]
 
 log = logging.getLogger("echo2sdk.worker")
 
+STALE_WAIT_S = 60.0  # the longest a worker waits for a snapshot it knows of before generating under its own
+
 
 def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
@@ -83,6 +85,8 @@ class RolloutWorker:
         self._shutdown = False  # the coordinator said so (as opposed to a lost connection)
         self._batches_done = False  # max_batches reached
         self._batch = 0
+        self._stale_since: float | None = None
+        self._newest = 0  # the newest snapshot version this worker has heard of (welcome, plans, pushes)
         self._held: tuple[str, list[list[dict[str, Any]]]] | None = None  # a pushed batch the coordinator never acked
         self._done = 0
         self._rate = 0.0
@@ -153,6 +157,8 @@ class RolloutWorker:
         if welcome["type"] != "welcome":
             raise ProtocolError(f"expected welcome, got {welcome['type']!r}")
         self.worker_id, cfg = welcome["worker_id"], welcome["config"]
+        if isinstance(welcome.get("version"), int):
+            self._newest = max(self._newest, welcome["version"])
         self.relay.node_id = self.worker_id
         bcast = welcome.get("broadcast") or {}
         self._public_key = bcast.get("public_key")
@@ -195,6 +201,8 @@ class RolloutWorker:
             log.debug("could not report %s: %s", header.get("type"), e)
 
     async def _request(self, header: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        if self._stop.is_set():  # the read loop has ended: nobody would ever answer (it fails the waiters it saw)
+            raise ConnectionError("coordinator connection closed")
         rid = next(self._rids)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
@@ -209,6 +217,10 @@ class RolloutWorker:
             while True:
                 header, payload = await read_frame(reader)
                 kind = header["type"]
+                if kind in ("snapshot", "snapshot_plan"):
+                    v = header.get("version") if kind == "snapshot" else (header.get("manifest") or {}).get("version")
+                    if isinstance(v, int):
+                        self._newest = max(self._newest, v)
                 if kind == "snapshot":
                     if (why := snapshot_frame_ok(header, payload)) is not None:
                         log.warning("dropping snapshot v%s: %s", header.get("version"), why)
@@ -313,9 +325,11 @@ class RolloutWorker:
                 log.info("pushed batch %s (%d groups) held across the re-join", held[0], len(held[1]))
             if self._stop.is_set():
                 return
+            await self._install_pending()
+            if await self._too_stale(cfg.get("staleness")):
+                continue
             batch, self._batch = self._batch, self._batch + 1  # counts on across re-joins
             params = replace(base, seed=seed0 + batch) if base.seed is None else base
-            await self._install_pending()
             try:
                 reply = await self._request({"type": "get_tasks", "n": per_request})
             except (ConnectionError, TimeoutError):
@@ -332,6 +346,22 @@ class RolloutWorker:
             self._rate = inst if self._rate == 0 else 0.7 * self._rate + 0.3 * inst
             if not await self._push(f"{self.session}:{batch}", groups):
                 return
+
+    async def _too_stale(self, staleness: Any) -> bool:
+        """True (after a short wait) while a snapshot more than S versions ahead of the installed one is on
+        its way: records generated now would be older than v_t - S on arrival and rejected (a late joiner,
+        or a worker back from a freeze). Gives up waiting after STALE_WAIT_S, in case no snapshot comes."""
+        if not isinstance(staleness, int) or self._newest - self.version <= staleness:
+            self._stale_since = None
+            return False
+        now = time.monotonic()
+        if self._stale_since is None:
+            self._stale_since = now
+            log.info("v%d installed, v%d published: waiting for it before generating", self.version, self._newest)
+        if now - self._stale_since > STALE_WAIT_S:
+            return False
+        await asyncio.sleep(0.2)
+        return True
 
     async def _push(self, batch_id: str, groups: list[list[dict[str, Any]]]) -> bool:
         """Push one batch's groups. When the connection is lost on the way they are held and pushed again

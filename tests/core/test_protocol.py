@@ -20,6 +20,16 @@ from echo2sdk.testing import ToyAdapter, safetensors_blob
 pytestmark = pytest.mark.integration
 
 GROUP = 3
+_WORKER_CONFIG = {
+    "model": "mock",
+    "adapter": "echo2sdk.testing:ToyAdapter",
+    "adapter_options": {},
+    "backend": "echo2sdk.testing:MockBackend",
+    "backend_options": {"answer": "echo"},
+    "group_size": GROUP,
+    "tasks_per_request": 2,
+    "sampling": {"max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0},
+}
 
 
 def _wait(pred, timeout=30.0):
@@ -37,16 +47,7 @@ def coord():
     c = Coordinator(
         buffer=buf,
         tasks=ToyAdapter().tasks(0),
-        worker_config={
-            "model": "mock",
-            "adapter": "echo2sdk.testing:ToyAdapter",
-            "adapter_options": {},
-            "backend": "echo2sdk.testing:MockBackend",
-            "backend_options": {"answer": "echo"},
-            "group_size": GROUP,
-            "tasks_per_request": 2,
-            "sampling": {"max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0},
-        },
+        worker_config=_WORKER_CONFIG,
         vocab_size=256,
         max_len=512,
         token="s3cret",
@@ -284,3 +285,32 @@ def test_a_batch_whose_push_was_cut_off_is_held_and_pushed_first_after_the_rejoi
     assert asyncio.run(w._push("s:4", groups)) is False and w._held == ("s:4", groups)
     assert asyncio.run(w._push(*w._held)) is True and w._held is None
     assert [h["batch"] for h in sent] == ["s:4", "s:4"] and sent[1]["groups"] == groups
+
+
+def test_a_late_joiner_waits_for_the_snapshot_instead_of_generating_stale_records():
+    """The learner is at v5 with S = 2: records a new worker generated at its v0 would all be rejected.
+    It learns of v5 at join, waits for the snapshot (paced here to ~2 s) and only then generates."""
+    import json
+    import struct
+
+    from echo2sdk.core.broadcast.delivery import ChainBroadcast
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1 << 19], "data_offsets": [0, 2 << 20]}}).encode()
+    header += b" " * (-len(header) % 8)
+    blob = struct.pack("<Q", len(header)) + header + bytes(2 << 20)
+    buf = StalenessBuffer(staleness=2, group_size=GROUP)
+    c = Coordinator(buffer=buf, tasks=ToyAdapter().tasks(0), worker_config=_WORKER_CONFIG, vocab_size=256,
+                    max_len=512, token="s3cret", heartbeat_s=0.2, worker_timeout_s=10.0,
+                    delivery=ChainBroadcast("s3cret", per_peer_bps=1e6))
+    c.start()
+    c.buffer.set_version(5)
+    c.publish(5, blob)
+    p = _spawn(c.port, "s3cret", "w-late")
+    try:
+        assert _wait(lambda: "w-late" in c.workers and c.workers["w-late"].trajectories >= 2 * GROUP), _stop(p)
+        assert c.rejected.get("stale", 0) == 0 and c.workers["w-late"].rejected == 0
+        assert {t.version for g in c.buffer.sample(c.buffer.ready_groups()) for t in g} == {5}
+    finally:
+        out = _stop(p)
+        c.stop()
+    assert "v0 installed, v5 published: waiting for it before generating" in out
