@@ -43,6 +43,7 @@ def _worker(args: argparse.Namespace) -> int:
         relay_only=args.relay_only,
         relay_uplink_bps=args.relay_uplink_mbps * 1e6 / 8 if args.relay_uplink_mbps else None,
         reconnect_s=args.reconnect_s,
+        connect_timeout_s=args.connect_timeout_s,
     )
 
 
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-relay", action="store_true", help="do not serve snapshot chunks to peers (behind a NAT)")
     w.add_argument("--relay-only", action="store_true", help="forward snapshots, generate nothing (bandwidth helper)")
     w.add_argument("--relay-uplink-mbps", type=float, help="pace what this worker forwards (emulate a capped uplink)")
+    w.add_argument("--connect-timeout-s", type=float, default=60.0, metavar="S",
+                   help="keep dialling a coordinator that is not up yet for S seconds, then exit 1")
     w.add_argument("--reconnect-s", type=float, default=120.0, metavar="S",
                    help="re-dial a lost coordinator for up to S seconds, keeping the model loaded (0: exit at once)")
     w.set_defaults(func=_worker)

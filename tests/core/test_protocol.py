@@ -314,3 +314,17 @@ def test_a_late_joiner_waits_for_the_snapshot_instead_of_generating_stale_record
         out = _stop(p)
         c.stop()
     assert "v0 installed, v5 published: waiting for it before generating" in out
+
+
+def test_a_worker_that_cannot_reach_the_coordinator_says_so_and_exits_1():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run(
+        [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"127.0.0.1:{port}", "--connect-timeout-s", "1"],
+        env=dict(os.environ, ECHO2_TOKEN="t"), capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 1, r.stderr
+    assert f"cannot reach the coordinator at 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
