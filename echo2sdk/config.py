@@ -143,6 +143,10 @@ class SchedulerConfig(_Section):
     standby: int = Field(0, ge=0, description="extra machines the provider may start on demand (standby-0, ...)")
     standby_price: float = Field(0.0, ge=0, description="$/h of a standby machine")
     stop_released: bool = Field(False, description="stop a released worker's machine (default: keep it registered, idle)")
+    stop_failed_after_s: float = Field(
+        60.0, ge=0, description="stop a failed worker's machine only if it has not re-joined within this long "
+        "(workers re-dial a lost connection; its replacement is activated at once either way)"
+    )
 
 
 class RunConfig(_Section):

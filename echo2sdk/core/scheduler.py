@@ -579,7 +579,9 @@ class LiveLoop:
     as failed, registers newcomers as standby, and applies the decisions: an activation wakes a
     registered idle worker (``coordinator.set_active(id, True)``) or asks the provider to start the
     machine; a release makes the worker idle (``set_active(id, False)``: it stays registered) and,
-    with ``stop_released``, stops its machine. Decisions and status go to ``on_event`` (a callable
+    with ``stop_released``, stops its machine. A failed worker's replacement is activated at once; its own
+    machine is stopped ``stop_failed_after_s`` later unless it re-joined meanwhile (then it waits on
+    standby; 0: stop at once). Decisions and status go to ``on_event`` (a callable
     taking a dict), e.g. a JSONL writer. Clock: ``time.monotonic``.
     """
 
@@ -592,10 +594,14 @@ class LiveLoop:
         period_s: float = 1.0,
         prices: dict[str, float] | None = None,
         stop_released: bool = False,
+        stop_failed_after_s: float = 0.0,
         on_event: object = None,
         remeasure: object = None,
     ) -> None:
         import threading
+
+        self.stop_failed_after_s = stop_failed_after_s
+        self._stop_due: dict[str, float] = {}  # failed worker -> when its machine is stopped unless it re-joined
 
         self.remeasure = remeasure  # () -> dict(T_train=..., T_bcast=..., R=..., kappa=...) or None
         self.s, self.coord, self.provider = scheduler, coordinator, provider
@@ -659,6 +665,8 @@ class LiveLoop:
                 if w.state == FAILED:  # the same id joined again
                     s.mark_standby(wid, now)
                     self.coord.set_active(wid, False)
+                    if self._stop_due.pop(wid, None) is not None:
+                        self._emit({"t": now, "event": "rejoined", "worker": wid})
                 elif w.state == ACTIVE:
                     if not info.active:
                         self.coord.set_active(wid, True)  # activated before it had joined
@@ -669,6 +677,12 @@ class LiveLoop:
             actions += s.step(now)
             for a in actions:
                 self._apply(a)
+            for wid, due in list(self._stop_due.items()):
+                if now >= due:  # failed and not back within stop_failed_after_s
+                    del self._stop_due[wid]
+                    if self.provider is not None:
+                        self.provider.stop(wid)
+                    self._emit({"t": now, "event": "stopped", "worker": wid, "reason": "failed, did not re-join"})
             self._ticks = getattr(self, "_ticks", 0) + 1
             if self._ticks % 10 == 0:
                 self._emit({"t": now, "event": "status", "mu_pool": s.mu_pool(now), "mu_target": s.mu_target,
@@ -702,5 +716,8 @@ class LiveLoop:
             if self.stop_released and self.provider is not None:
                 self.provider.stop(a.worker)
         elif a.kind == "failed" and self.provider is not None:
-            self.provider.stop(a.worker)
+            if self.stop_failed_after_s > 0:  # it may re-join (workers re-dial): stop it later if it does not
+                self._stop_due[a.worker] = a.at + self.stop_failed_after_s
+            else:
+                self.provider.stop(a.worker)
         self._emit({"t": a.at, "event": a.kind, "worker": a.worker, "reason": a.reason})

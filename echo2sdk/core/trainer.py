@@ -396,7 +396,8 @@ class Trainer:
         write({"t": now, "event": "provisioned", "mu_target": sched.mu_target, "active": sorted(chosen),
                "standby": sched.standby()})
         self._provisioning = (LiveLoop(sched, self.coordinator, provider, period_s=cfg.run.heartbeat_s,
-                                       prices=dict(sc.prices), stop_released=sc.stop_released, on_event=write,
+                                       prices=dict(sc.prices), stop_released=sc.stop_released,
+                                       stop_failed_after_s=sc.stop_failed_after_s, on_event=write,
                                        remeasure=self._remeasure), provider, events)
         self._provisioning[0].apply(decided)  # starts chosen machines that are not up yet
         self._provisioning[0].start()

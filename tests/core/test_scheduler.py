@@ -407,3 +407,41 @@ def test_real_coordinator_local_provider_failover(tmp_path):
     finally:
         provider.close()
         coord.stop()
+
+
+def test_a_failed_workers_machine_is_stopped_only_if_it_does_not_rejoin_within_the_grace():
+    """Workers re-dial a lost connection. The replacement is activated at once either way; the failed
+    worker's machine is stopped after stop_failed_after_s unless it came back (then it waits on standby)."""
+    from types import SimpleNamespace
+
+    from echo2sdk.core.scheduler import LiveLoop
+
+    coord = FakeCoordinator(a=0.3, b=0.4, c=0.5, d=0.6)
+    s = Scheduler(window_s=6.0, heartbeat_s=1.0, sustain_s=3.0, fail_after_s=3.0)
+    for wid, info in coord.workers.items():
+        s.add_worker(wid, info.price_per_hour, 1.0)
+    s.set_target(1.5)
+    provider = FakeProvider()
+    loop = LiveLoop(s, coord, provider, period_s=1.0, stop_failed_after_s=10.0)
+    loop.apply(s.provision(0.0))  # a and b
+    for t in range(1, 6):
+        for wid in ("a", "b"):
+            coord.workers[wid].trajectories += 1
+        loop.tick(float(t))
+    coord.workers["a"].alive = False  # dropped (a freeze, a blip)
+    acts = loop.tick(6.0)
+    assert [(x.kind, x.worker) for x in acts] == [("failed", "a"), ("activate", "c")]  # replaced at once
+    assert provider.stopped == []
+    coord.workers["a"] = SimpleNamespace(worker_id="a", alive=True, active=True, trajectories=5, price_per_hour=0.3)
+    loop.tick(8.0)  # it re-joined within the grace: standby, and its machine is kept
+    assert s.workers["a"].state == STANDBY and not coord.workers["a"].active
+    loop.tick(30.0)
+    assert provider.stopped == []
+    coord.workers["b"].alive = False  # dropped, and never back
+    loop.tick(31.0)
+    loop.tick(40.0)
+    assert provider.stopped == []
+    loop.tick(41.5)
+    assert provider.stopped == ["b"]
+    kinds = [e["event"] for e in loop.events if e["event"] not in ("status", "activate", "release")]
+    assert kinds == ["failed", "rejoined", "failed", "stopped"]
