@@ -109,18 +109,25 @@ class RolloutWorker:
     async def run(self) -> int:
         """Join, work until the coordinator says shutdown (or max_batches), re-joining after a lost
         connection for as long as reconnect_s allows. The backend and the relay live across re-joins."""
+        lost_at = 0.0
         try:
             while True:
-                timeout = self.connect_timeout_s if self.joins == 0 else self.reconnect_s
+                left = self.connect_timeout_s if self.joins == 0 else self.reconnect_s - (time.monotonic() - lost_at)
                 try:
-                    reader, self._writer = await self._connect(timeout)
-                except OSError as e:
+                    reader, self._writer = await self._connect(max(0.0, left))
+                    lost = await self._session(reader)
+                except (OSError, asyncio.IncompleteReadError) as e:  # unreachable, or closed during the handshake
                     if self.joins == 0:
                         raise
-                    log.error("coordinator %s:%d unreachable for %.0f s (%s); giving up", self.host, self.port, timeout, e)
-                    return 1
-                if not await self._session(reader) or self.reconnect_s <= 0:
+                    if time.monotonic() - lost_at > self.reconnect_s:
+                        log.error("could not re-join %s:%d within %.0f s (%s); giving up", self.host, self.port,
+                                  self.reconnect_s, e)
+                        return 1
+                    await asyncio.sleep(1.0)
+                    continue
+                if not lost or self.reconnect_s <= 0:
                     return 0
+                lost_at = time.monotonic()
                 log.warning("lost the coordinator; re-dialling %s:%d for up to %.0f s", self.host, self.port, self.reconnect_s)
         finally:
             if self.relay is not None:

@@ -328,3 +328,37 @@ def test_a_worker_that_cannot_reach_the_coordinator_says_so_and_exits_1():
     )
     assert r.returncode == 1, r.stderr
     assert f"cannot reach the coordinator at 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s():
+    """A coordinator that welcomes the worker, then vanishes (closed connection, nothing listening): the
+    worker re-dials for --reconnect-s, says so, and exits 1."""
+
+    async def scenario():
+        joined = asyncio.Event()
+
+        async def handle(reader, writer):
+            await write_frame(writer, {"type": "challenge", "nonce": os.urandom(16)})
+            hello, _ = await read_frame(reader)
+            await write_frame(writer, {"type": "welcome", "worker_id": hello["worker_id"], "config": {"heartbeat_s": 0.2}})
+            joined.set()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"127.0.0.1:{port}", "--relay-only",
+            "--reconnect-s", "2", env=dict(os.environ, ECHO2_TOKEN="t"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        await asyncio.wait_for(joined.wait(), 30)
+        server.close()
+        await server.wait_closed()
+        t0 = time.monotonic()
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        return proc.returncode, out.decode(), time.monotonic() - t0
+
+    rc, out, waited = asyncio.run(scenario())
+    assert rc == 1, out
+    assert "lost the coordinator" in out and "could not re-join" in out and "giving up" in out
+    assert 1.5 < waited < 15
