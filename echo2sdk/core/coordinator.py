@@ -374,7 +374,8 @@ class Coordinator:
         if conn.info.alive:
             conn.info.alive = False
             log.warning("worker %s %s; training continues with %d worker(s)", conn.worker_id, why, len(self.alive_workers()))
-        self._conns.pop(conn.worker_id, None)
+        if self._conns.get(conn.worker_id) is conn:  # not the connection a re-join registered under the same id
+            del self._conns[conn.worker_id]
 
     async def _monitor(self) -> None:
         while True:

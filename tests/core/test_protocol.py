@@ -234,14 +234,17 @@ def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
         r3, w3, id3 = await _hello(coord.port, "gpu-1", "aaaa")  # the first process again
         try:
             first_closed = await asyncio.wait_for(r1.read(), 5) == b""  # its old connection is dropped
+            await asyncio.sleep(0.5)  # the old connection's handler has finished its clean-up by now
+            still_registered = coord.workers["gpu-1"].alive and "gpu-1" in {p.worker_id for p in coord._conns.values()}
         finally:
             for w in (w1, w2, w3):
                 w.close()
-        return id1, id2, id3, first_closed
+        return id1, id2, id3, first_closed, still_registered
 
-    id1, id2, id3, first_closed = asyncio.run(scenario())
+    id1, id2, id3, first_closed, still_registered = asyncio.run(scenario())
     assert id1 == "gpu-1" and id2.startswith("gpu-1-") and id3 == "gpu-1"
     assert first_closed and coord.workers["gpu-1"].rejoins == 1
+    assert still_registered  # the old connection's clean-up did not unregister the new one
 
 
 def test_a_resent_batch_is_acknowledged_but_admitted_once(coord):
