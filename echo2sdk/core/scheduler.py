@@ -680,8 +680,7 @@ class LiveLoop:
             for wid, due in list(self._stop_due.items()):
                 if now >= due:  # failed and not back within stop_failed_after_s
                     del self._stop_due[wid]
-                    if self.provider is not None:
-                        self.provider.stop(wid)
+                    self.provider.stop(wid)  # type: ignore[union-attr]  # only scheduled with a provider
                     self._emit({"t": now, "event": "stopped", "worker": wid, "reason": "failed, did not re-join"})
             self._ticks = getattr(self, "_ticks", 0) + 1
             if self._ticks % 10 == 0:

@@ -83,7 +83,6 @@ class RolloutWorker:
         self._rids = itertools.count(1)
         self._stop = asyncio.Event()
         self._shutdown = False  # the coordinator said so (as opposed to a lost connection)
-        self._batches_done = False  # max_batches reached
         self._batch = 0
         self._stale_since: float | None = None
         self._newest = 0  # the newest snapshot version this worker has heard of (welcome, plans, pushes)
@@ -94,6 +93,10 @@ class RolloutWorker:
     @property
     def version(self) -> int:
         return self.backend.version if self.backend else self._received_version if self.relay_only else 0
+
+    @property
+    def _batches_done(self) -> bool:
+        return self.max_batches is not None and self._batch >= self.max_batches
 
     async def _connect(self, timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         deadline, pause = time.monotonic() + timeout_s, 0.5
@@ -186,7 +189,7 @@ class RolloutWorker:
             beat.cancel()
             reader_task.cancel()
             self._writer.close()
-        return not self._shutdown and not self._batches_done
+        return not self._shutdown and (not self._batches_done or self._held is not None)
 
     def _setup(self, cfg: dict[str, Any]) -> None:
         from echo2sdk.plugins import load_adapter, load_backend_class
@@ -322,15 +325,14 @@ class RolloutWorker:
         base = SamplingParams(**cfg["sampling"])
         seed0 = zlib.crc32(self.worker_id.encode()) << 20  # distinct, reproducible streams per worker
         while True:
-            if self.max_batches is not None and self._batch >= self.max_batches:
-                self._batches_done = True
+            if self._stop.is_set():
                 return
-            if self._held is not None and not self._stop.is_set():
+            if self._held is not None:
                 held = self._held
                 if not await self._push(*held):
                     return
                 log.info("pushed batch %s (%d groups) held across the re-join", held[0], len(held[1]))
-            if self._stop.is_set():
+            if self._batches_done:
                 return
             await self._install_pending()
             if await self._too_stale(cfg.get("staleness")):
