@@ -74,9 +74,9 @@ def measure(backend: str, dtype: str, model: str, batches: list[int], repeats: i
     """One backend and dtype, in this process; prints its JSON lines."""
     import torch
 
-    from echo2sdk.core.interfaces import SamplingParams
+    from echo2sdk.core.contracts import SamplingParams
     from echo2sdk.core.snapshot import snapshot_bytes
-    from echo2sdk.models import resolve_model
+    from echo2sdk.weights import resolve_model
     from echo2sdk.plugins import load_backend_class
     from echo2sdk.testing import _folder_state, _perturbed
 

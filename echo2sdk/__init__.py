@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from echo2sdk.api import Echo2
     from echo2sdk.config import Config
     from echo2sdk.core.buffer import StalenessBuffer
-    from echo2sdk.core.interfaces import InferenceBackend, SamplingParams, Sample, Score, Task, TaskAdapter
+    from echo2sdk.core.contracts import InferenceBackend, SamplingParams, Sample, Score, Task, TaskAdapter
     from echo2sdk.core.records import Message, Meta, Trajectory
 
 __version__ = "0.1.0"
@@ -59,12 +59,12 @@ _LAZY = {
     "Meta": "echo2sdk.core.records",
     "Message": "echo2sdk.core.records",
     "StalenessBuffer": "echo2sdk.core.buffer",
-    "InferenceBackend": "echo2sdk.core.interfaces",
-    "TaskAdapter": "echo2sdk.core.interfaces",
-    "SamplingParams": "echo2sdk.core.interfaces",
-    "Sample": "echo2sdk.core.interfaces",
-    "Task": "echo2sdk.core.interfaces",
-    "Score": "echo2sdk.core.interfaces",
+    "InferenceBackend": "echo2sdk.core.contracts",
+    "TaskAdapter": "echo2sdk.core.contracts",
+    "SamplingParams": "echo2sdk.core.contracts",
+    "Sample": "echo2sdk.core.contracts",
+    "Task": "echo2sdk.core.contracts",
+    "Score": "echo2sdk.core.contracts",
 }
 
 

@@ -26,7 +26,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from echo2sdk.core.worker import run_worker
+    from echo2sdk.runtime.worker import run_worker
 
     token = args.token or os.environ.get("ECHO2_TOKEN")
     if not token:
@@ -74,7 +74,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
     if args.scenario != "paper":
         raise ConfigError(f"echo2 simulate: unknown scenario {args.scenario!r} (known: paper)")
-    from echo2sdk.simulate import run_paper, summary_lines
+    from echo2sdk.sim.paper import run_paper, summary_lines
 
     results = run_paper(args.out, plots=not args.no_plots, quick=args.quick)
     print("\n".join(summary_lines(results)))

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from echo2sdk.errors import ConfigError
+from echo2sdk.errors import CapacityError, ConfigError
 
 __all__ = [
     "Config",
@@ -92,9 +92,12 @@ class LearnerConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
-        k = self.staleness - 1 if self.kappa is None else self.kappa
-        if k > self.staleness - 1:
-            raise ValueError(f"kappa={k} must be <= S - 1 = {self.staleness - 1} (paper section 4.1)")
+        from echo2sdk.core.capacity import publication_period
+
+        try:
+            publication_period(self.staleness, self.kappa)
+        except CapacityError as e:
+            raise ValueError(str(e)) from None
         return self
 
 
@@ -181,7 +184,9 @@ class Config(_Section):
 
     @property
     def kappa(self) -> int:
-        return self.learner.kappa or self.learner.staleness - 1
+        from echo2sdk.core.capacity import publication_period
+
+        return publication_period(self.learner.staleness, self.learner.kappa)
 
 
 def _parse_value(text: str) -> Any:

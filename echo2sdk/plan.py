@@ -1,7 +1,7 @@
 """`echo2 plan`: the provisioning decision of paper §3.3-3.4 from measured (or estimated) numbers.
 
 Given T_train, T_bcast (or a snapshot size with the learner uplink B0 and worker link Bw, from which
-the chain model of :mod:`echo2sdk.core.sim` estimates it), R, S and a worker catalog, it reports
+the chain model of :mod:`echo2sdk.sim` estimates it), R, S and a worker catalog, it reports
 mu_min(kappa), mu_target = gamma * mu_min, both Delta_max bounds, the cheapest-rho selection
 (:func:`echo2sdk.core.scheduler.select_cheapest`), its cost per hour and per step, the predicted
 learner idle share, and, when the configuration is infeasible, what would fix it.
@@ -174,7 +174,7 @@ class Plan:
 
 
 def _estimate(n: int, snapshot_gb: float, B0: float | None, Bw: float, chunk_mb: float, install_s: float, q: float) -> float:
-    from echo2sdk.core.sim import GB, Network, measure_t_bcast
+    from echo2sdk.sim import GB, Network, measure_t_bcast
 
     net = Network(snapshot_bytes=snapshot_gb * GB, B0_mbps=B0, chunk_bytes=chunk_mb * 2**20, install_s=install_s)
     return measure_t_bcast(max(1, n), net, Bw, q)
@@ -198,9 +198,7 @@ def make_plan(
 ) -> Plan:
     """The provisioning decision; see the module docstring. Raises CapacityError / ConfigError naming
     the bad input; an infeasible configuration is a Plan with feasible=False and fixes, not an error."""
-    kappa = capacity.kappa_for(S) if kappa is None else kappa
-    if isinstance(kappa, bool) or not isinstance(kappa, int) or not 1 <= kappa <= S - 1:
-        raise CapacityError(f"kappa must be an integer in [1, S - 1 = {S - 1}], got kappa={kappa!r}")
+    kappa = capacity.publication_period(S, kappa)
     capacity.mu_target(1.0, gamma)  # validates gamma
     if learner_price_per_hour < 0 or not math.isfinite(learner_price_per_hour):
         raise CapacityError(f"learner price must be >= 0 $/h, got {learner_price_per_hour!r}")

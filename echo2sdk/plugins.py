@@ -11,7 +11,7 @@ from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from echo2sdk.core.interfaces import InferenceBackend, TaskAdapter
+from echo2sdk.core.contracts import InferenceBackend, TaskAdapter
 from echo2sdk.errors import AdapterError, BackendError, NameNotFound
 
 __all__ = ["registered", "load_object", "load_backend_class", "load_adapter"]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from echo2sdk.core.interfaces import Sample, SamplingParams
+from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError
 
 __all__ = ["MockBackend"]
@@ -86,7 +86,7 @@ class ToyAdapter:
     def tasks(self, seed: int):
         from itertools import count
 
-        from echo2sdk.core.interfaces import Task
+        from echo2sdk.core.contracts import Task
 
         rng = random.Random(seed)
         for i in count():
@@ -94,7 +94,7 @@ class ToyAdapter:
             yield Task(id=f"{self.prefix}{seed}-{i}", messages=({"role": "user", "content": f"Say {word}."},), answer=word)
 
     def score(self, task, response: str):
-        from echo2sdk.core.interfaces import Score
+        from echo2sdk.core.contracts import Score
 
         ok = response.strip() == task.answer
         return Score(reward=1.0 if ok else 0.0, correct=ok)
@@ -131,7 +131,7 @@ def check_adapter(adapter, *, backend=None, seed: int = 0, n: int = 2, groups: i
     import itertools
     import math as _math
 
-    from echo2sdk.core.interfaces import Score, Task, is_episodic
+    from echo2sdk.core.contracts import Score, Task, is_episodic
     from echo2sdk.core.records import Trajectory, pack, unpack
     from echo2sdk.errors import AdapterError
 
@@ -209,7 +209,7 @@ def check_adapter(adapter, *, backend=None, seed: int = 0, n: int = 2, groups: i
             fail("episode", "result() after abort() is not finite")
         ep.close()
     if backend is not None:
-        from echo2sdk.core.interfaces import SamplingParams
+        from echo2sdk.core.contracts import SamplingParams
 
         params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed)
         if report["episodic"]:
@@ -350,9 +350,9 @@ def check_backend(
     """
     import time
 
-    from echo2sdk.core.interfaces import InferenceBackend
+    from echo2sdk.core.contracts import InferenceBackend
     from echo2sdk.errors import BackendError, Echo2Error
-    from echo2sdk.models import resolve_model
+    from echo2sdk.weights import resolve_model
     from echo2sdk.plugins import load_backend_class
 
     label = backend if isinstance(backend, str) else type(backend).__name__

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from echo2sdk.core import capacity
-from echo2sdk.core.sim import GB, Network, measure_t_bcast
+from echo2sdk.sim import GB, Network, measure_t_bcast
 from echo2sdk.errors import CapacityError, ConfigError
 from echo2sdk.plan import CatalogEntry, idle_share, idle_share_overlap, load_catalog, make_plan
 
@@ -18,7 +18,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def test_toml_and_csv_catalogs_agree_and_match_the_simulated_pool():
-    from echo2sdk.simulate import MIXED_POOL
+    from echo2sdk.sim.paper import MIXED_POOL
 
     toml = load_catalog(EXAMPLES / "catalog_mixed.toml")
     csv = load_catalog(EXAMPLES / "catalog_mixed.csv")
@@ -117,7 +117,7 @@ def test_a_catalog_too_small_is_infeasible_with_three_fixes():
     [
         ({"S": 1}, CapacityError, "S must be >= 2"),
         ({"gamma": 0.8}, CapacityError, "gamma.*0.8"),
-        ({"kappa": 3}, CapacityError, r"kappa must be an integer in \[1, S - 1 = 2\], got kappa=3"),
+        ({"kappa": 3}, CapacityError, r"kappa must be an integer in \[1, S - 1 = 2\] \(paper section 4.1\), got kappa=3"),
         ({"T_bcast": None}, ConfigError, "give T_bcast, or snapshot_gb"),
         ({"T_train": -5.0}, CapacityError, "T_train must be > 0, got T_train=-5.0"),
     ],

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from echo2sdk.adapters.components import AnswerTagRenderer, GRPOMetadata, TextSerializer, episodic_return, per_step_mean
-    from echo2sdk.adapters.protocols import (
+    from echo2sdk.adapters.contracts import (
         ActionRenderer,
         Episode,
         EpisodicTaskAdapter,
@@ -53,7 +53,7 @@ _LAZY = {
             "TaskAdapter",
             "Transition",
         ],
-        "echo2sdk.adapters.protocols",
+        "echo2sdk.adapters.contracts",
     ),
     **dict.fromkeys(["load_env_plugin", "parse_env", "resolve_component"], "echo2sdk.adapters.registry"),
     **dict.fromkeys(

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from echo2sdk.adapters.protocols import Observation, ParsedAction
+from echo2sdk.adapters.contracts import Observation, ParsedAction
 
 __all__ = [
     "TextSerializer",

@@ -61,7 +61,7 @@ def evaluate(
     seconds)` is called as each cell is done (a long evaluation shows its progress)."""
     from echo2sdk.adapters.sandbox import SandboxAdapter
     from echo2sdk.core.episodes import play_episodes
-    from echo2sdk.core.interfaces import SamplingParams
+    from echo2sdk.core.contracts import SamplingParams
     from echo2sdk.errors import ConfigError
     from echo2sdk.plugins import load_backend_class
 

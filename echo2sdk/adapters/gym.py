@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from echo2sdk.adapters.protocols import Observation, Transition
+from echo2sdk.adapters.contracts import Observation, Transition
 from echo2sdk.errors import ConfigError, DependencyNotInstalled, NameNotFound
 
 

@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from echo2sdk.adapters.components import BUILTIN, KINDS
-from echo2sdk.adapters.protocols import SandboxPlugin
+from echo2sdk.adapters.contracts import SandboxPlugin
 from echo2sdk.errors import AdapterError, ConfigError, NameNotFound
 from echo2sdk.plugins import ENVS, load_object, registered
 

@@ -34,9 +34,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from echo2sdk.adapters.protocols import Observation, Sandbox, StepResult
+from echo2sdk.adapters.contracts import Observation, Sandbox, StepResult
 from echo2sdk.adapters.registry import load_env_plugin, parse_env, resolve_component
-from echo2sdk.core.interfaces import Score, Task
+from echo2sdk.core.contracts import Score, Task
 from echo2sdk.errors import AdapterError, ConfigError
 
 __all__ = ["SandboxAdapter", "SandboxEpisode", "OfflineEpisode", "AdapterStream", "write_episode_log", "read_episode_log"]

@@ -1,6 +1,6 @@
 """Inference backends (the rollout plane's engines): ``hf`` (transformers, the CPU default), ``vllm`` (the
 offline vLLM engine), ``sglang`` (the offline SGLang engine) and ``openai`` (any OpenAI-compatible server).
-Each implements ``echo2sdk.core.interfaces.InferenceBackend`` and registers under the ``echo2sdk.backends``
+Each implements ``echo2sdk.core.contracts.InferenceBackend`` and registers under the ``echo2sdk.backends``
 entry-point group as a "pkg.mod:Class" string; nothing heavy is imported here or by the backend modules
 until a backend is constructed. See docs/backends.md."""
 

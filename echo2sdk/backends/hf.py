@@ -21,10 +21,10 @@ from typing import Any
 
 from echo2sdk.backends._common import check_params as _check_params
 from echo2sdk.backends._common import MAX_REPORTED, BackendBase, check_prompts, check_version, refusal, resolve_eos
-from echo2sdk.core.interfaces import Sample, SamplingParams
+from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.core.snapshot import load_snapshot
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled, ProtocolError
-from echo2sdk.models import resolve_model
+from echo2sdk.weights import resolve_model
 
 __all__ = ["HFBackend"]
 
@@ -43,7 +43,7 @@ def _import_torch():
 class HFBackend(BackendBase):
     """InferenceBackend on transformers (CPU).
 
-    model:     a local HF model folder, or a built-in name (see echo2sdk.models.resolve_model)
+    model:     a local HF model folder, or a built-in name (see echo2sdk.weights.resolve_model)
     dtype:     "float32" (default), "bfloat16" or "float16" for the weights and activations
     threads:   torch intra-op threads (process-wide), or None to keep torch's default
     seed:      seeds the sampler when SamplingParams.seed is None

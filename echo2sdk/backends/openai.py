@@ -52,9 +52,9 @@ from echo2sdk.backends._common import (
     resolve_eos,
     row_seeds,
 )
-from echo2sdk.core.interfaces import Sample, SamplingParams
+from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled
-from echo2sdk.models import resolve_model
+from echo2sdk.weights import resolve_model
 
 __all__ = ["OpenAIBackend"]
 

@@ -31,9 +31,9 @@ from echo2sdk.backends._common import (
     resolve_eos,
     row_seeds,
 )
-from echo2sdk.core.interfaces import Sample, SamplingParams
+from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled
-from echo2sdk.models import resolve_model
+from echo2sdk.weights import resolve_model
 
 __all__ = ["SGLangBackend"]
 
@@ -53,7 +53,7 @@ def _import_sglang() -> Any:
 class SGLangBackend(BackendBase):
     """InferenceBackend on the offline SGLang engine.
 
-    model:               a local HF model folder (safetensors), or a built-in name (echo2sdk.models)
+    model:               a local HF model folder (safetensors), or a built-in name (echo2sdk.weights)
     dtype:               "bfloat16" (default), "float16", "float32" or "auto"
     seed:                the engine's random seed (used when SamplingParams.seed is None)
     mem_fraction_static: share of GPU memory for weights + KV cache (default: SGLang's)

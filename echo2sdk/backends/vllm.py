@@ -41,9 +41,9 @@ from echo2sdk.backends._common import (
     resolve_eos,
     row_seeds,
 )
-from echo2sdk.core.interfaces import Sample, SamplingParams
+from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled
-from echo2sdk.models import resolve_model
+from echo2sdk.weights import resolve_model
 
 __all__ = ["VLLMBackend"]
 
@@ -112,7 +112,7 @@ class Echo2WorkerExtension:
 class VLLMBackend(BackendBase):
     """InferenceBackend on the offline vLLM engine.
 
-    model:                  a local HF model folder (safetensors), or a built-in name (echo2sdk.models)
+    model:                  a local HF model folder (safetensors), or a built-in name (echo2sdk.weights)
     dtype:                  "bfloat16", "float16", "float32", "auto" (the folder's dtype), or None (default):
                             bfloat16 on CUDA and on CPUs with native bf16 (AVX512-BF16/AMX), else float32
                             (on AVX2-only CPUs vLLM's bf16 path is ~100x slower: 1.6 tokens/s measured)

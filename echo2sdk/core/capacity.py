@@ -17,17 +17,20 @@ value; nothing here imports numpy or torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from echo2sdk.errors import CapacityError
 
 __all__ = [
     "kappa_for",
+    "publication_period",
     "mu_min",
     "overlap_ok",
     "delta_max_conservative",
     "delta_max_tightened",
     "num_chains",
     "mu_target",
+    "t_bcast_quantile",
 ]
 
 # Relative tolerance for rounding: a ratio that should be an integer but comes out as 2.0000000001
@@ -74,6 +77,17 @@ def kappa_for(S: int) -> int:
     if S < 2:
         raise CapacityError(f"staleness S must be >= 2 so that kappa = S - 1 >= 1, got S={S}")
     return S - 1
+
+
+def publication_period(S: int, kappa: int | None = None) -> int:
+    """kappa for staleness S: the default S - 1 (:func:`kappa_for`) when `kappa` is None, else `kappa`
+    checked against paper §4.1's bound 1 <= kappa <= S - 1. CapacityError naming the value otherwise."""
+    default = kappa_for(S)
+    if kappa is None:
+        return default
+    if isinstance(kappa, bool) or not isinstance(kappa, int) or not 1 <= kappa <= default:
+        raise CapacityError(f"kappa must be an integer in [1, S - 1 = {default}] (paper section 4.1), got kappa={kappa!r}")
+    return kappa
 
 
 def mu_min(T_train: float, T_bcast: float, R: float, kappa: int) -> float:
@@ -172,3 +186,20 @@ def mu_target(mu_min: float, gamma: float = 1.1) -> float:
     if gamma < 1.0:
         raise CapacityError(f"safety factor gamma must be >= 1 (gamma < 1 under-provisions), got gamma={gamma!r}")
     return gamma * mu_min
+
+
+def t_bcast_quantile(delays: Iterable[float], n_workers: int, q: float) -> float | None:
+    """T_bcast (paper §3.3, §5.5.1): seconds from publication until the snapshot is installed on a
+    fraction q (= 1/gamma) of the n_workers active at publication, i.e. the ceil(q * n_workers)-th
+    smallest install delay. None while fewer workers than that have installed it; 0.0 for no workers.
+    """
+    q = _real("q", q)
+    if q > 1:
+        raise CapacityError(f"q must be in (0, 1], got q={q!r}")
+    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 0:
+        raise CapacityError(f"n_workers must be an integer >= 0, got n_workers={n_workers!r}")
+    if n_workers == 0:
+        return 0.0
+    need = max(1, _ceil(n_workers * q))
+    ordered = sorted(delays)
+    return ordered[need - 1] if len(ordered) >= need else None

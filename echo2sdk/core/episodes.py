@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from echo2sdk.core.interfaces import Episode, EpisodicTaskAdapter, InferenceBackend, Sample, SamplingParams, Task
+from echo2sdk.core.contracts import Episode, EpisodicTaskAdapter, InferenceBackend, Sample, SamplingParams, Task
 from echo2sdk.core.records import Message, Meta, Trajectory
 
 __all__ = ["EpisodeStats", "assistant_ids", "continuation_ids", "play_episodes"]

@@ -22,9 +22,9 @@ heartbeats do not make it thrash. A failed worker (silent for ``fail_after_s``, 
 replaced from the standby pool at once when its loss drops capacity below the target (appendix D).
 
 The scheduler is a pure state machine over a caller-supplied clock: it never sleeps, starts or stops
-anything. It returns :class:`Action` values; the caller applies them: :class:`LiveLoop` (the trainer's
+anything. It returns :class:`Action` values; the caller applies them: :class:`echo2sdk.runtime.live_loop.LiveLoop` (the trainer's
 thread against the coordinator and a provider from :mod:`echo2sdk.providers`) or the simulator in
-:mod:`echo2sdk.core.sim`.
+:mod:`echo2sdk.sim`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from echo2sdk.core import capacity
 from echo2sdk.errors import CapacityError
 
 __all__ = [
-    "LiveLoop",
     "WorkerOffer",
     "Selection",
     "Action",
@@ -568,155 +567,3 @@ class Scheduler:
                 self.log.append(action)
                 return action
         return None
-
-
-class LiveLoop:
-    """Runs a :class:`Scheduler` against a live coordinator on a thread (the trainer's live loop).
-
-    Every ``period_s`` it reads the coordinator's worker table (``workers``: id -> info with
-    ``alive``, ``active``, ``trajectories``, ``price_per_hour``), feeds heartbeats of active workers to
-    the scheduler (cumulative accepted trajectories: mu_i is the end-to-end rate), reports dropped ones
-    as failed, registers newcomers as standby, and applies the decisions: an activation wakes a
-    registered idle worker (``coordinator.set_active(id, True)``) or asks the provider to start the
-    machine; a release makes the worker idle (``set_active(id, False)``: it stays registered) and,
-    with ``stop_released``, stops its machine. A failed worker's replacement is activated at once; its own
-    machine is stopped ``stop_failed_after_s`` later unless it re-joined meanwhile (then it waits on
-    standby; 0: stop at once). Decisions and status go to ``on_event`` (a callable
-    taking a dict), e.g. a JSONL writer. Clock: ``time.monotonic``.
-    """
-
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        coordinator: object,
-        provider: object | None = None,
-        *,
-        period_s: float = 1.0,
-        prices: dict[str, float] | None = None,
-        stop_released: bool = False,
-        stop_failed_after_s: float = 0.0,
-        on_event: object = None,
-        remeasure: object = None,
-    ) -> None:
-        import threading
-
-        self.stop_failed_after_s = stop_failed_after_s
-        self._stop_due: dict[str, float] = {}  # failed worker -> when its machine is stopped unless it re-joined
-
-        self.remeasure = remeasure  # () -> dict(T_train=..., T_bcast=..., R=..., kappa=...) or None
-        self.s, self.coord, self.provider = scheduler, coordinator, provider
-        self.period_s, self.prices, self.stop_released = period_s, dict(prices or {}), stop_released
-        self.on_event = on_event
-        self.events: list[dict] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def _emit(self, event: dict) -> None:
-        self.events.append(event)
-        if callable(self.on_event):
-            self.on_event(event)
-
-    def start(self) -> None:
-        import threading
-
-        self._thread = threading.Thread(target=self._run, name="echo2-scheduler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _run(self) -> None:
-        import logging
-        import time
-
-        log = logging.getLogger("echo2sdk.scheduler")
-        while not self._stop.wait(self.period_s):
-            try:
-                self.tick(time.monotonic())
-            except Exception:  # noqa: BLE001 - the control loop must not take the run down
-                log.exception("scheduler tick failed")
-
-    def tick(self, now: float) -> list[Action]:
-        """One control step against the coordinator (public for tests)."""
-        with self._lock:
-            s = self.s
-            mean_mu = [w.last_mu or w.mu_prior for w in s.workers.values()]
-            prior = sum(mean_mu) / len(mean_mu) if mean_mu else 1.0
-            actions: list[Action] = []
-            for wid, info in list(self.coord.workers.items()):
-                if wid not in s.workers:  # joined after calibration: standby until the scheduler wants it
-                    if not info.alive:
-                        continue
-                    price = self.prices.get(wid, float(getattr(info, "price_per_hour", 0.0) or 0.0))
-                    s.add_worker(wid, price, prior, now=now)
-                    self.coord.set_active(wid, False)
-                    self._emit({"t": now, "event": "joined", "worker": wid, "price_per_hour": price})
-                    continue
-                w = s.workers[wid]
-                if not info.alive:
-                    if w.state != FAILED:
-                        a = s.mark_failed(wid, now, "dropped by the coordinator")
-                        if a is not None:
-                            actions.append(a)
-                    continue
-                if w.state == FAILED:  # the same id joined again
-                    s.mark_standby(wid, now)
-                    self.coord.set_active(wid, False)
-                    if self._stop_due.pop(wid, None) is not None:
-                        self._emit({"t": now, "event": "rejoined", "worker": wid})
-                elif w.state == ACTIVE:
-                    if not info.active:
-                        self.coord.set_active(wid, True)  # activated before it had joined
-                    # effective throughput: trajectories the coordinator accepted from it (end to end)
-                    s.heartbeat(wid, now, rollouts=float(getattr(info, "trajectories", 0)))
-                elif info.active:
-                    self.coord.set_active(wid, False)
-            actions += s.step(now)
-            for a in actions:
-                self._apply(a)
-            for wid, due in list(self._stop_due.items()):
-                if now >= due:  # failed and not back within stop_failed_after_s
-                    del self._stop_due[wid]
-                    self.provider.stop(wid)  # type: ignore[union-attr]  # only scheduled with a provider
-                    self._emit({"t": now, "event": "stopped", "worker": wid, "reason": "failed, did not re-join"})
-            self._ticks = getattr(self, "_ticks", 0) + 1
-            if self._ticks % 10 == 0:
-                self._emit({"t": now, "event": "status", "mu_pool": s.mu_pool(now), "mu_target": s.mu_target,
-                            "mu": {n: s.mu_i(n, now) for n in s.active()}, "active": s.active(),
-                            "delivered": {w: getattr(i, "trajectories", 0) for w, i in self.coord.workers.items()}})
-            if s.recalibration_due and callable(self.remeasure):  # §4.3: re-measure after a big pool change
-                numbers = self.remeasure()
-                if numbers:
-                    try:
-                        target = s.calibrate(**numbers)
-                        self._emit({"t": now, "event": "recalibrated", **numbers, "mu_target": target})
-                    except CapacityError as e:
-                        self._emit({"t": now, "event": "recalibration_failed", "error": str(e)})
-            return actions
-
-    def apply(self, actions: Iterable[Action]) -> None:
-        """Carry out decisions taken outside tick() (the initial provisioning)."""
-        with self._lock:
-            for a in actions:
-                self._apply(a)
-
-    def _apply(self, a: Action) -> None:
-        registered = self.coord.workers.get(a.worker)
-        if a.kind == "activate":
-            if registered is not None and registered.alive:
-                self.coord.set_active(a.worker, True)
-            elif self.provider is not None:
-                self.provider.start(a.worker, self.s.workers[a.worker].price_per_hour)
-        elif a.kind == "release":
-            self.coord.set_active(a.worker, False)
-            if self.stop_released and self.provider is not None:
-                self.provider.stop(a.worker)
-        elif a.kind == "failed" and self.provider is not None:
-            if self.stop_failed_after_s > 0:  # it may re-join (workers re-dial): stop it later if it does not
-                self._stop_due[a.worker] = a.at + self.stop_failed_after_s
-            else:
-                self.provider.stop(a.worker)
-        self._emit({"t": a.at, "event": a.kind, "worker": a.worker, "reason": a.reason})

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from echo2sdk.config import load_config
-from echo2sdk.core.interfaces import Score, Task
+from echo2sdk.core.contracts import Score, Task
 from echo2sdk.errors import AdapterError
 from echo2sdk.testing import check_adapter
 
@@ -23,7 +23,7 @@ def test_math_conformance_with_a_real_model():
     pytest.importorskip("torch")
     echo2_math = pytest.importorskip("echo2_math")
     from echo2sdk.backends.hf import HFBackend
-    from echo2sdk.models import resolve_model
+    from echo2sdk.weights import resolve_model
 
     with HFBackend(resolve_model("tiny-random")) as backend:
         report = check_adapter(echo2_math.MathAdapter(), backend=backend, n=2, groups=2)
@@ -74,7 +74,7 @@ def test_poker_config_differs_from_math_in_the_task_lines_only():
 def test_eval_prints_table4_layout_and_pairs_the_hands():
     pytest.importorskip("torch")
     pytest.importorskip("echo2_poker")
-    from echo2sdk.models import resolve_model
+    from echo2sdk.weights import resolve_model
 
     tiny = resolve_model("tiny-random")
     cmd = [sys.executable, "-m", "echo2sdk.cli", "eval", "--base", tiny, "--trained", tiny, "--hands", "6",

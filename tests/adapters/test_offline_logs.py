@@ -13,10 +13,10 @@ pytest.importorskip("gymnasium")
 from echo2sdk.adapters import SandboxAdapter, write_episode_log  # noqa: E402
 from echo2sdk.backends.hf import HFBackend  # noqa: E402
 from echo2sdk.core.episodes import EpisodeStats, play_episodes  # noqa: E402
-from echo2sdk.core.interfaces import SamplingParams  # noqa: E402
+from echo2sdk.core.contracts import SamplingParams  # noqa: E402
 from echo2sdk.core.learner import Learner  # noqa: E402
 from echo2sdk.errors import AdapterError  # noqa: E402
-from echo2sdk.models import resolve_model  # noqa: E402
+from echo2sdk.weights import resolve_model  # noqa: E402
 
 OPTS = {"env_options": {"is_slippery": False}, "max_turns": 2, "max_action_tokens": 6}
 

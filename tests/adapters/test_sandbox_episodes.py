@@ -13,11 +13,11 @@ pytest.importorskip("gymnasium")
 from echo2sdk.adapters import SandboxAdapter  # noqa: E402
 from echo2sdk.backends.hf import HFBackend  # noqa: E402
 from echo2sdk.core.episodes import EpisodeStats, continuation_ids, play_episodes  # noqa: E402
-from echo2sdk.core.interfaces import SamplingParams  # noqa: E402
+from echo2sdk.core.contracts import SamplingParams  # noqa: E402
 from echo2sdk.core.learner import Learner  # noqa: E402
 from echo2sdk.core.records import Trajectory  # noqa: E402
-from echo2sdk.core.worker import RolloutWorker  # noqa: E402
-from echo2sdk.models import resolve_model  # noqa: E402
+from echo2sdk.runtime.worker import RolloutWorker  # noqa: E402
+from echo2sdk.weights import resolve_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ def installed(tmp_path_factory):
 
 def test_installed_adapter_loads_by_name_and_passes_conformance(installed):
     from echo2sdk.backends.hf import HFBackend
-    from echo2sdk.models import resolve_model
+    from echo2sdk.weights import resolve_model
     from echo2sdk.plugins import load_adapter
     from echo2sdk.testing import check_adapter
 

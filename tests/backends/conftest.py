@@ -24,7 +24,7 @@ def _needs_hf() -> None:
 @pytest.fixture(scope="session")
 def tiny_dir(model_cache: Path) -> str:
     _needs_hf()
-    from echo2sdk import models
+    from echo2sdk import weights as models
 
     return models.resolve_model("tiny-random", cache_dir=model_cache)
 

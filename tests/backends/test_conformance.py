@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from echo2sdk.backends.hf import HFBackend  # noqa: E402
-from echo2sdk.core.interfaces import Sample  # noqa: E402
+from echo2sdk.core.contracts import Sample  # noqa: E402
 from echo2sdk.errors import NameNotFound  # noqa: E402
 from echo2sdk.testing import CHECKS, BackendCheckError, MockBackend, check_backend  # noqa: E402
 

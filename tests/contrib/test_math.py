@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from echo2_math import DEFAULT_SYSTEM_PROMPT, MathAdapter
 from echo2_math.reward import MAX_ANSWER_CHARS, find_boxes, unsafe_reason
-from echo2sdk.core.interfaces import Score, Task, TaskAdapter
+from echo2sdk.core.contracts import Score, Task, TaskAdapter
 from echo2sdk.errors import AdapterError, ConfigError, DependencyNotInstalled
 
 FR = 0.1  # the default format_reward

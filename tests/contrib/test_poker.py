@@ -121,7 +121,7 @@ def test_bad_options_are_named():
 @pytest.fixture(scope="module")
 def tiny():
     pytest.importorskip("torch")
-    from echo2sdk.models import resolve_model
+    from echo2sdk.weights import resolve_model
 
     return resolve_model("tiny-random")
 

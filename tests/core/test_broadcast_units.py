@@ -19,7 +19,7 @@ from echo2sdk.core.broadcast.planner import (
     WorkerScores,
     plan_chains,
 )
-from echo2sdk.core.broadcast.relay import HASH_BLOCK, RelayNode, TokenBucket, Upstream, _recv_hashed
+from echo2sdk.runtime.relay import HASH_BLOCK, RelayNode, TokenBucket, Upstream, _recv_hashed
 from echo2sdk.errors import ProtocolError
 
 TOKEN = "relay-secret"

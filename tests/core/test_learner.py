@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from echo2sdk.core.learner import Learner, group_advantages  # noqa: E402
 from echo2sdk.core.records import Meta, Trajectory  # noqa: E402
-from echo2sdk.models import resolve_model  # noqa: E402
+from echo2sdk.weights import resolve_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

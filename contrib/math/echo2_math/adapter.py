@@ -8,7 +8,7 @@ import os
 import random
 from collections.abc import Iterator
 
-from echo2sdk.core.interfaces import Score, Task
+from echo2sdk.core.contracts import Score, Task
 from echo2sdk.errors import ConfigError
 
 from . import problems

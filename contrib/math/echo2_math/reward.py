@@ -17,7 +17,7 @@ import math
 import re
 from typing import Any
 
-from echo2sdk.core.interfaces import Score
+from echo2sdk.core.contracts import Score
 
 __all__ = ["find_boxes", "unsafe_reason", "is_equivalent", "score_response", "MAX_ANSWER_CHARS"]
 

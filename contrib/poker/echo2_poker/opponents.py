@@ -104,8 +104,8 @@ class LLMOpponent:
         self.fallbacks = 0
 
     def act(self, state: Mapping[str, Any], legal: Sequence[str], rng: random.Random) -> str:
-        from echo2sdk.adapters.protocols import Observation
-        from echo2sdk.core.interfaces import SamplingParams
+        from echo2sdk.adapters.contracts import Observation
+        from echo2sdk.core.contracts import SamplingParams
 
         obs = Observation(state=state, legal=tuple(legal))
         messages = [

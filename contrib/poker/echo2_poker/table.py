@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from echo2sdk.adapters.protocols import Observation, Transition
+from echo2sdk.adapters.contracts import Observation, Transition
 from echo2sdk.errors import AdapterError, DependencyNotInstalled
 
 from .cards import card_text

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("echo2_math")
 
 from echo2sdk.config import load_config  # noqa: E402
-from echo2sdk.core.trainer import Trainer  # noqa: E402
+from echo2sdk.runtime.trainer import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

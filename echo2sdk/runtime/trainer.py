@@ -23,9 +23,9 @@ from typing import Any
 from echo2sdk.config import Config
 from echo2sdk.core import capacity
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.core.coordinator import Coordinator
-from echo2sdk.core.delivery import DirectPush
-from echo2sdk.core.interfaces import TaskAdapter
+from echo2sdk.runtime.coordinator import Coordinator
+from echo2sdk.runtime.delivery import DirectPush
+from echo2sdk.core.contracts import TaskAdapter
 from echo2sdk.errors import CapacityError, Echo2Error
 
 __all__ = ["Trainer"]
@@ -51,7 +51,7 @@ class Trainer:
         if self._ready:
             return
         from echo2sdk.core.learner import Learner
-        from echo2sdk.models import resolve_model
+        from echo2sdk.weights import resolve_model
         from echo2sdk.plugins import load_adapter
 
         cfg, L, ro = self.cfg, self.cfg.learner, self.cfg.rollout
@@ -357,8 +357,9 @@ class Trainer:
         return out
 
     def _start_scheduler(self, cal: dict[str, Any]) -> None:
-        from echo2sdk.core.scheduler import LiveLoop, Scheduler
-        from echo2sdk.providers import load_provider
+        from echo2sdk.core.scheduler import Scheduler
+        from echo2sdk.runtime.live_loop import LiveLoop
+        from echo2sdk.runtime.providers import load_provider
 
         cfg, sc = self.cfg, self.cfg.scheduler
         now = time.monotonic()
@@ -444,7 +445,7 @@ def _delivery(cfg: Config, token: str):
     b = cfg.broadcast
     if b.topology == "direct":
         return DirectPush()
-    from echo2sdk.core.broadcast.delivery import ChainBroadcast
+    from echo2sdk.runtime.chain_broadcast import ChainBroadcast
 
     uplink = b.uplink_mbps * 1e6 / 8 if b.shape_uplink and b.uplink_mbps else None
     return ChainBroadcast(

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from echo2sdk.core.interfaces import Episode, EpisodicTaskAdapter, Score, StepResult, Task, TaskAdapter
+from echo2sdk.core.contracts import Episode, EpisodicTaskAdapter, Score, StepResult, Task, TaskAdapter
 
 __all__ = [
     "TaskAdapter",

@@ -35,7 +35,7 @@ from typing import Any
 
 from echo2sdk.core.broadcast.manifest import Manifest, chunk_hasher
 from echo2sdk.core.broadcast.planner import SOURCE
-from echo2sdk.core.wire import (
+from echo2sdk.runtime.wire import (
     auth_mac,
     check_mac,
     encode_frame,

@@ -20,11 +20,11 @@ from dataclasses import replace
 from typing import Any
 
 from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
-from echo2sdk.core.broadcast.relay import Assembly, RelayNode, Upstream
-from echo2sdk.core.delivery import snapshot_frame_ok
-from echo2sdk.core.interfaces import InferenceBackend, SamplingParams, Task, TaskAdapter, is_episodic
+from echo2sdk.runtime.relay import Assembly, RelayNode, Upstream
+from echo2sdk.runtime.delivery import snapshot_frame_ok
+from echo2sdk.core.contracts import InferenceBackend, SamplingParams, Task, TaskAdapter, is_episodic
 from echo2sdk.core.records import Message, Meta, Trajectory
-from echo2sdk.core.wire import auth_mac, read_frame, write_frame
+from echo2sdk.runtime.wire import auth_mac, read_frame, write_frame
 from echo2sdk.errors import AuthError, BackendError, ProtocolError
 
 __all__ = ["RolloutWorker", "run_worker", "parse_address"]

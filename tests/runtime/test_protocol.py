@@ -13,8 +13,8 @@ import time
 import pytest
 
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.core.coordinator import Coordinator
-from echo2sdk.core.wire import auth_mac, read_frame, write_frame
+from echo2sdk.runtime.coordinator import Coordinator
+from echo2sdk.runtime.wire import auth_mac, read_frame, write_frame
 from echo2sdk.testing import ToyAdapter, safetensors_blob
 
 pytestmark = pytest.mark.integration
@@ -272,7 +272,7 @@ def test_a_resent_batch_is_acknowledged_but_admitted_once(coord):
 
 
 def test_a_batch_whose_push_was_cut_off_is_held_and_pushed_first_after_the_rejoin():
-    from echo2sdk.core.worker import RolloutWorker
+    from echo2sdk.runtime.worker import RolloutWorker
 
     w = RolloutWorker("127.0.0.1:9", "token", worker_id="w-unit")
     sent = []
@@ -296,7 +296,7 @@ def test_a_late_joiner_waits_for_the_snapshot_instead_of_generating_stale_record
     import json
     import struct
 
-    from echo2sdk.core.broadcast.delivery import ChainBroadcast
+    from echo2sdk.runtime.chain_broadcast import ChainBroadcast
 
     header = json.dumps({"w": {"dtype": "F32", "shape": [1 << 19], "data_offsets": [0, 2 << 20]}}).encode()
     header += b" " * (-len(header) % 8)

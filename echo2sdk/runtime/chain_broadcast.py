@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, plan_chains
-from echo2sdk.core.broadcast.relay import RelayNode
-from echo2sdk.core.delivery import Peer
+from echo2sdk.runtime.relay import RelayNode
+from echo2sdk.runtime.delivery import Peer
 
 __all__ = ["ChainBroadcast", "Topology"]
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from echo2sdk import simulate as paper
+from echo2sdk.sim import paper
 from echo2sdk.core import capacity
 from echo2sdk.core.broadcast.planner import SOURCE, plan_chains
-from echo2sdk.core.sim import (
+from echo2sdk.sim import (
     GB,
     MBIT,
     Fault,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from echo2sdk.core.wire import digest
+from echo2sdk.runtime.wire import digest
 
 __all__ = ["Peer", "SnapshotDelivery", "DirectPush", "snapshot_frame_ok"]
 

@@ -1,6 +1,6 @@
 """`echo2 simulate paper`: the paper's provisioning experiments at paper scale, on the simulator.
 
-Every number comes from :mod:`echo2sdk.core.sim`, which drives the real scheduler, buffer and chain
+Every number comes from :mod:`echo2sdk.sim`, which drives the real scheduler, buffer and chain
 planner on a virtual clock. The inputs are the paper's where it gives them (marked ``paper``) and
 stated assumptions where it does not (marked ``assumed``); ``docs/simulation.md`` sets each result
 beside the paper's figure and explains the gaps.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2sdk.core import capacity
-from echo2sdk.core.sim import GB, Fault, Network, SimConfig, SimResult, SimWorker, measure_t_bcast, simulate
+from echo2sdk.sim import GB, Fault, Network, SimConfig, SimResult, SimWorker, measure_t_bcast, simulate
 from echo2sdk.errors import DependencyNotInstalled
 
 __all__ = [

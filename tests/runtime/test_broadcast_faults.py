@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from echo2sdk.core.broadcast.delivery import ChainBroadcast
+from echo2sdk.runtime.chain_broadcast import ChainBroadcast
 from echo2sdk.core.broadcast.manifest import Signer
 from echo2sdk.core.broadcast.planner import SOURCE
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.core.coordinator import Coordinator
+from echo2sdk.runtime.coordinator import Coordinator
 from echo2sdk.testing import ToyAdapter
 
 pytestmark = pytest.mark.integration
@@ -165,8 +165,8 @@ def test_a_forged_manifest_is_refused_and_nothing_is_installed(fleet, caplog):
 
 _EVIL_WORKER = """
 import sys
-from echo2sdk.core import worker
-from echo2sdk.core.broadcast.relay import RelayNode
+from echo2sdk.runtime import worker
+from echo2sdk.runtime.relay import RelayNode
 
 class Corrupting(RelayNode):  # holds the right bytes, flips the last bit of the 6th chunk it serves
     def _send_paced(self, conn, data, peer):

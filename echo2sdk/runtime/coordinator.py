@@ -22,11 +22,12 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from echo2sdk.core import capacity
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.core.delivery import DirectPush, SnapshotDelivery
-from echo2sdk.core.interfaces import Task
+from echo2sdk.runtime.delivery import DirectPush, SnapshotDelivery
+from echo2sdk.core.contracts import Task
 from echo2sdk.core.records import Trajectory
-from echo2sdk.core.wire import check_mac, new_nonce, read_frame, write_frame
+from echo2sdk.runtime.wire import check_mac, new_nonce, read_frame, write_frame
 from echo2sdk.errors import AuthError, ProtocolError, TrajectoryRejected
 
 __all__ = ["Coordinator", "WorkerInfo"]
@@ -186,10 +187,9 @@ class Coordinator:
         b = self._bcast.get(version)
         if not b or not b["expected"]:
             return None, None
-        times = sorted(t - b["t0"] for w, t in b[event].items() if w in b["expected"])
-        need = _ceil(len(b["expected"]) * self.q)
-        t_q = times[need - 1] if len(times) >= need else None
-        t_all = times[-1] if len(times) == len(b["expected"]) else None
+        times = [t - b["t0"] for w, t in b[event].items() if w in b["expected"]]
+        t_q = capacity.t_bcast_quantile(times, len(b["expected"]), self.q)
+        t_all = max(times) if len(times) == len(b["expected"]) else None
         return t_q, t_all
 
     # -- statistics --------------------------------------------------------------------------------
@@ -385,8 +385,3 @@ class Coordinator:
                 if now - conn.info.last_seen > self.worker_timeout_s:
                     self._drop(conn, f"silent for {now - conn.info.last_seen:.0f} s")
                     conn.writer.close()
-
-
-def _ceil(x: float) -> int:
-    i = int(x)
-    return max(1, i if i >= x - 1e-9 else i + 1)

@@ -1,0 +1,38 @@
+"""Discrete-event simulator of an ECHO-2 deployment at paper scale, on a virtual clock.
+
+- :mod:`~echo2sdk.sim.network`  the flow-level dissemination model (chains, star, T_bcast)
+- :mod:`~echo2sdk.sim.engine`   the simulation: inputs, the event loop over the real core, results
+- :mod:`~echo2sdk.sim.paper`    the paper's experiments (`echo2 simulate paper`)
+"""
+
+from echo2sdk.sim.engine import Fault, SimConfig, SimResult, Simulation, SimWorker, provision, simulate
+from echo2sdk.sim.network import (
+    GB,
+    MBIT,
+    MiB,
+    Network,
+    chain_install_times,
+    install_times,
+    measure_t_bcast,
+    star_install_times,
+    t_bcast_quantile,
+)
+
+__all__ = [
+    "MBIT",
+    "GB",
+    "MiB",
+    "Network",
+    "SimWorker",
+    "Fault",
+    "SimConfig",
+    "SimResult",
+    "Simulation",
+    "simulate",
+    "star_install_times",
+    "chain_install_times",
+    "install_times",
+    "t_bcast_quantile",
+    "measure_t_bcast",
+    "provision",
+]

@@ -1,0 +1,123 @@
+"""The import contract: no layer imports a layer above it (docs/architecture.md, "Layers").
+
+Every import statement of every module counts, including imports inside functions and under
+TYPE_CHECKING, relative imports and ``importlib.import_module("...")`` with a literal name.
+
+    core      pure mechanisms            may import: core, errors
+    sim       the simulator              + nothing from runtime, adapters, backends, config, plan, api, cli
+    adapters  data plane                 + nothing from runtime, sim, config, plan, api, cli
+    backends  inference engines          + nothing from runtime, sim, adapters, config, plan, api, cli
+    runtime   processes and sockets      + nothing from api, cli
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import echo2sdk
+
+PACKAGE = Path(echo2sdk.__file__).parent
+
+_TOP = ("runtime", "sim", "adapters", "backends", "config", "plan", "api", "cli")
+#: layer -> (allowed prefixes, or None for "anything not forbidden"; forbidden prefixes)
+RULES: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
+    "echo2sdk.core": (("echo2sdk.core", "echo2sdk.errors"), ()),
+    "echo2sdk.sim": (None, tuple(f"echo2sdk.{m}" for m in _TOP if m != "sim")),
+    "echo2sdk.adapters": (None, tuple(f"echo2sdk.{m}" for m in _TOP if m != "adapters" and m != "backends")),
+    "echo2sdk.backends": (None, tuple(f"echo2sdk.{m}" for m in _TOP if m != "backends")),
+    "echo2sdk.runtime": (None, ("echo2sdk.api", "echo2sdk.cli")),
+}
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import in `source` of module `module`."""
+    out: list[tuple[int, str]] = []
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from echo2sdk import runtime` imports echo2sdk.runtime; `from x import name` imports x
+            out += [(node.lineno, f"{base}.{a.name}" if base in ("echo2sdk", "echo2sdk.core") else base)
+                    for a in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            out.append((node.lineno, node.args[0].value))
+    return out
+
+
+def _matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(root: Path = PACKAGE) -> list[str]:
+    """Every import that breaks RULES, as 'path:line: module imports name (layer rule)'."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(root, path)
+        layer = next((lay for lay in RULES if _matches(module, lay)), None)
+        if layer is None:
+            continue
+        allowed, forbidden = RULES[layer]
+        for line, name in imported_names(path.read_text(), module, path.name == "__init__.py"):
+            if not _matches(name, "echo2sdk"):
+                continue  # third-party and standard library: not a layer question
+            if allowed is not None and not any(_matches(name, a) for a in allowed):
+                found.append(f"{path.relative_to(root.parent)}:{line}: {module} imports {name} ({layer} may import only {', '.join(allowed)})")
+            elif any(_matches(name, f) for f in forbidden):
+                found.append(f"{path.relative_to(root.parent)}:{line}: {module} imports {name} ({layer} must not import it)")
+    return found
+
+
+def test_no_layer_imports_upward():
+    assert violations() == []
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "echo2sdk"
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    return root
+
+
+def test_contract_catches_upward_imports(tmp_path):
+    """The checker itself: each kind of upward import in a throw-away tree is reported."""
+    root = _tree(tmp_path, {
+        "__init__.py": "",
+        "core/__init__.py": "",
+        "core/ok.py": "import math\nfrom echo2sdk.errors import ConfigError\nfrom . import records\n",
+        "core/top.py": "from echo2sdk.runtime.trainer import Trainer\n",
+        "core/lazy.py": "def f():\n    from echo2sdk.config import Config\n",
+        "core/relative.py": "from ..backends import hf\n",
+        "core/dynamic.py": "import importlib\nimportlib.import_module('echo2sdk.cli')\n",
+        "core/package.py": "from echo2sdk import plan\n",
+        "backends/hf.py": "from echo2sdk.runtime import worker\n",
+        "runtime/worker.py": "from echo2sdk.core import records\nfrom echo2sdk.backends import hf\n",
+    })
+    found = violations(root)
+    flagged = sorted(line.split(":")[0] for line in found)
+    assert flagged == sorted([
+        "echo2sdk/core/top.py", "echo2sdk/core/lazy.py", "echo2sdk/core/relative.py",
+        "echo2sdk/core/dynamic.py", "echo2sdk/core/package.py", "echo2sdk/backends/hf.py",
+    ]), found
+    assert any("echo2sdk.core.top imports echo2sdk.runtime.trainer" in f for f in found)
