@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, plan_chains
-from echo2sdk.runtime.relay import RelayNode
 from echo2sdk.runtime.delivery import Peer
+from echo2sdk.runtime.messages import BroadcastInfo, Received, SnapshotPlan, WireManifest
+from echo2sdk.runtime.relay import RelayNode
 
 __all__ = ["ChainBroadcast", "Topology"]
 
@@ -53,15 +54,15 @@ class ChainBroadcast:
         )
         self.scores = WorkerScores()
         self.plans: dict[int, ChainPlan] = {}
-        self.reports: dict[int, dict[str, dict[str, Any]]] = {}
+        self.reports: dict[int, dict[str, dict[str, Any]]] = {}  # version -> worker -> its `received`, as a map
 
     @property
     def public_key(self) -> bytes:
         return self.signer.public_key
 
-    def welcome_info(self) -> dict[str, Any]:
+    def welcome_info(self) -> BroadcastInfo:
         """What a worker needs at join time: the key that signs every manifest, and when to repair."""
-        return {"public_key": self.public_key, "stall_timeout_s": self.source.stall_timeout_s}
+        return BroadcastInfo(public_key=self.public_key, stall_timeout_s=self.source.stall_timeout_s)
 
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
         manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer)
@@ -75,32 +76,25 @@ class ChainBroadcast:
         if version not in self.plans or len(peers) > 1:  # a late joiner's own order is not the version's plan
             self.plans[version] = plan
         addr = {SOURCE: (self.source.host, self.source.port), **relay_addr}
-        wire_manifest = manifest.to_wire()
+        wire_manifest = WireManifest(**manifest.to_wire())
         for p in peers:
-            upstream = [[u, *addr[u]] for u in plan.upstream(p.worker_id)]
+            upstream = [(u, *addr[u]) for u in plan.upstream(p.worker_id)]
             try:
-                await p.send({"type": "snapshot_plan", "manifest": wire_manifest, "upstream": upstream})
+                await p.send(SnapshotPlan(manifest=wire_manifest, upstream=upstream))
             except (ConnectionError, OSError):
                 pass  # a dead worker is the coordinator's business; its children repair around it
         log.info("snapshot v%d: %d bytes in %d chunks to %d worker(s) on %d chain(s)", version,
                  manifest.total_bytes, manifest.n_chunks, len(peers), plan.n_chains)
 
-    def on_report(self, worker_id: str, report: dict[str, Any]) -> None:
+    def on_report(self, worker_id: str, report: Received) -> None:
         """A worker's fetch report: score its parents (paper C.3)."""
-        version = report.get("version")
-        if not isinstance(version, int):
-            return
-        self.reports.setdefault(version, {})[worker_id] = report
+        self.reports.setdefault(report.version, {})[worker_id] = report.model_dump(exclude_none=True)
         now = time.monotonic()
-        for r in report.get("repairs") or ():
-            parent = r.get("parent") if isinstance(r, dict) else None
-            if isinstance(parent, str) and parent != SOURCE:
-                self.scores.record_failure(parent, now)
-        served = report.get("served_bps") or {}
-        parent = report.get("parent")
-        if report.get("ok") and isinstance(parent, str) and parent != SOURCE:
-            bps = served.get(parent) if isinstance(served, dict) else None
-            self.scores.record_success(parent, float(bps) if isinstance(bps, (int, float)) else None)
+        for r in report.repairs:
+            if r.parent != SOURCE:
+                self.scores.record_failure(r.parent, now)
+        if report.ok and report.parent not in ("", SOURCE):
+            self.scores.record_success(report.parent, report.served_bps.get(report.parent))
 
     def close(self) -> None:
         self.source.close()

@@ -4,9 +4,9 @@ It runs an asyncio server on its own thread so the learner's update loop never b
 Every message a worker sends is validated; a bad trajectory is rejected, counted and logged with the
 field and value; a worker with a wrong token is refused; a dead worker is dropped, never waited for.
 
-Messages (worker -> coordinator): hello, get_tasks, trajectories, heartbeat, received, installed,
-snapshot_rejected. Messages (coordinator -> worker): challenge, welcome | refused, tasks, ack,
-snapshot_plan (chain broadcast) or snapshot (direct push), shutdown.
+Messages (echo2sdk.runtime.messages; worker -> coordinator): hello, get_tasks, trajectories, heartbeat,
+received, installed, snapshot_rejected. Messages (coordinator -> worker): challenge, welcome | refused,
+tasks, ack, snapshot_plan (chain broadcast) or snapshot (direct push), shutdown.
 """
 
 from __future__ import annotations
@@ -18,17 +18,38 @@ import secrets
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from echo2sdk.core import capacity
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.runtime.delivery import DirectPush, SnapshotDelivery
 from echo2sdk.core.contracts import Task
 from echo2sdk.core.records import Trajectory
+from echo2sdk.errors import ProtocolError, TrajectoryRejected
+from echo2sdk.runtime.delivery import DirectPush, SnapshotDelivery, check_delivery
+from echo2sdk.runtime.messages import (
+    MAX_ID,
+    Ack,
+    Challenge,
+    GetTasks,
+    Heartbeat,
+    Hello,
+    Installed,
+    Received,
+    Refused,
+    Shutdown,
+    SnapshotRejected,
+    Tasks,
+    Trajectories,
+    Welcome,
+    WireMessage,
+    WireTask,
+    WorkerConfig,
+    parse,
+    to_header,
+)
 from echo2sdk.runtime.wire import check_mac, new_nonce, read_frame, write_frame
-from echo2sdk.errors import AuthError, ProtocolError, TrajectoryRejected
 
 __all__ = ["Coordinator", "WorkerInfo"]
 
@@ -36,6 +57,7 @@ log = logging.getLogger("echo2sdk.coordinator")
 
 HELLO_TIMEOUT_S = 10.0
 MAX_CLIENT_PAYLOAD = 1 << 20  # workers never send bulk payloads to the coordinator
+FROM_WORKER = (GetTasks, Trajectories, Heartbeat, Installed, Received, SnapshotRejected)
 
 
 @dataclass
@@ -72,8 +94,8 @@ class _Conn:
     def relay_addr(self) -> tuple[str, int] | None:
         return self.info.relay_addr
 
-    async def send(self, header: dict, payload: bytes | memoryview = b"") -> None:
-        await write_frame(self.writer, header, payload)
+    async def send(self, msg: WireMessage, payload: bytes | memoryview = b"") -> None:
+        await write_frame(self.writer, to_header(msg), payload)
 
 
 class Coordinator:
@@ -82,7 +104,7 @@ class Coordinator:
         *,
         buffer: StalenessBuffer,
         tasks: Iterator[Task],
-        worker_config: dict[str, Any],
+        worker_config: Mapping[str, Any] | WorkerConfig,
         vocab_size: int,
         max_len: int,
         token: str | None = None,
@@ -96,12 +118,14 @@ class Coordinator:
         self.buffer, self._tasks = buffer, tasks
         # staleness: a worker that knows a snapshot more than S versions ahead of its own is on the way waits
         # for it rather than generate records the buffer must reject
-        self.worker_config = dict(worker_config, heartbeat_s=heartbeat_s, staleness=buffer.staleness)
+        self.worker_config = WorkerConfig.from_mapping(
+            worker_config, heartbeat_s=heartbeat_s, staleness=buffer.staleness
+        )
         self.vocab_size, self.max_len = vocab_size, max_len
         self.token = token or secrets.token_urlsafe(24)
         self.host, self.port = host, port
         self.worker_timeout_s, self.q = worker_timeout_s, 1.0 / gamma  # T_bcast counts q = 1/gamma of workers
-        self.delivery = delivery or DirectPush()
+        self.delivery = check_delivery(delivery or DirectPush())
         self.workers: dict[str, WorkerInfo] = {}
         self.refused = 0
         self.rejected: Counter[str] = Counter()
@@ -155,12 +179,11 @@ class Coordinator:
         self._server.close()
         for conn in list(self._conns.values()):
             try:
-                await asyncio.wait_for(conn.send({"type": "shutdown"}), 2)
+                await asyncio.wait_for(conn.send(Shutdown()), 2)
             except Exception:  # noqa: BLE001
                 pass
             conn.writer.close()
-        if hasattr(self.delivery, "close"):
-            self.delivery.close()
+        self.delivery.close()
 
     # -- publication -------------------------------------------------------------------------------
     def publish(self, version: int, weights: bytes) -> None:
@@ -251,20 +274,20 @@ class Coordinator:
     ) -> _Conn | None:
         nonce = new_nonce()
         peer_host = address.rpartition(":")[0]
-        await write_frame(writer, {"type": "challenge", "nonce": nonce})
+        await write_frame(writer, to_header(Challenge(nonce=nonce)))
         try:
-            hello, _ = await asyncio.wait_for(read_frame(reader, MAX_CLIENT_PAYLOAD), HELLO_TIMEOUT_S)
+            header, _ = await asyncio.wait_for(read_frame(reader, MAX_CLIENT_PAYLOAD), HELLO_TIMEOUT_S)
         except (TimeoutError, ProtocolError) as e:
             self.refused += 1
             log.warning("refused %s: no valid hello (%s)", address, e or "timeout")
             return None
-        if hello.get("type") != "hello" or not check_mac(self.token, nonce, hello.get("mac")):
-            self.refused += 1
-            log.warning("refused worker %r from %s: %s", hello.get("worker_id"), address, AuthError("wrong token"))
-            await write_frame(writer, {"type": "refused", "reason": "authentication failed: wrong token"})
-            return None
-        wid = str(hello.get("worker_id") or f"w{next(self._ids)}")
-        session = hello.get("session") if isinstance(hello.get("session"), str) else ""
+        try:
+            hello = parse(header, (Hello,))
+        except ProtocolError as e:
+            return await self._refuse(writer, f"{address}: {e}", "malformed hello")
+        if not check_mac(self.token, nonce, hello.mac):
+            return await self._refuse(writer, f"worker {hello.worker_id!r} from {address}: wrong token", "wrong token")
+        wid, session = hello.worker_id or f"w{next(self._ids)}", hello.session
         before = self.workers.get(wid)
         rejoin = before is not None and bool(session) and before.session == session
         if wid in self._conns:
@@ -273,15 +296,15 @@ class Coordinator:
                 self._drop(old, "re-joined on a new connection")
                 old.writer.close()
             else:  # another process under a taken id
-                wid = f"{wid}-{next(self._ids)}"
-        price, relay_port, version = hello.get("price_per_hour", 0.0), hello.get("relay_port"), hello.get("version")
+                suffix = f"-{next(self._ids)}"
+                wid = wid[: MAX_ID - len(suffix)] + suffix
         info = WorkerInfo(
             worker_id=wid,
             address=address,
-            price_per_hour=float(price) if isinstance(price, (int, float)) else 0.0,
-            backend=str(hello.get("backend", "")),
-            version=version if isinstance(version, int) and not isinstance(version, bool) and version >= 0 else 0,
-            relay_addr=(peer_host, relay_port) if isinstance(relay_port, int) and 0 < relay_port < 65536 else None,
+            price_per_hour=hello.price_per_hour,
+            backend=hello.backend,
+            version=hello.version,
+            relay_addr=(peer_host, hello.relay_port) if hello.relay_port is not None else None,
             session=session,
         )
         conn = _Conn(info, writer)
@@ -292,67 +315,60 @@ class Coordinator:
             info.rejoins, info.batches = before.rejoins + 1, before.batches
         self.workers[wid], self._conns[wid] = info, conn
         latest_version = self._latest[0] if self._latest else 0
-        welcome = {"type": "welcome", "worker_id": wid, "config": self.worker_config, "version": latest_version}
-        if hasattr(self.delivery, "welcome_info"):
-            welcome["broadcast"] = self.delivery.welcome_info()
-        await conn.send(welcome)
+        await conn.send(Welcome(worker_id=wid, config=self.worker_config, version=latest_version,
+                                broadcast=self.delivery.welcome_info()))
         log.info("worker %s %s from %s", wid, "re-joined" if rejoin else "joined", address)
         if self._latest is not None:  # a late joiner gets the current policy at once
             await self.delivery.deliver(self._latest[0], self._latest[1], [conn])
         return conn
 
-    async def _dispatch(self, conn: _Conn, h: dict[str, Any]) -> None:
-        kind = h["type"]
-        if kind == "get_tasks":
-            n = h.get("n")
-            if not isinstance(n, int) or not 1 <= n <= 1024:
-                raise ProtocolError(f"get_tasks: field 'n' = {n!r} must be an int in [1, 1024]")
-            tasks = self._next_tasks(n) if conn.info.active else []  # an inactive worker idles
-            await conn.send({"type": "tasks", "rid": h.get("rid"), "tasks": tasks})
-        elif kind == "trajectories":
-            batch = h.get("batch")  # the worker's id for this push: a re-sent push is acknowledged, not re-admitted
-            if isinstance(batch, str) and batch in conn.info.batches:
-                await conn.send({"type": "ack", "rid": h.get("rid"), "accepted": 0, "rejected": [], "duplicate": True})
-                return
-            accepted, rejected = self._intake(conn, h.get("groups"))
-            if isinstance(batch, str):
-                conn.info.batches.append(batch)
-            await conn.send({"type": "ack", "rid": h.get("rid"), "accepted": accepted, "rejected": rejected})
-        elif kind == "heartbeat":
-            v, rate = h.get("version"), h.get("rollouts_per_s")
-            if isinstance(v, int):
-                conn.info.version = v
-            if isinstance(rate, (int, float)):
-                conn.info.rollouts_per_s = float(rate)
-        elif kind == "installed":
-            v = h.get("version")
-            if isinstance(v, int):
-                conn.info.version = v
-                b = self._bcast.get(v)
-                if b is not None:
-                    b["installed"].setdefault(conn.worker_id, time.monotonic())
-        elif kind == "received":
-            v = h.get("version")
-            b = self._bcast.get(v) if isinstance(v, int) else None
-            if b is not None and h.get("ok"):
-                b["received"].setdefault(conn.worker_id, time.monotonic())
-            for r in h.get("repairs") or ():
-                self.broadcast_repairs.append({"worker": conn.worker_id, "version": v, **(r if isinstance(r, dict) else {})})
-            if hasattr(self.delivery, "on_report"):
-                self.delivery.on_report(conn.worker_id, h)
-        elif kind == "snapshot_rejected":
-            log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, h.get("version"), h.get("reason"))
-        else:
-            raise ProtocolError(f"unknown message type {kind!r}")
+    async def _refuse(self, writer: asyncio.StreamWriter, detail: str, reason: str) -> None:
+        """Count and log a failed handshake and tell the peer why (`reason`: short, nothing it sent)."""
+        self.refused += 1
+        log.warning("refused %s", detail)
+        await write_frame(writer, to_header(Refused(reason=f"authentication failed: {reason}")))
 
-    def _next_tasks(self, n: int) -> list[dict[str, Any]]:
+    async def _dispatch(self, conn: _Conn, header: dict[str, Any]) -> None:
+        msg = parse(header, FROM_WORKER)
+        if isinstance(msg, GetTasks):
+            tasks = self._next_tasks(msg.n) if conn.info.active else []  # an inactive worker idles
+            await conn.send(Tasks(rid=msg.rid, tasks=tasks))
+        elif isinstance(msg, Trajectories):
+            await conn.send(self._admit(conn, msg))
+        elif isinstance(msg, Heartbeat):
+            conn.info.version, conn.info.rollouts_per_s = msg.version, msg.rollouts_per_s
+        elif isinstance(msg, Installed):
+            conn.info.version = msg.version
+            b = self._bcast.get(msg.version)
+            if b is not None:
+                b["installed"].setdefault(conn.worker_id, time.monotonic())
+        elif isinstance(msg, Received):
+            b = self._bcast.get(msg.version)
+            if b is not None and msg.ok:
+                b["received"].setdefault(conn.worker_id, time.monotonic())
+            for r in msg.repairs:
+                self.broadcast_repairs.append({"worker": conn.worker_id, "version": msg.version,
+                                               **r.model_dump(exclude_none=True)})
+            self.delivery.on_report(conn.worker_id, msg)
+        elif isinstance(msg, SnapshotRejected):
+            log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, msg.reason)
+
+    def _admit(self, conn: _Conn, msg: Trajectories) -> Ack:
+        """Admit a push of groups once per batch id: a re-sent push is acknowledged, not re-admitted."""
+        if msg.batch is not None and msg.batch in conn.info.batches:
+            return Ack(rid=msg.rid, accepted=0, duplicate=True)
+        accepted, rejected = self._intake(conn, msg.groups)
+        if msg.batch is not None:
+            conn.info.batches.append(msg.batch)
+        return Ack(rid=msg.rid, accepted=accepted, rejected=rejected)
+
+    def _next_tasks(self, n: int) -> list[WireTask]:
         with self._task_lock:
             batch = list(itertools.islice(self._tasks, n))
-        return [{"id": t.id, "messages": list(t.messages), "answer": t.answer, "info": t.info} for t in batch]
+        return [WireTask(id=t.id, messages=t.messages, answer=t.answer, info=t.info) for t in batch]
 
-    def _intake(self, conn: _Conn, groups: object) -> tuple[int, list[str]]:
-        if not isinstance(groups, (list, tuple)):
-            raise ProtocolError(f"trajectories: field 'groups' must be a list, got {type(groups).__name__}")
+    def _intake(self, conn: _Conn, groups: tuple[Any, ...]) -> tuple[int, list[str]]:
+        """Validate and buffer each group of raw records; a bad group is rejected, counted and logged."""
         accepted, reasons = 0, []
         for group in groups:
             try:

@@ -10,17 +10,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from echo2sdk.runtime.messages import BroadcastInfo, Received, Snapshot, WireMessage
 from echo2sdk.runtime.wire import digest
 
-__all__ = ["Peer", "SnapshotDelivery", "DirectPush", "snapshot_frame_ok"]
+__all__ = ["Peer", "SnapshotDelivery", "DirectPush", "check_delivery", "snapshot_frame_ok"]
 
 
 class Peer(Protocol):
     """What delivery may use of a connected worker."""
 
-    worker_id: str
+    @property
+    def worker_id(self) -> str: ...
 
-    async def send(self, header: dict, payload: bytes | memoryview = b"") -> None: ...
+    @property
+    def relay_addr(self) -> tuple[str, int] | None:
+        """Where the worker serves snapshot chunks to its children; None when it serves none."""
+        ...
+
+    async def send(self, msg: WireMessage, payload: bytes | memoryview = b"") -> None: ...
 
 
 class SnapshotDelivery(Protocol):
@@ -29,24 +36,52 @@ class SnapshotDelivery(Protocol):
         Workers acknowledge with an `installed` message once the snapshot is live."""
         ...
 
+    def welcome_info(self) -> BroadcastInfo | None:
+        """What a joining worker must know about this delivery (sent in its welcome); None: nothing."""
+        ...
+
+    def on_report(self, worker_id: str, report: Received) -> None:
+        """A worker's `received` report of how its fetch of a snapshot went."""
+        ...
+
+    def close(self) -> None:
+        """Release what the delivery holds (servers, sockets); called once, when the coordinator stops."""
+        ...
+
+
+def check_delivery(obj: object) -> SnapshotDelivery:
+    """`obj` if it implements every SnapshotDelivery method, else a TypeError naming the missing ones."""
+    missing = [m for m in ("deliver", "welcome_info", "on_report", "close") if not callable(getattr(obj, m, None))]
+    if missing:
+        raise TypeError(f"{type(obj).__name__} is not a SnapshotDelivery: it lacks {', '.join(missing)}")
+    return obj  # type: ignore[return-value]
+
 
 class DirectPush:
     """Learner pushes the full snapshot to every worker over its own connection."""
 
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
-        header = {"type": "snapshot", "version": version, "nbytes": len(weights), "sha256": digest(weights)}
+        msg = Snapshot(version=version, nbytes=len(weights), sha256=digest(weights))
         for peer in peers:
             try:
-                await peer.send(header, weights)
+                await peer.send(msg, weights)
             except (ConnectionError, OSError):
                 pass  # a dead worker is the coordinator's business, not delivery's
 
+    def welcome_info(self) -> None:
+        return None
 
-def snapshot_frame_ok(header: dict, payload: bytes) -> str | None:
+    def on_report(self, worker_id: str, report: Received) -> None:
+        pass  # workers report chain-broadcast fetches only
+
+    def close(self) -> None:
+        pass
+
+
+def snapshot_frame_ok(msg: Snapshot, payload: bytes) -> str | None:
     """Return why a received snapshot must not be installed, or None when it is intact."""
-    if len(payload) != header.get("nbytes"):
-        return f"snapshot size {len(payload)} != announced {header.get('nbytes')}"
-    if digest(payload) != header.get("sha256"):
+    if len(payload) != msg.nbytes:
+        return f"snapshot size {len(payload)} != announced {msg.nbytes}"
+    if digest(payload) != msg.sha256:
         return "snapshot sha256 mismatch"
     return None
-

@@ -10,14 +10,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from echo2sdk.core.scheduler import ACTIVE, FAILED, Action, Scheduler
 from echo2sdk.errors import CapacityError
+from echo2sdk.runtime.providers import Provider
 
-__all__ = ["LiveLoop"]
+__all__ = ["LiveLoop", "WorkerRow", "WorkerTable"]
 
 log = logging.getLogger("echo2sdk.scheduler")
+
+
+class WorkerRow(Protocol):
+    """What the loop reads of one registered worker (the coordinator's ``WorkerInfo``)."""
+
+    alive: bool
+    active: bool
+    trajectories: int  # cumulative accepted trajectories: mu_i is measured end to end
+    price_per_hour: float
+
+
+class WorkerTable(Protocol):
+    """What the loop uses of the coordinator."""
+
+    @property
+    def workers(self) -> Mapping[str, WorkerRow]: ...
+
+    def set_active(self, worker_id: str, active: bool) -> None: ...
 
 
 class LiveLoop:
@@ -38,15 +58,15 @@ class LiveLoop:
     def __init__(
         self,
         scheduler: Scheduler,
-        coordinator: object,
-        provider: object | None = None,
+        coordinator: WorkerTable,
+        provider: Provider | None = None,
         *,
         period_s: float = 1.0,
         prices: dict[str, float] | None = None,
         stop_released: bool = False,
         stop_failed_after_s: float = 0.0,
-        on_event: object = None,
-        remeasure: object = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        remeasure: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.stop_failed_after_s = stop_failed_after_s
         self._stop_due: dict[str, float] = {}  # failed worker -> when its machine is stopped unless it re-joined
@@ -59,10 +79,11 @@ class LiveLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._ticks = 0
 
     def _emit(self, event: dict) -> None:
         self.events.append(event)
-        if callable(self.on_event):
+        if self.on_event is not None:
             self.on_event(event)
 
     def start(self) -> None:
@@ -92,7 +113,7 @@ class LiveLoop:
                 if wid not in s.workers:  # joined after calibration: standby until the scheduler wants it
                     if not info.alive:
                         continue
-                    price = self.prices.get(wid, float(getattr(info, "price_per_hour", 0.0) or 0.0))
+                    price = self.prices.get(wid, float(info.price_per_hour or 0.0))
                     s.add_worker(wid, price, prior, now=now)
                     self.coord.set_active(wid, False)
                     self._emit({"t": now, "event": "joined", "worker": wid, "price_per_hour": price})
@@ -113,7 +134,7 @@ class LiveLoop:
                     if not info.active:
                         self.coord.set_active(wid, True)  # activated before it had joined
                     # effective throughput: trajectories the coordinator accepted from it (end to end)
-                    s.heartbeat(wid, now, rollouts=float(getattr(info, "trajectories", 0)))
+                    s.heartbeat(wid, now, rollouts=float(info.trajectories))
                 elif info.active:
                     self.coord.set_active(wid, False)
             actions += s.step(now)
@@ -124,12 +145,12 @@ class LiveLoop:
                     del self._stop_due[wid]
                     self.provider.stop(wid)  # type: ignore[union-attr]  # only scheduled with a provider
                     self._emit({"t": now, "event": "stopped", "worker": wid, "reason": "failed, did not re-join"})
-            self._ticks = getattr(self, "_ticks", 0) + 1
+            self._ticks += 1
             if self._ticks % 10 == 0:
                 self._emit({"t": now, "event": "status", "mu_pool": s.mu_pool(now), "mu_target": s.mu_target,
                             "mu": {n: s.mu_i(n, now) for n in s.active()}, "active": s.active(),
-                            "delivered": {w: getattr(i, "trajectories", 0) for w, i in self.coord.workers.items()}})
-            if s.recalibration_due and callable(self.remeasure):  # §4.3: re-measure after a big pool change
+                            "delivered": {w: i.trajectories for w, i in self.coord.workers.items()}})
+            if s.recalibration_due and self.remeasure is not None:  # §4.3: re-measure after a big pool change
                 numbers = self.remeasure()
                 if numbers:
                     try:

@@ -35,15 +35,19 @@ from typing import Any
 
 from echo2sdk.core.broadcast.manifest import Manifest, chunk_hasher
 from echo2sdk.core.broadcast.planner import SOURCE
-from echo2sdk.runtime.wire import (
-    auth_mac,
-    check_mac,
-    encode_frame,
-    new_nonce,
-    recv_frame,
-    send_frame,
-)
 from echo2sdk.errors import ProtocolError
+from echo2sdk.runtime.messages import (
+    Challenge,
+    Chunk,
+    Fetch,
+    Refused,
+    Unavailable,
+    Wait,
+    clip,
+    parse,
+    to_header,
+)
+from echo2sdk.runtime.wire import auth_mac, check_mac, encode_frame, new_nonce, recv_frame, send_frame
 
 __all__ = ["TokenBucket", "Assembly", "RelayNode", "FetchReport", "Upstream"]
 
@@ -304,30 +308,40 @@ class RelayNode:
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            nonce = new_nonce()
-            send_frame(conn, {"type": "challenge", "nonce": nonce})
-            req, _ = recv_frame(conn, 0)
-            if req.get("type") != "fetch" or not check_mac(self.token, nonce, req.get("mac")):
-                self.refused += 1
-                send_frame(conn, {"type": "refused", "reason": "authentication failed"})
-                log.warning("relay %s refused a fetch from %r: wrong token", self.node_id, req.get("node_id"))
+            req = self._authenticate(conn)
+            if req is None:
                 return
-            version, start = req.get("version"), req.get("start")
-            if not isinstance(version, int) or not isinstance(start, int) or start < 0:
-                raise ProtocolError(f"fetch: version={version!r} start={start!r} must be ints >= 0")
             with self._lock:  # a child may ask before this node has heard of the version itself
-                self._lock.wait_for(lambda: version in self._versions or self._closed, self.stall_timeout_s)
-                asm = self._versions.get(version)
+                self._lock.wait_for(lambda: req.version in self._versions or self._closed, self.stall_timeout_s)
+                asm = self._versions.get(req.version)
             if asm is None:
-                send_frame(conn, {"type": "unavailable", "version": version})
+                send_frame(conn, to_header(Unavailable(version=req.version)))
                 return
             with self._using(asm):
-                self._stream(conn, asm, start)
+                self._stream(conn, asm, req.start)
         except (OSError, EOFError, ProtocolError) as e:
             log.debug("relay %s: connection ended: %s", self.node_id, e)
         finally:
             self._conns.discard(conn)
             conn.close()
+
+    def _authenticate(self, conn: socket.socket) -> Fetch | None:
+        """Challenge a child; its fetch request, or None when it was refused (wrong token, malformed)."""
+        nonce = new_nonce()
+        send_frame(conn, to_header(Challenge(nonce=nonce)))
+        header, _ = recv_frame(conn, 0)
+        try:
+            req = parse(header, (Fetch,))
+        except ProtocolError as e:
+            return self._refuse(conn, f"(malformed: {e})")
+        if not check_mac(self.token, nonce, req.mac):
+            return self._refuse(conn, f"from {req.node_id!r}: wrong token")
+        return req
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        self.refused += 1
+        send_frame(conn, to_header(Refused(reason="authentication failed")))
+        log.warning("relay %s refused a fetch %s", self.node_id, why)
 
     def _stream(self, conn: socket.socket, asm: Assembly, start: int) -> None:
         """Send chunks start.. of `asm` to a child, each the moment it is verified here."""
@@ -337,9 +351,9 @@ class RelayNode:
             while not asm.wait_for(i, self.stall_timeout_s / 3):
                 if asm.failed or self._closed:
                     return  # gave up on this version: the child repairs upstream
-                send_frame(conn, {"type": "wait"})  # keep-alive while this node repairs its own feed
+                send_frame(conn, to_header(Wait()))  # keep-alive while this node repairs its own feed
             data = asm.chunk(i)
-            conn.sendall(encode_frame({"type": "chunk", "i": i}, data))  # prefix + header; body paced below
+            conn.sendall(encode_frame(to_header(Chunk(i=i)), data))  # prefix + header; body paced below
             self._send_paced(conn, data, peer)
             self.served_chunks += 1
 
@@ -401,7 +415,8 @@ class RelayNode:
                             up.node_id, asm.ready, manifest.n_chunks, e.reason)
                 if pending_repair is not None:  # the previous repair never delivered a chunk
                     pending_repair.pop("_t", None)
-                pending_repair = {"parent": up.node_id, "reason": e.reason, "chunk": asm.ready, "_t": last_good}
+                reason = clip(e.reason)  # it travels in a bounded `received` field
+                pending_repair = {"parent": up.node_id, "reason": reason, "chunk": asm.ready, "_t": last_good}
                 report.repairs.append(pending_repair)
                 continue
             finally:
@@ -423,21 +438,19 @@ class RelayNode:
             raise _ParentFailed(f"unreachable ({e.__class__.__name__})") from None
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            hello, _ = recv_frame(sock, 0)
-            if hello.get("type") != "challenge" or not isinstance(hello.get("nonce"), bytes):
-                raise ProtocolError(f"expected a challenge, got {hello.get('type')!r}")
-            mac = auth_mac(self.token, hello["nonce"])
-            send_frame(sock, {"type": "fetch", "node_id": self.node_id, "mac": mac, "version": m.version, "start": asm.ready})
+            challenge = parse(recv_frame(sock, 0)[0], (Challenge,))
+            mac = auth_mac(self.token, challenge.nonce)
+            send_frame(sock, to_header(Fetch(node_id=self.node_id, mac=mac, version=m.version, start=asm.ready)))
             while asm.ready < m.n_chunks:
                 if asm.failed:
                     raise _ParentFailed("superseded")
                 header, plen = recv_frame(sock, m.chunk_bytes)
-                kind = header["type"]
-                if kind == "wait":
+                msg = parse(header, (Chunk, Wait, Unavailable, Refused))
+                if isinstance(msg, Wait):
                     continue
-                if kind != "chunk":
-                    raise _ParentFailed(kind if kind in ("unavailable", "refused") else f"unexpected {kind!r}")
-                i, (a, b) = header.get("i"), m.span(asm.ready)
+                if not isinstance(msg, Chunk):
+                    raise _ParentFailed(msg.type)  # unavailable, refused
+                i, (a, b) = msg.i, m.span(asm.ready)
                 if i != asm.ready or plen != b - a:
                     raise ProtocolError(f"chunk {i!r} of {plen} bytes, expected chunk {asm.ready} of {b - a}")
                 t = time.monotonic()

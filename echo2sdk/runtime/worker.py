@@ -12,26 +12,54 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import socket
 import time
 import zlib
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
-from echo2sdk.runtime.relay import Assembly, RelayNode, Upstream
-from echo2sdk.runtime.delivery import snapshot_frame_ok
 from echo2sdk.core.contracts import InferenceBackend, SamplingParams, Task, TaskAdapter, is_episodic
+from echo2sdk.core.episodes import EpisodeStats, play_episodes
 from echo2sdk.core.records import Message, Meta, Trajectory
+from echo2sdk.errors import AuthError, BackendError, ConfigError, ProtocolError
+from echo2sdk.runtime.delivery import snapshot_frame_ok
+from echo2sdk.runtime.messages import (
+    MAX_ID,
+    Ack,
+    Challenge,
+    GetTasks,
+    Heartbeat,
+    Hello,
+    Installed,
+    Received,
+    Refused,
+    Shutdown,
+    Snapshot,
+    SnapshotPlan,
+    SnapshotRejected,
+    Tasks,
+    Trajectories,
+    Welcome,
+    WireMessage,
+    WireTask,
+    WorkerConfig,
+    clip,
+    parse,
+    to_header,
+)
+from echo2sdk.runtime.relay import Assembly, RelayNode, Upstream
 from echo2sdk.runtime.wire import auth_mac, read_frame, write_frame
-from echo2sdk.errors import AuthError, BackendError, ProtocolError
 
 __all__ = ["RolloutWorker", "run_worker", "parse_address"]
 
 log = logging.getLogger("echo2sdk.worker")
 
 STALE_WAIT_S = 60.0  # the longest a worker waits for a snapshot it knows of before generating under its own
+FROM_COORDINATOR = (Tasks, Ack, Snapshot, SnapshotPlan, Shutdown)
+R = TypeVar("R", Tasks, Ack)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -59,6 +87,10 @@ class RolloutWorker:
         self.host, self.port = parse_address(connect)
         self.token = token
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        if len(self.worker_id) > MAX_ID:
+            raise ConfigError(f"worker id {self.worker_id!r} is longer than {MAX_ID} characters")
+        if not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+            raise ConfigError(f"price_per_hour = {price_per_hour!r} must be a finite number >= 0")
         self.price_per_hour, self.max_batches = price_per_hour, max_batches
         self.connect_timeout_s = connect_timeout_s
         # a lost coordinator connection (a WAN blip, or a timeout while this machine was overloaded) is
@@ -76,9 +108,11 @@ class RolloutWorker:
         self._received_version = 0
         self.backend: InferenceBackend | None = None
         self.adapter: TaskAdapter | None = None
-        # the newest snapshot not yet installed: its bytes (direct push), or its assembly in the relay, acquired
-        # there so the verified buffer is installed in place (no copy) and never recycled before that
-        self._pending: tuple[dict[str, Any], bytes | Assembly] | None = None
+        self.max_len: int | None = None  # the learner's prompt + response limit (episodes stop short of it)
+        self.episode_stats = EpisodeStats()  # counters of the episodes this worker played (episodic adapters)
+        # the newest snapshot not yet installed: (version, its bytes (direct push), or its assembly in the relay,
+        # acquired there so the verified buffer is installed in place (no copy) and never recycled before that)
+        self._pending: tuple[int, bytes | Assembly] | None = None
         self._waiters: dict[int, asyncio.Future] = {}
         self._rids = itertools.count(1)
         self._stop = asyncio.Event()
@@ -147,37 +181,18 @@ class RolloutWorker:
             self.relay = RelayNode(
                 self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps
             )
-        challenge, _ = await read_frame(reader)
-        if challenge["type"] != "challenge" or not isinstance(challenge.get("nonce"), bytes):
-            raise ProtocolError(f"expected a challenge, got {challenge['type']!r}")
-        await self._send(
-            {
-                "type": "hello",
-                "worker_id": self.worker_id,
-                "session": self.session,
-                "mac": auth_mac(self.token, challenge["nonce"]),
-                "price_per_hour": self.price_per_hour,
-                "relay_port": self.relay.port if self.relay_enabled else None,
-                "version": self.version,
-            }
-        )
-        welcome, _ = await read_frame(reader)
-        if welcome["type"] == "refused":
-            raise AuthError(f"coordinator refused worker {self.worker_id!r}: {welcome.get('reason')}")
-        if welcome["type"] != "welcome":
-            raise ProtocolError(f"expected welcome, got {welcome['type']!r}")
-        self.worker_id, cfg = welcome["worker_id"], welcome["config"]
-        if isinstance(welcome.get("version"), int):
-            self._newest = max(self._newest, welcome["version"])
+        welcome = await self._handshake(reader)
+        self.worker_id, cfg = welcome.worker_id, welcome.config
+        self._newest = max(self._newest, welcome.version)
         self.relay.node_id = self.worker_id
-        bcast = welcome.get("broadcast") or {}
-        self._public_key = bcast.get("public_key")
-        if isinstance(bcast.get("stall_timeout_s"), (int, float)) and bcast["stall_timeout_s"] > 0:
-            self.relay.stall_timeout_s = float(bcast["stall_timeout_s"])
+        bcast = welcome.broadcast
+        self._public_key = bcast.public_key if bcast is not None else None
+        if bcast is not None and bcast.stall_timeout_s is not None:
+            self.relay.stall_timeout_s = bcast.stall_timeout_s
         self.joins += 1
         log.info("worker %s %s %s:%d", self.worker_id, "joined" if self.joins == 1 else "re-joined", self.host, self.port)
         reader_task = asyncio.create_task(self._read_loop(reader))
-        beat = asyncio.create_task(self._heartbeat(float(cfg.get("heartbeat_s", 1.0))))  # alive while loading
+        beat = asyncio.create_task(self._heartbeat(cfg.heartbeat_s))  # alive while loading
         try:
             if self.relay_only:
                 await self._stop.wait()
@@ -191,60 +206,81 @@ class RolloutWorker:
             self._writer.close()
         return not self._shutdown and (not self._batches_done or self._held is not None)
 
-    def _setup(self, cfg: dict[str, Any]) -> None:
+    async def _handshake(self, reader: asyncio.StreamReader) -> Welcome:
+        """Answer the coordinator's challenge; its welcome, or AuthError when it refused us."""
+        assert self.relay is not None
+        challenge = parse((await read_frame(reader))[0], (Challenge,))
+        await self._send(
+            Hello(
+                worker_id=self.worker_id,
+                session=self.session,
+                mac=auth_mac(self.token, challenge.nonce),
+                price_per_hour=self.price_per_hour,
+                relay_port=self.relay.port if self.relay_enabled else None,
+                version=self.version,
+            )
+        )
+        welcome = parse((await read_frame(reader))[0], (Welcome, Refused))
+        if isinstance(welcome, Refused):
+            raise AuthError(f"coordinator refused worker {self.worker_id!r}: {welcome.reason}")
+        return welcome
+
+    def _setup(self, cfg: WorkerConfig) -> None:
         from echo2sdk.plugins import load_adapter, load_backend_class
 
-        self.adapter = load_adapter(cfg["adapter"], cfg.get("adapter_options") or {})
-        model = cfg["model_path"] if os.path.isdir(cfg.get("model_path", "")) else cfg["model"]
-        backend_cls = load_backend_class(cfg["backend"])
-        self.backend = backend_cls(model, **(cfg.get("backend_options") or {}))
-        self.max_len = cfg.get("max_len")  # the learner's prompt + response limit (episodes stop short of it)
+        self.adapter = load_adapter(cfg.adapter, cfg.adapter_options)
+        model = cfg.model_path if cfg.model_path and os.path.isdir(cfg.model_path) else cfg.model
+        backend_cls = load_backend_class(cfg.backend)
+        self.backend = backend_cls(model, **cfg.backend_options)
+        self.max_len = cfg.max_len
 
-    async def _send(self, header: dict[str, Any]) -> None:
-        await write_frame(self._writer, header)
+    async def _send(self, msg: WireMessage) -> None:
+        await write_frame(self._writer, to_header(msg))
 
-    async def _notify(self, header: dict[str, Any]) -> None:
+    async def _notify(self, msg: WireMessage) -> None:
         """A report the coordinator can live without (it re-sends the latest snapshot when we re-join)."""
         try:
-            await self._send(header)
+            await self._send(msg)
         except (ConnectionError, OSError) as e:
-            log.debug("could not report %s: %s", header.get("type"), e)
+            log.debug("could not report %s: %s", msg.type, e)
 
-    async def _request(self, header: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    async def _request(self, msg: WireMessage, reply: type[R], timeout: float = 60.0) -> R:
+        """Send `msg` under a fresh request id and wait for the coordinator's `reply` to it."""
         if self._stop.is_set():  # the read loop has ended: nobody would ever answer (it fails the waiters it saw)
             raise ConnectionError("coordinator connection closed")
         rid = next(self._rids)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters[rid] = fut
         try:
-            await self._send({**header, "rid": rid})
-            return await asyncio.wait_for(fut, timeout)
+            await self._send(msg.model_copy(update={"rid": rid}))
+            answer = await asyncio.wait_for(fut, timeout)
         finally:
             self._waiters.pop(rid, None)
+        if not isinstance(answer, reply):
+            raise ProtocolError(f"coordinator answered {msg.type} with {answer.type}, not {reply.__name__}")
+        return answer
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
                 header, payload = await read_frame(reader)
-                kind = header["type"]
-                if kind in ("snapshot", "snapshot_plan"):
-                    v = header.get("version") if kind == "snapshot" else (header.get("manifest") or {}).get("version")
-                    if isinstance(v, int):
-                        self._newest = max(self._newest, v)
-                if kind == "snapshot":
-                    if (why := snapshot_frame_ok(header, payload)) is not None:
-                        log.warning("dropping snapshot v%s: %s", header.get("version"), why)
-                        await self._notify({"type": "snapshot_rejected", "version": header.get("version"), "reason": why})
-                    elif self._pending is None or header["version"] > self._pending[0]["version"]:
-                        self._set_pending(header, payload)
-                elif kind == "snapshot_plan":
-                    asyncio.get_running_loop().create_task(self._fetch(header))
-                elif kind == "shutdown":
+                msg = parse(header, FROM_COORDINATOR)
+                if isinstance(msg, Snapshot):
+                    self._newest = max(self._newest, msg.version)
+                    if (why := snapshot_frame_ok(msg, payload)) is not None:
+                        log.warning("dropping snapshot v%s: %s", msg.version, why)
+                        await self._notify(SnapshotRejected(version=msg.version, reason=why))
+                    elif self._pending is None or msg.version > self._pending[0]:
+                        self._set_pending(msg.version, payload)
+                elif isinstance(msg, SnapshotPlan):
+                    self._newest = max(self._newest, msg.manifest.version)
+                    asyncio.get_running_loop().create_task(self._fetch(msg))
+                elif isinstance(msg, Shutdown):
                     self._shutdown = True
                     self._stop.set()
                     return
-                elif (fut := self._waiters.get(header.get("rid"))) is not None and not fut.done():
-                    fut.set_result(header)
+                elif (fut := self._waiters.get(msg.rid)) is not None and not fut.done():
+                    fut.set_result(msg)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             log.warning("lost the connection to the coordinator")
         except ProtocolError as e:
@@ -254,75 +290,69 @@ class RolloutWorker:
             if not fut.done():
                 fut.set_exception(ConnectionError("coordinator connection closed"))
 
-    async def _fetch(self, plan: dict[str, Any]) -> None:
+    async def _fetch(self, plan: SnapshotPlan) -> None:
         """Chain broadcast: verify the signed manifest, pull the chunks from the upstream list (forwarding
         each to our own children as it lands), then queue the snapshot for install."""
         assert self.relay is not None
         try:
-            manifest = Manifest.from_wire(plan.get("manifest"))
+            manifest = Manifest.from_wire(plan.manifest.model_dump())
             if self._public_key is None:
                 raise ProtocolError("no broadcast public key was given at join time")
             verify_manifest(manifest, self._public_key)
-            # a learner bound to a wildcard address is reached where we reach the coordinator
-            upstream = [
-                Upstream(str(u[0]), self.host if u[1] in ("0.0.0.0", "::", "") else str(u[1]), int(u[2]))
-                for u in plan.get("upstream") or ()
-            ]
-            if not upstream:
-                raise ProtocolError("snapshot_plan without an upstream node")
-        except (ProtocolError, TypeError, ValueError, IndexError) as e:
+        except ProtocolError as e:
             log.warning("refusing snapshot plan: %s", e)
-            await self._notify({"type": "snapshot_rejected", "version": plan.get("manifest", {}).get("version"), "reason": str(e)})
+            await self._notify(SnapshotRejected(version=plan.manifest.version, reason=clip(str(e))))
             return
+        # a learner bound to a wildcard address is reached where we reach the coordinator
+        upstream = [Upstream(node, self.host if host in ("0.0.0.0", "::", "") else host, port)
+                    for node, host, port in plan.upstream]
         report = await asyncio.to_thread(self.relay.fetch, manifest, upstream)
-        await self._notify({"type": "received", **report.to_wire()})
+        await self._notify(Received(**report.to_wire()))
         asm = self.relay.acquire(manifest.version) if report.ok else None
         if asm is None:
             log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, report.repairs)
             return
-        if not self.relay_only and (self._pending is None or manifest.version > self._pending[0]["version"]):
-            self._set_pending({"version": manifest.version}, asm)
+        if not self.relay_only and (self._pending is None or manifest.version > self._pending[0]):
+            self._set_pending(manifest.version, asm)
         else:
             self.relay.release(asm)
         if self.relay_only:
             self._received_version = max(self._received_version, manifest.version)
-            await self._notify({"type": "installed", "version": manifest.version, "install_s": 0.0})
+            await self._notify(Installed(version=manifest.version))
 
     async def _heartbeat(self, every: float) -> None:
         while not self._stop.is_set():
-            await self._notify(
-                {"type": "heartbeat", "version": self.version, "rollouts": self._done, "rollouts_per_s": self._rate}
-            )
+            await self._notify(Heartbeat(version=self.version, rollouts=self._done, rollouts_per_s=self._rate))
             await asyncio.sleep(every)
 
-    def _set_pending(self, header: dict[str, Any], payload: bytes | Assembly) -> None:
+    def _set_pending(self, version: int, payload: bytes | Assembly) -> None:
         if self._pending is not None and isinstance(self._pending[1], Assembly):
             self.relay.release(self._pending[1])  # type: ignore[union-attr]
-        self._pending = (header, payload)
+        self._pending = (version, payload)
 
     async def _install_pending(self) -> None:
         if self._pending is None or self.backend is None:
             return
-        header, payload = self._pending
+        version, payload = self._pending
         self._pending = None
         t0 = time.perf_counter()
         try:
-            if header["version"] <= self.version:
+            if version <= self.version:
                 return
             weights = payload.view if isinstance(payload, Assembly) else payload
-            await asyncio.to_thread(self.backend.install, header["version"], weights)
+            await asyncio.to_thread(self.backend.install, version, weights)
         except BackendError as e:
-            log.warning("snapshot v%s refused by the backend: %s", header["version"], e)
-            await self._notify({"type": "snapshot_rejected", "version": header["version"], "reason": str(e)})
+            log.warning("snapshot v%s refused by the backend: %s", version, e)
+            await self._notify(SnapshotRejected(version=version, reason=clip(str(e))))
             return
         finally:
             if isinstance(payload, Assembly):
                 self.relay.release(payload)  # type: ignore[union-attr]
-        await self._notify({"type": "installed", "version": self.version, "install_s": time.perf_counter() - t0})
+        await self._notify(Installed(version=self.version, install_s=time.perf_counter() - t0))
 
-    async def _rollout_loop(self, cfg: dict[str, Any]) -> None:
-        n, per_request = int(cfg["group_size"]), int(cfg["tasks_per_request"])
-        base = SamplingParams(**cfg["sampling"])
+    async def _rollout_loop(self, cfg: WorkerConfig) -> None:
+        n, per_request = cfg.group_size, cfg.tasks_per_request
+        base = SamplingParams(**cfg.sampling.model_dump())
         seed0 = zlib.crc32(self.worker_id.encode()) << 20  # distinct, reproducible streams per worker
         while True:
             if self._stop.is_set():
@@ -335,15 +365,15 @@ class RolloutWorker:
             if self._batches_done:
                 return
             await self._install_pending()
-            if await self._too_stale(cfg.get("staleness")):
+            if await self._too_stale(cfg.staleness):
                 continue
             batch, self._batch = self._batch, self._batch + 1  # counts on across re-joins
             params = replace(base, seed=seed0 + batch) if base.seed is None else base
             try:
-                reply = await self._request({"type": "get_tasks", "n": per_request})
-            except (ConnectionError, TimeoutError):
+                reply = await self._request(GetTasks(n=per_request), Tasks)
+            except (ConnectionError, TimeoutError, ProtocolError):
                 return
-            tasks = [_task(t) for t in reply["tasks"]]
+            tasks = [_task(t) for t in reply.tasks]
             if not tasks:
                 await asyncio.sleep(0.5)
                 continue
@@ -356,11 +386,11 @@ class RolloutWorker:
             if not await self._push(f"{self.session}:{batch}", groups):
                 return
 
-    async def _too_stale(self, staleness: Any) -> bool:
+    async def _too_stale(self, staleness: int | None) -> bool:
         """True (after a short wait) while a snapshot more than S versions ahead of the installed one is on
         its way: records generated now would be older than v_t - S on arrival and rejected (a late joiner,
         or a worker back from a freeze). Gives up waiting after STALE_WAIT_S, in case no snapshot comes."""
-        if not isinstance(staleness, int) or self._newest - self.version <= staleness:
+        if staleness is None or self._newest - self.version <= staleness:
             self._stale_since = None
             return False
         now = time.monotonic()
@@ -377,15 +407,15 @@ class RolloutWorker:
         after the re-join under the same id: the coordinator admits a batch once (staleness is judged
         then, as for any record), so nothing generated is lost and nothing is counted twice."""
         try:
-            ack = await self._request({"type": "trajectories", "batch": batch_id, "groups": groups})
-        except (ConnectionError, TimeoutError):
+            ack = await self._request(Trajectories(batch=batch_id, groups=groups), Ack)
+        except (ConnectionError, TimeoutError, ProtocolError):
             self._held = (batch_id, groups)
             return False
         self._held = None
-        if ack.get("duplicate"):
+        if ack.duplicate:
             log.info("batch %s had reached the coordinator before the connection was lost", batch_id)
-        if ack.get("rejected"):
-            log.warning("coordinator rejected %d group(s): %s", len(ack["rejected"]), ack["rejected"])
+        if ack.rejected:
+            log.warning("coordinator rejected %d group(s): %s", len(ack.rejected), list(ack.rejected))
         return True
 
     def _rollout(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
@@ -419,8 +449,6 @@ class RolloutWorker:
     def _rollout_episodes(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
         """Play n episodes per task under v-hat, one record per episode (see echo2sdk.core.episodes). A
         sandbox that raises becomes a recorded failed episode; the worker goes on."""
-        from echo2sdk.core.episodes import play_episodes
-
         assert self.backend is not None and self.adapter is not None
         groups = play_episodes(
             self.backend,
@@ -430,23 +458,14 @@ class RolloutWorker:
             params,
             version=self.backend.version,
             worker_id=self.worker_id,
-            max_len=getattr(self, "max_len", None),
+            max_len=self.max_len,
             stats=self.episode_stats,
         )
         return [[t.to_wire() for t in g] for g in groups]
 
-    @property
-    def episode_stats(self):
-        """Counters of the episodes this worker played (episodes, failed, dropped groups, fallbacks)."""
-        from echo2sdk.core.episodes import EpisodeStats
 
-        if not hasattr(self, "_episode_stats"):
-            self._episode_stats = EpisodeStats()
-        return self._episode_stats
-
-
-def _task(obj: dict[str, Any]) -> Task:
-    return Task(id=obj["id"], messages=tuple(obj["messages"]), answer=obj.get("answer", ""), info=obj.get("info") or {})
+def _task(t: WireTask) -> Task:
+    return Task(id=t.id, messages=t.messages, answer=t.answer, info=t.info)
 
 
 def run_worker(connect: str, token: str, **kwargs: Any) -> int:

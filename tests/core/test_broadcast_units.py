@@ -20,6 +20,7 @@ from echo2sdk.core.broadcast.planner import (
     plan_chains,
 )
 from echo2sdk.runtime.relay import HASH_BLOCK, RelayNode, TokenBucket, Upstream, _recv_hashed
+from echo2sdk.runtime.wire import auth_mac, recv_frame, send_frame
 from echo2sdk.errors import ProtocolError
 
 TOKEN = "relay-secret"
@@ -320,6 +321,37 @@ def test_wrong_token_is_refused_by_a_relay(nodes):
         assert not r.ok and r.repairs[0]["reason"] == "refused" and src.refused == 1
     finally:
         intruder.close()
+
+
+def test_a_malformed_fetch_is_refused_and_a_parent_speaking_garbage_is_repaired_around(nodes):
+    data = os.urandom(2 * CHUNK)
+    m = build_manifest(data, 1, CHUNK, Signer())
+    src = nodes(SOURCE)
+    src.publish(m, data)
+    with socket.create_connection((src.host, src.port), timeout=5) as s:  # right token, start out of range
+        challenge, _ = recv_frame(s, 0)
+        mac = auth_mac(TOKEN, challenge["nonce"])
+        send_frame(s, {"type": "fetch", "node_id": "odd", "mac": mac, "version": 1, "start": -1})
+        reply, _ = recv_frame(s, 0)
+    assert reply == {"type": "refused", "reason": "authentication failed"} and src.refused == 1
+
+    garbage = socket.create_server(("127.0.0.1", 0))  # authenticates, then sends a chunk header with a bad index
+
+    def serve() -> None:
+        conn, _ = garbage.accept()
+        with conn:
+            send_frame(conn, {"type": "challenge", "nonce": os.urandom(32)})
+            recv_frame(conn, 0)
+            send_frame(conn, {"type": "chunk", "i": "zero"})
+            conn.recv(1)  # until the child hangs up
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        r = nodes("child").fetch(m, [Upstream("garbage", "127.0.0.1", garbage.getsockname()[1]), _up(src)])
+    finally:
+        garbage.close()
+    assert r.ok and r.parent == SOURCE and r.repairs[0]["parent"] == "garbage"
+    assert r.repairs[0]["reason"].startswith("protocol: chunk message: field 'i' = 'zero'")
 
 
 def test_token_bucket_paces_at_the_set_rate():

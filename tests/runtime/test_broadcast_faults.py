@@ -17,6 +17,7 @@ from echo2sdk.core.broadcast.manifest import Signer
 from echo2sdk.core.broadcast.planner import SOURCE
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime.coordinator import Coordinator
+from echo2sdk.runtime.messages import BroadcastInfo
 from echo2sdk.testing import ToyAdapter
 
 pytestmark = pytest.mark.integration
@@ -150,7 +151,7 @@ class _ForgingBroadcast(ChainBroadcast):
     """Announces one key at join time but signs manifests with another (a forger on the path)."""
 
     def welcome_info(self):
-        return {"public_key": Signer().public_key}
+        return BroadcastInfo(public_key=Signer().public_key)
 
 
 def test_a_forged_manifest_is_refused_and_nothing_is_installed(fleet, caplog):

@@ -247,6 +247,31 @@ def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
     assert still_registered  # the old connection's clean-up did not unregister the new one
 
 
+def test_malformed_messages_are_refused_or_counted_never_a_crash(coord, caplog):
+    async def scenario():
+        reader, writer = await asyncio.open_connection("127.0.0.1", coord.port)
+        await read_frame(reader)
+        await write_frame(writer, {"type": "hello", "worker_id": "odd", "mac": b"short"})  # a 5-byte MAC
+        refused, _ = await read_frame(reader)
+        writer.close()
+        reader, writer, _ = await _hello(coord.port, "w-bad", "dddd")
+        await write_frame(writer, {"type": "get_tasks", "rid": 1, "n": 0})  # out of range, after authentication
+        closed = await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        reader, writer, _ = await _hello(coord.port, "w-good", "eeee")  # the coordinator serves on
+        await write_frame(writer, {"type": "get_tasks", "rid": 2, "n": 1})
+        tasks, _ = await read_frame(reader)
+        writer.close()
+        return refused, closed, tasks
+
+    refused, closed, tasks = asyncio.run(scenario())
+    assert refused == {"type": "refused", "reason": "authentication failed: malformed hello"}
+    assert coord.refused == 1 and "odd" not in coord.workers
+    assert closed and coord.protocol_errors == 1 and not coord.workers["w-bad"].alive
+    assert "get_tasks message: field 'n' = 0" in caplog.text
+    assert tasks["type"] == "tasks" and tasks["rid"] == 2 and len(tasks["tasks"]) == 1
+
+
 def test_a_resent_batch_is_acknowledged_but_admitted_once(coord):
     """A worker that lost its connection before the ack re-sends the batch after re-joining; the coordinator
     knows its id and does not admit the groups twice."""
@@ -277,17 +302,17 @@ def test_a_batch_whose_push_was_cut_off_is_held_and_pushed_first_after_the_rejoi
     w = RolloutWorker("127.0.0.1:9", "token", worker_id="w-unit")
     sent = []
 
-    async def flaky_request(header, timeout=60.0):
-        sent.append(header)
+    async def flaky_request(msg, reply, timeout=60.0):
+        sent.append(msg)
         if len(sent) == 1:
             raise ConnectionError("lost")
-        return {"type": "ack", "accepted": 3, "rejected": []}
+        return reply(accepted=3)
 
     w._request = flaky_request
     groups = [[{"x": 1}] * 3]
     assert asyncio.run(w._push("s:4", groups)) is False and w._held == ("s:4", groups)
     assert asyncio.run(w._push(*w._held)) is True and w._held is None
-    assert [h["batch"] for h in sent] == ["s:4", "s:4"] and sent[1]["groups"] == groups
+    assert [m.batch for m in sent] == ["s:4", "s:4"] and sent[1].groups == tuple(groups)
 
 
 def test_a_late_joiner_waits_for_the_snapshot_instead_of_generating_stale_records():
@@ -341,7 +366,7 @@ def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s(
         joined = asyncio.Event()
 
         async def handle(reader, writer):
-            await write_frame(writer, {"type": "challenge", "nonce": os.urandom(16)})
+            await write_frame(writer, {"type": "challenge", "nonce": os.urandom(32)})
             hello, _ = await read_frame(reader)
             await write_frame(writer, {"type": "welcome", "worker_id": hello["worker_id"], "config": {"heartbeat_s": 0.2}})
             joined.set()
