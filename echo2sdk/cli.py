@@ -64,6 +64,7 @@ def _plan(args: argparse.Namespace) -> int:
         chunk_mb=args.chunk_mb,
         install_s=args.install_s,
         learner_price_per_hour=args.learner_price,
+        solver=args.solver,
     )
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
     return 0 if plan.feasible else 1
@@ -117,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--chunk-mb", type=float, default=64.0, help="chunk size in MiB (default 64)")
     pl.add_argument("--install-s", type=float, default=0.0, help="seconds from last byte to generating")
     pl.add_argument("--learner-price", type=float, default=0.0, help="$/h of the learner cluster")
+    pl.add_argument("--solver", choices=["exact", "greedy"], default="exact",
+                    help="worker selection: exact min-cost cover (default) or the paper's greedy cheapest-rho prefix")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_plan)
     sm = sub.add_parser("simulate", help="paper-scale experiments on the discrete-event simulator")

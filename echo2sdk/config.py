@@ -18,6 +18,7 @@ __all__ = [
     "RolloutConfig",
     "LearnerConfig",
     "SchedulerConfig",
+    "ProvisioningConfig",
     "RunConfig",
     "load_config",
 ]
@@ -152,6 +153,15 @@ class SchedulerConfig(_Section):
     )
 
 
+class ProvisioningConfig(_Section):
+    """How the initial set of workers is chosen (paper §3.4): echo2sdk.core.provisioning."""
+
+    solver: Literal["exact", "greedy"] = Field(
+        "exact", description="exact: the minimum-cost set of workers reaching mu_target (HiGHS MILP); "
+        "greedy: the paper's cheapest-rho prefix (can cost several times more on mixed catalogs)"
+    )
+
+
 class RunConfig(_Section):
     out: str = Field(
         "runs/latest",
@@ -173,6 +183,7 @@ class Config(_Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    provisioning: ProvisioningConfig = Field(default_factory=ProvisioningConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="after")

@@ -2,9 +2,10 @@
 
 Given T_train, T_bcast (or a snapshot size with the learner uplink B0 and worker link Bw, from which
 the chain model of :mod:`echo2sdk.sim` estimates it), R, S and a worker catalog, it reports
-mu_min(kappa), mu_target = gamma * mu_min, both Delta_max bounds, the cheapest-rho selection
-(:func:`echo2sdk.core.scheduler.select_cheapest`), its cost per hour and per step, the predicted
-learner idle share, and, when the configuration is infeasible, what would fix it.
+mu_min(kappa), mu_target = gamma * mu_min, both Delta_max bounds, the cheapest set of workers that
+reaches mu_target (:func:`echo2sdk.core.provisioning.provision`, the exact solver by default, with the
+paper's greedy rule's cost beside it), its cost per hour and per step, the predicted learner idle
+share, and, when the configuration is infeasible, what would fix it.
 
 Catalog files list machine types, one per row: ``name``, ``price_per_hour`` ($/h), ``mu`` (rollouts/s)
 and optionally ``count`` (default 1) and ``link_mbps``. TOML: ``[[worker]]`` tables; CSV: a header row.
@@ -13,14 +14,16 @@ and optionally ``count`` (default 1) and ``link_mbps``. TOML: ``[[worker]]`` tab
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from echo2sdk.core import capacity
-from echo2sdk.core.scheduler import Selection, WorkerOffer, select_cheapest
+from echo2sdk.core import capacity, checks
+from echo2sdk.core.provisioning import Selection, Solver, WorkerOffer, check_solver, provision
 from echo2sdk.errors import CapacityError, ConfigError
 
 __all__ = [
@@ -166,6 +169,9 @@ class Plan:
     cost_per_step: float = 0.0
     idle_share: float = 0.0
     idle_share_overlap: float = 0.0
+    solver: str = "exact"  # which solver chose the workers: "exact" (min-cost cover) or "greedy" (§3.4)
+    cost_per_hour_workers_exact: float = 0.0  # the workers' $/h as the exact solver picks them
+    cost_per_hour_workers_greedy: float = 0.0  # ... and as the paper's greedy rule picks them
     warnings: list[str] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
 
@@ -178,6 +184,24 @@ def _estimate(n: int, snapshot_gb: float, B0: float | None, Bw: float, chunk_mb:
 
     net = Network(snapshot_bytes=snapshot_gb * GB, B0_mbps=B0, chunk_bytes=chunk_mb * 2**20, install_s=install_s)
     return measure_t_bcast(max(1, n), net, Bw, q)
+
+
+def _t_bcast_model(
+    T_bcast: float | None, snapshot_gb: float | None, B0_mbps: float | None, Bw_mbps: float | None,
+    chunk_mb: float, install_s: float, gamma: float,
+) -> tuple[Callable[[list[WorkerOffer]], float] | None, str]:
+    """(estimate of T_bcast for a set of workers, or None when T_bcast is given; where T_bcast comes from)."""
+    if T_bcast is not None:
+        return None, "given"
+    if snapshot_gb is None or Bw_mbps is None:
+        raise ConfigError("give T_bcast, or snapshot_gb with Bw_mbps (and B0_mbps) to estimate it")
+    capacity.num_chains(B0_mbps, Bw_mbps) if B0_mbps is not None else None  # validates B0 >= Bw
+
+    def estimate(workers: list[WorkerOffer]) -> float:
+        return _estimate(len(workers), snapshot_gb, B0_mbps, Bw_mbps, chunk_mb, install_s, 1 / gamma)
+
+    b0 = B0_mbps if B0_mbps is not None else "unlimited"
+    return estimate, f"chain model: {snapshot_gb:g} GB, B0={b0} Mbit/s, Bw={Bw_mbps:g} Mbit/s"
 
 
 def make_plan(
@@ -195,63 +219,42 @@ def make_plan(
     chunk_mb: float = 64.0,
     install_s: float = 0.0,
     learner_price_per_hour: float = 0.0,
+    solver: Solver = "exact",
 ) -> Plan:
-    """The provisioning decision; see the module docstring. Raises CapacityError / ConfigError naming
-    the bad input; an infeasible configuration is a Plan with feasible=False and fixes, not an error."""
+    """The provisioning decision; see the module docstring. The workers are chosen by `solver`
+    ("exact" or "greedy"); the other solver's cost is reported beside it. Raises CapacityError /
+    ConfigError naming the bad input; an infeasible configuration is a Plan with feasible=False and
+    fixes, not an error."""
     kappa = capacity.publication_period(S, kappa)
     capacity.mu_target(1.0, gamma)  # validates gamma
-    if learner_price_per_hour < 0 or not math.isfinite(learner_price_per_hour):
-        raise CapacityError(f"learner price must be >= 0 $/h, got {learner_price_per_hour!r}")
+    capacity.mu_min(T_train, 0.0, R, kappa)  # validates T_train and R
+    solver = check_solver(solver)
+    checks.real("learner price ($/h)", learner_price_per_hour, lo=0, error=CapacityError)
     offers = expand(catalog)
     if not offers:
         raise ConfigError("the worker catalog is empty")
-    q = 1 / gamma
-    if T_bcast is None:
-        if snapshot_gb is None or Bw_mbps is None:
-            raise ConfigError("give T_bcast, or snapshot_gb with Bw_mbps (and B0_mbps) to estimate it")
-        capacity.num_chains(B0_mbps, Bw_mbps) if B0_mbps is not None else None  # validates B0 >= Bw
-
-        def estimate(n: int) -> float:
-            return _estimate(n, snapshot_gb, B0_mbps, Bw_mbps, chunk_mb, install_s, q)
-
-        source = f"chain model: {snapshot_gb:g} GB, B0={B0_mbps if B0_mbps is not None else 'unlimited'} Mbit/s, Bw={Bw_mbps:g} Mbit/s"
-    else:
-        estimate = None
-        source = "given"
-    tb = T_bcast if T_bcast is not None else estimate(len(offers))  # type: ignore[misc]
-    sel = None
-    for _ in range(12):  # T_bcast depends on how many workers the chain feeds: iterate to a fixed point
-        try:
-            m = capacity.mu_min(T_train, tb, R, kappa)
-        except CapacityError:
-            m = None
-            break
-        sel = select_cheapest(offers, capacity.mu_target(m, gamma))
-        if estimate is None:
-            break
-        nxt = estimate(len(sel.chosen))
-        if abs(nxt - tb) <= 1e-9 * max(1.0, tb):
-            break
-        tb = nxt
-    capacity.mu_min(T_train, 0.0, R, kappa)  # validates T_train and R even when infeasible
+    estimate, source = _t_bcast_model(T_bcast, snapshot_gb, B0_mbps, Bw_mbps, chunk_mb, install_s, gamma)
+    decide = functools.partial(provision, offers, T_train=T_train, R=R, kappa=kappa, gamma=gamma, t_bcast=T_bcast,
+                               estimate_t_bcast=estimate)
+    exact, greedy = decide(solver="exact"), decide(solver="greedy")  # both costs are reported
+    best = exact if solver == "exact" else greedy
+    tb = best.T_bcast
     plan = Plan(T_train=float(T_train), T_bcast=float(tb), T_bcast_source=source, R=float(R), S=S, kappa=kappa,
-                gamma=float(gamma), mu_min=None, mu_target=None, feasible=False)
+                gamma=float(gamma), mu_min=best.mu_min, mu_target=None, feasible=best.feasible, solver=solver,
+                cost_per_hour_workers_exact=exact.selection.cost_per_hour,
+                cost_per_hour_workers_greedy=greedy.selection.cost_per_hour)
     plan.cost_per_hour_learner = float(learner_price_per_hour)
     plan.delta_max_tightened = capacity.delta_max_tightened(T_train, tb, kappa)
-    if m is None:  # the whole catalog is the best it can do; say how much the learner would idle
-        _fill(plan, Selection(chosen=tuple(offers), mu_target=math.inf, mu_pool=sum(o.mu for o in offers),
-                              cost_per_hour=sum(o.price_per_hour for o in offers), feasible=False),
-              {o.name: e for e in catalog for o in e.offers()})
+    sel = best.selection
+    _fill(plan, sel, {o.name: e for e in catalog for o in e.offers()})
+    if best.mu_min is None:  # the whole catalog is the best it can do; say how much the learner would idle
         plan.warnings.append(
             f"infeasible: kappa*T_train = {kappa}*{T_train:g} s = {kappa * T_train:g} s <= T_bcast = {tb:g} s; "
             "no number of workers can keep the learner busy"
         )
         _fixes(plan, catalog, offers, estimate, learner_price_per_hour)
         return plan
-    assert sel is not None
-    plan.mu_min, plan.mu_target = m, sel.mu_target
-    _fill(plan, sel, {o.name: e for e in catalog for o in e.offers()})
-    plan.feasible = sel.feasible
+    plan.mu_target = sel.mu_target
     if not sel.feasible:
         plan.warnings.append(
             f"infeasible: the whole catalog delivers mu_pool = {sel.mu_pool:.4g} rollouts/s < mu_target = "
@@ -267,7 +270,7 @@ def make_plan(
     return plan
 
 
-def _fill(plan: Plan, sel: Any, origin: dict[str, CatalogEntry]) -> None:
+def _fill(plan: Plan, sel: Selection, origin: dict[str, CatalogEntry]) -> None:
     counts: dict[str, int] = {}
     for o in sel.chosen:
         counts[origin[o.name].name] = counts.get(origin[o.name].name, 0) + 1
@@ -339,6 +342,12 @@ def format_plan(plan: Plan) -> str:
         out.append(
             f"cost      ${plan.cost_per_hour:.4g}/h (workers ${plan.cost_per_hour_workers:.4g}/h + learner "
             f"${plan.cost_per_hour_learner:.4g}/h), ${plan.cost_per_step:.4g} per step"
+        )
+        exact, greedy = plan.cost_per_hour_workers_exact, plan.cost_per_hour_workers_greedy
+        saving = 1 - exact / greedy if greedy > 0 else 0.0
+        out.append(
+            f"solver    exact ${exact:.4g}/h vs greedy ${greedy:.4g}/h: saves {100 * saving:.1f}% "
+            f"(workers; this plan uses {plan.solver})"
         )
     out.append(
         f"learner   predicted idle share {100 * plan.idle_share:.1f}% (eq. 1: no rollouts while a snapshot "

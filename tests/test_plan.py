@@ -12,7 +12,7 @@ import pytest
 from echo2sdk.core import capacity
 from echo2sdk.sim import GB, Network, measure_t_bcast
 from echo2sdk.errors import CapacityError, ConfigError
-from echo2sdk.plan import CatalogEntry, idle_share, idle_share_overlap, load_catalog, make_plan
+from echo2sdk.plan import CatalogEntry, format_plan, idle_share, idle_share_overlap, load_catalog, make_plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -70,6 +70,20 @@ def test_plan_numbers_follow_the_capacity_rule():
     assert p.delta_max_conservative == capacity.delta_max_conservative(1631.2, 1437.0, 2048, 2, 9 * 0.28)
 
 
+def test_plan_reports_both_solvers_and_uses_the_chosen_one():
+    cat = [CatalogEntry("b", 0.55, 4.5), CatalogEntry("d", 0.12, 0.7)]
+    # mu_min = 2 * 12 / (2 * 100 - 10) = 0.1263, mu_target = 0.139: d alone suffices, greedy takes b (lower rho)
+    exact = make_plan(cat, T_train=100.0, R=12, S=3, T_bcast=10.0)
+    greedy = make_plan(cat, T_train=100.0, R=12, S=3, T_bcast=10.0, solver="greedy")
+    assert [c["name"] for c in exact.chosen] == ["d"] and [c["name"] for c in greedy.chosen] == ["b"]
+    for p in (exact, greedy):
+        assert p.cost_per_hour_workers_exact == pytest.approx(0.12)
+        assert p.cost_per_hour_workers_greedy == pytest.approx(0.55)
+    assert exact.solver == "exact" and exact.cost_per_hour_workers == pytest.approx(0.12)
+    assert greedy.cost_per_hour_workers == pytest.approx(0.55)
+    assert "solver    exact $0.12/h vs greedy $0.55/h: saves 78.2% (workers; this plan uses exact)" in format_plan(exact)
+
+
 def test_t_bcast_is_estimated_with_the_simulators_chain_model():
     p = make_plan(CAT, T_train=1631.2, R=2048, S=3, snapshot_gb=16.38, B0_mbps=600, Bw_mbps=100, install_s=30)
     net = Network(snapshot_bytes=16.38 * GB, B0_mbps=600, install_s=30)
@@ -120,6 +134,8 @@ def test_a_catalog_too_small_is_infeasible_with_three_fixes():
         ({"kappa": 3}, CapacityError, r"kappa must be an integer in \[1, S - 1 = 2\] \(paper section 4.1\), got kappa=3"),
         ({"T_bcast": None}, ConfigError, "give T_bcast, or snapshot_gb"),
         ({"T_train": -5.0}, CapacityError, "T_train must be > 0, got T_train=-5.0"),
+        ({"solver": "lp"}, CapacityError, "solver must be 'exact' or 'greedy', got solver='lp'"),
+        ({"learner_price_per_hour": -1.0}, CapacityError, r"learner price \(\$/h\) must be >= 0, got .*=-1.0"),
     ],
 )
 def test_bad_plan_inputs_are_named(kwargs, error, message):
@@ -138,6 +154,10 @@ def test_cli_plan_prints_json_and_signals_infeasible_plans():
     assert ok.returncode == 0, ok.stderr
     data = json.loads(ok.stdout)
     assert data["feasible"] and data["chosen"][0]["count"] == 9
+    assert data["solver"] == "exact" and data["cost_per_hour_workers_greedy"] == pytest.approx(9 * 0.35)
+    mixed = _cli("--catalog", str(EXAMPLES / "catalog_mixed.toml"), "--t-train", "1631.2", "--R", "2048", "--S", "3",
+                 "--t-bcast", "1437", "--solver", "greedy")
+    assert mixed.returncode == 0 and "solver    exact $" in mixed.stdout and "this plan uses greedy" in mixed.stdout
     bad = _cli("--catalog", cat, "--t-train", "1000", "--R", "2048", "--S", "3", "--t-bcast", "2500")
     assert bad.returncode == 1 and "feasible  NO" in bad.stdout and "fix" in bad.stdout
     err = _cli("--catalog", "missing.csv", "--t-train", "1", "--R", "2", "--S", "3", "--t-bcast", "0")

@@ -9,9 +9,11 @@ Symbols as in the paper:
 - ``mu_pool(t) = sum_{i in A} a_i(t) * mu_i(t)`` over the active set A (eq. (4))
 - ``mu_target = gamma * mu_min(kappa)`` with mu_min from :func:`echo2sdk.core.capacity.mu_min`
 
-Static provisioning (§3.4) is :func:`select_cheapest`: rank workers by increasing rho and activate the
-cheapest prefix whose summed throughput reaches mu_target. :func:`select_random` is the paper's
-"w/o Cost" ablation (uniform random activation that still targets full overlap).
+Static provisioning (§3.4), the initial decision of :meth:`Scheduler.provision`, is
+:func:`echo2sdk.core.provisioning.select`: the minimum-cost set of workers whose summed throughput
+reaches mu_target (``solver="exact"``, the default) or the paper's cheapest-rho prefix
+(``solver="greedy"``). ``order="random"`` is the paper's "w/o Cost" ablation (uniform random
+activation that still targets full overlap).
 
 The closed loop (:class:`Scheduler`, C.2.1) acts only on a *sustained* deviation: capacity below the
 target for ``sustain_s`` activates the lowest-rho standby workers until the target is met again;
@@ -32,22 +34,16 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from echo2sdk.core import capacity
+from echo2sdk.core import capacity, checks
+from echo2sdk.core.provisioning import Solver, WorkerOffer, check_solver, select
 from echo2sdk.errors import CapacityError
 
 __all__ = [
-    "WorkerOffer",
-    "Selection",
     "Action",
     "Scheduler",
-    "unit_cost",
-    "by_unit_cost",
-    "select_cheapest",
-    "select_random",
     "STANDBY",
     "ACTIVE",
     "FAILED",
@@ -59,120 +55,7 @@ _REL = 1e-9  # relative tolerance when comparing a capacity against the target
 
 
 def _number(name: str, value: object, *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise CapacityError(f"{name} must be a finite number, got {name}={value!r}")
-    if value < 0 or (positive and value == 0):
-        raise CapacityError(f"{name} must be {'> 0' if positive else '>= 0'}, got {name}={value!r}")
-    return float(value)
-
-
-def unit_cost(price_per_hour: float, mu: float) -> float:
-    """rho_i = c_i / mu_i, in $/h per (rollout/s)."""
-    return _number("price_per_hour", price_per_hour, positive=False) / _number("mu", mu)
-
-
-@dataclass(frozen=True)
-class WorkerOffer:
-    """A worker that can be activated: its name, price c_i ($/h) and throughput mu_i (rollouts/s)."""
-
-    name: str
-    price_per_hour: float
-    mu: float
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise CapacityError(f"worker name must be a non-empty string, got name={self.name!r}")
-        _number(f"price_per_hour of worker {self.name!r}", self.price_per_hour, positive=False)
-        _number(f"mu of worker {self.name!r}", self.mu)
-
-    @property
-    def rho(self) -> float:
-        return self.price_per_hour / self.mu
-
-
-def by_unit_cost(offers: Iterable[WorkerOffer]) -> list[WorkerOffer]:
-    """Offers by increasing rho; ties by lower price, then name (deterministic)."""
-    return sorted(offers, key=lambda o: (o.rho, o.price_per_hour, o.name))
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which workers a provisioning rule activates, and whether they reach mu_target."""
-
-    chosen: tuple[WorkerOffer, ...]
-    mu_target: float
-    mu_pool: float
-    cost_per_hour: float
-    feasible: bool
-
-    @property
-    def shortfall(self) -> float:
-        """Rollouts/s missing to reach mu_target (0 when feasible)."""
-        return max(0.0, self.mu_target - self.mu_pool)
-
-    @property
-    def names(self) -> list[str]:
-        return [o.name for o in self.chosen]
-
-
-def _prefix(ordered: Sequence[WorkerOffer], mu_target: float) -> Selection:
-    mu_target = _number("mu_target", mu_target)
-    chosen: list[WorkerOffer] = []
-    pool = 0.0
-    for o in ordered:
-        if pool >= mu_target * (1 - _REL):
-            break
-        chosen.append(o)
-        pool += o.mu
-    return Selection(
-        chosen=tuple(chosen),
-        mu_target=mu_target,
-        mu_pool=pool,
-        cost_per_hour=sum(o.price_per_hour for o in chosen),
-        feasible=pool >= mu_target * (1 - _REL),
-    )
-
-
-def select_cheapest(offers: Iterable[WorkerOffer], mu_target: float) -> Selection:
-    """Paper §3.4: the cheapest-rho prefix whose summed mu reaches mu_target (all of them if none does).
-
-    The last worker of a prefix can overshoot by a lot (a big machine after many small ones); the
-    prefix is then pruned: every chosen worker, most expensive first, is dropped when the rest still
-    reaches mu_target. Pruning never raises the cost and keeps the selection feasible.
-    """
-    sel = _prefix(by_unit_cost(_distinct(offers)), mu_target)
-    if not sel.feasible:
-        return sel
-    kept = list(sel.chosen)
-    pool = sel.mu_pool
-    for o in sorted(sel.chosen, key=lambda o: (-o.price_per_hour, -o.rho, o.name)):
-        if pool - o.mu >= sel.mu_target * (1 - _REL):
-            kept.remove(o)
-            pool -= o.mu
-    return Selection(
-        chosen=tuple(kept),
-        mu_target=sel.mu_target,
-        mu_pool=pool,
-        cost_per_hour=sum(o.price_per_hour for o in kept),
-        feasible=True,
-    )
-
-
-def select_random(offers: Iterable[WorkerOffer], mu_target: float, rng: random.Random) -> Selection:
-    """The "w/o Cost" ablation: a uniformly random order, activated until mu_target is reached."""
-    ordered = sorted(_distinct(offers), key=lambda o: o.name)
-    rng.shuffle(ordered)
-    return _prefix(ordered, mu_target)
-
-
-def _distinct(offers: Iterable[WorkerOffer]) -> list[WorkerOffer]:
-    offers = list(offers)
-    seen: set[str] = set()
-    for o in offers:
-        if o.name in seen:
-            raise CapacityError(f"worker names must be distinct, got {o.name!r} twice")
-        seen.add(o.name)
-    return offers
+    return checks.real(name, value, lo=0, open_lo=positive, error=CapacityError)
 
 
 @dataclass(frozen=True)
@@ -215,6 +98,10 @@ class Scheduler:
         order: "rho" (cost-aware, the paper) or "random" (the w/o-Cost ablation: activate and release
             in a random order).
         seed: for order="random".
+        solver: how :meth:`provision` picks the initial set (order="rho"): "exact" (minimum-cost cover,
+            the default) or "greedy" (the paper's cheapest-rho prefix); see
+            :mod:`echo2sdk.core.provisioning`. The closed loop's later activations and releases go by
+            rho one worker at a time either way.
     """
 
     def __init__(
@@ -230,6 +117,7 @@ class Scheduler:
         boot_timeout_s: float = 600.0,
         order: Literal["rho", "random"] = "rho",
         seed: int = 0,
+        solver: Solver = "exact",
     ) -> None:
         self.gamma = _number("gamma", gamma)
         if self.gamma < 1.0:
@@ -245,6 +133,7 @@ class Scheduler:
         if order not in ("rho", "random"):
             raise CapacityError(f"order must be 'rho' or 'random', got order={order!r}")
         self.order = order
+        self.solver = check_solver(solver)
         self._rng = random.Random(seed)
         self._random_rank: dict[str, float] = {}
         self.workers: dict[str, _Worker] = {}
@@ -422,9 +311,12 @@ class Scheduler:
     # ------------------------------------------------------------------ decisions
 
     def provision(self, now: float) -> list[Action]:
-        """Initial provisioning (§3.4): activate the standby workers that :func:`select_cheapest` picks
-        (by their priors) to reach mu_target together with the workers already active, the same
-        decision `echo2 plan` prints. No hysteresis: this is the deployment decision."""
+        """Initial provisioning (§3.4): activate the standby workers that
+        :func:`echo2sdk.core.provisioning.select` picks with this scheduler's `solver` (by their
+        priors) to reach mu_target together with the workers already active, the same decision
+        `echo2 plan` prints. No hysteresis: this is the deployment decision. The closed loop
+        (:meth:`step`) then activates standby workers in cheapest-rho order, one decision at a time:
+        an incremental top-up, not a re-solve."""
         self._need_target()
         assert self.mu_target is not None
         if self.order == "random":
@@ -434,7 +326,7 @@ class Scheduler:
             offers = [WorkerOffer(n, self.workers[n].price_per_hour, self.workers[n].mu_prior) for n in self.standby()]
             actions = []
             if have < self.mu_target * (1 - _REL) and offers:
-                sel = select_cheapest(offers, self.mu_target - have)
+                sel = select(offers, self.mu_target - have, self.solver)
                 for o in sel.chosen:
                     self._set_state(self.workers[o.name], ACTIVE, now)
                     actions.append(Action("activate", o.name, now, f"initial provisioning; rho={o.rho:.4g}"))

@@ -47,7 +47,9 @@ from echo2sdk.core import capacity
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.records import Meta, Trajectory
-from echo2sdk.core.scheduler import Scheduler, WorkerOffer, select_cheapest, select_random
+from echo2sdk.core.provisioning import SOLVERS, Solver, WorkerOffer
+from echo2sdk.core.provisioning import provision as core_provision
+from echo2sdk.core.scheduler import Scheduler
 from echo2sdk.errors import CapacityError, ConfigError, TrajectoryRejected
 from echo2sdk.sim.network import GB, MBIT, Network, _fanout, _pos, install_times, t_bcast_quantile
 
@@ -66,36 +68,25 @@ def provision(
     link_mbps: Mapping[str, float] | None = None,
     order: Literal["rho", "random"] = "rho",
     rng: random.Random | None = None,
+    solver: Solver = "exact",
 ) -> tuple[list[WorkerOffer], float, bool]:
-    """Choose the workers to activate: the cheapest-rho prefix (or a random one) reaching
-    gamma * mu_min(kappa). When `t_bcast` is None it is measured with the network model on the
-    selection itself, iterating until the selection is stable (T_bcast depends on how many workers
-    receive the snapshot). Returns (chosen, T_bcast, feasible)."""
+    """:func:`echo2sdk.core.provisioning.provision` with T_bcast measured by the network model: the
+    workers reaching gamma * mu_min(kappa) at least cost (by `solver`), or a random set for
+    order="random". When `t_bcast` is None it is the install time of q = 1/gamma of the selection
+    over `net` (links from `link_mbps`, 100 Mbit/s otherwise). Returns (chosen, T_bcast, feasible)."""
     if t_bcast is None and net is None:
         raise ConfigError("provision needs t_bcast or a network model (net) to measure it")
-    rng = rng or random.Random(0)
     links = link_mbps or {}
-    chosen = list(offers)
-    tb = t_bcast
-    seen: set[tuple[str, ...]] = set()
-    for _ in range(12):
-        if t_bcast is None:
-            assert net is not None
-            names = [o.name for o in chosen]
-            times, _ = install_times(names, net, {n: links.get(n, 100.0) for n in names})
-            tb = t_bcast_quantile(times, 0.0, 1 / gamma)
-        assert tb is not None
-        try:
-            target = capacity.mu_target(capacity.mu_min(T_train, tb, R, kappa), gamma)
-        except CapacityError:
-            return list(offers), tb, False
-        sel = select_cheapest(offers, target) if order == "rho" else select_random(offers, target, random.Random(rng.random()))
-        key = tuple(sel.names)
-        if t_bcast is not None or key in seen:
-            return list(sel.chosen), tb, sel.feasible
-        seen.add(key)
-        chosen = list(sel.chosen)
-    return chosen, tb, sel.feasible
+
+    def estimate(workers: list[WorkerOffer]) -> float:
+        assert net is not None
+        names = [o.name for o in workers]
+        times, _ = install_times(names, net, {n: links.get(n, 100.0) for n in names})
+        return t_bcast_quantile(times, 0.0, 1 / gamma)
+
+    p = core_provision(offers, T_train=T_train, R=R, kappa=kappa, gamma=gamma, t_bcast=t_bcast,
+                       estimate_t_bcast=None if t_bcast is not None else estimate, solver=solver, order=order, rng=rng)
+    return p.chosen, p.T_bcast, p.feasible
 
 
 # ==================================================================== simulation inputs
@@ -153,6 +144,7 @@ class SimConfig:
     groups_per_request: int = 1
     rollout_during_bcast: Literal["pause", "overlap"] = "pause"
     activation: Literal["rho", "random", "all"] = "rho"  # "all": every pool worker active, no scheduler
+    solver: Solver = "exact"  # initial selection for activation="rho": "exact" (min-cost cover) or "greedy" (§3.4)
     closed_loop: bool = True
     active: list[str] | None = None  # explicit initial active set (overrides activation's choice)
     heartbeat_s: float = 30.0
@@ -186,6 +178,8 @@ class SimConfig:
             raise ConfigError(f"rollout_during_bcast must be 'pause' or 'overlap', got {self.rollout_during_bcast!r}")
         if self.activation not in ("rho", "random", "all"):
             raise ConfigError(f"activation must be 'rho', 'random' or 'all', got {self.activation!r}")
+        if self.solver not in SOLVERS:
+            raise ConfigError(f"solver must be 'exact' or 'greedy', got solver={self.solver!r}")
         for name in ("heartbeat_s", "window_s", "fail_after_s", "storage_mbps", "relay_timeout_s"):
             _pos(name, getattr(self, name))
         for name in ("T_train_cv", "sustain_s", "release_margin", "boot_s", "learner_price_per_hour"):
@@ -342,7 +336,7 @@ class Simulation:
         else:
             chosen, _, _ = provision(
                 offers, T_train=t_train, R=cfg.R, kappa=cfg.k, gamma=cfg.gamma, net=cfg.net,
-                link_mbps=links, order=cfg.activation, rng=self.rng,
+                link_mbps=links, order=cfg.activation, rng=self.rng, solver=cfg.solver,
             )
             names = [o.name for o in chosen]
         times, _ = install_times(names, cfg.net, links)
@@ -367,7 +361,7 @@ class Simulation:
                 gamma=cfg.gamma, window_s=cfg.window_s, heartbeat_s=cfg.heartbeat_s, sustain_s=cfg.sustain_s,
                 release_margin=cfg.release_margin, fail_after_s=cfg.fail_after_s,
                 boot_timeout_s=cfg.boot_s + cfg.net.snapshot_bytes * 8 / (cfg.storage_mbps * MBIT) + 10 * cfg.heartbeat_s,
-                order=cfg.activation, seed=cfg.seed,
+                order=cfg.activation, seed=cfg.seed, solver=cfg.solver,
             )
             for s in cfg.pool:
                 self.sched.add_worker(s.name, s.price_per_hour, s.mu, active=s.name in names)

@@ -6,84 +6,8 @@ import random
 
 import pytest
 
-from echo2sdk.core.scheduler import (
-    ACTIVE,
-    FAILED,
-    STANDBY,
-    Scheduler,
-    WorkerOffer,
-    by_unit_cost,
-    select_cheapest,
-    select_random,
-    unit_cost,
-)
+from echo2sdk.core.scheduler import ACTIVE, FAILED, STANDBY, Scheduler
 from echo2sdk.errors import CapacityError
-
-# ---------------------------------------------------------------- static selection (§3.4)
-
-OFFERS = [
-    WorkerOffer("a100", 3.06, 1.0),  # rho 3.06
-    WorkerOffer("5090-a", 0.35, 0.3),  # rho 1.167
-    WorkerOffer("5090-b", 0.35, 0.3),
-    WorkerOffer("4090", 0.29, 0.2),  # rho 1.45
-    WorkerOffer("h100", 2.90, 1.2),  # rho 2.417
-]
-
-
-def test_unit_cost_is_price_over_mu():
-    assert unit_cost(0.35, 0.25) == pytest.approx(1.4)
-    assert [o.name for o in by_unit_cost(OFFERS)] == ["5090-a", "5090-b", "4090", "h100", "a100"]
-
-
-def test_select_cheapest_takes_the_lowest_rho_prefix_that_reaches_the_target():
-    sel = select_cheapest(OFFERS, mu_target=0.7)
-    assert sel.names == ["5090-a", "5090-b", "4090"]
-    assert sel.feasible and sel.mu_pool == pytest.approx(0.8) and sel.cost_per_hour == pytest.approx(0.99)
-    assert select_cheapest(OFFERS, mu_target=0.6).names == ["5090-a", "5090-b"]  # exactly reached
-
-
-def test_select_cheapest_reports_an_infeasible_target_with_its_shortfall():
-    sel = select_cheapest(OFFERS, mu_target=5.0)
-    assert not sel.feasible and len(sel.chosen) == len(OFFERS)
-    assert sel.shortfall == pytest.approx(5.0 - 3.0)
-
-
-def test_select_cheapest_drops_workers_the_prefix_no_longer_needs():
-    # The rho prefix for 1.0 is 5090-a, 5090-b, 4090 (0.8), then h100 (2.0): the h100 alone suffices.
-    sel = select_cheapest(OFFERS, mu_target=1.0)
-    assert sel.names == ["h100"] and sel.cost_per_hour == pytest.approx(2.90)
-
-
-def test_random_selection_also_reaches_the_target_but_costs_more_on_average():
-    pool = [WorkerOffer(f"5090-{i}", 0.35, 0.3) for i in range(10)] + [
-        WorkerOffer(f"a100-{i}", 3.06, 1.0) for i in range(3)
-    ]
-    rng = random.Random(1)
-    cheap = select_cheapest(pool, 2.4)
-    assert cheap.names == [f"5090-{i}" for i in range(8)] and cheap.cost_per_hour == pytest.approx(2.8)
-    picks = [select_random(pool, 2.4, rng) for _ in range(200)]
-    assert all(s.feasible for s in picks)
-    assert sum(s.cost_per_hour for s in picks) / len(picks) > 1.5 * cheap.cost_per_hour
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"name": "w", "price_per_hour": -1.0, "mu": 1.0}, "price_per_hour of worker 'w'.*-1.0"),
-        ({"name": "w", "price_per_hour": 1.0, "mu": 0.0}, "mu of worker 'w'.*0.0"),
-        ({"name": "w", "price_per_hour": 1.0, "mu": float("nan")}, "mu of worker 'w'.*nan"),
-        ({"name": "", "price_per_hour": 1.0, "mu": 1.0}, "name"),
-    ],
-)
-def test_bad_offers_name_the_field_and_value(kwargs, message):
-    with pytest.raises(CapacityError, match=message):
-        WorkerOffer(**kwargs)
-
-
-def test_duplicate_names_are_refused():
-    with pytest.raises(CapacityError, match="'x' twice"):
-        select_cheapest([WorkerOffer("x", 1, 1), WorkerOffer("x", 2, 1)], 1.0)
-
 
 # ---------------------------------------------------------------- closed loop
 
@@ -259,6 +183,20 @@ def test_mark_failed_from_the_coordinator_and_recalibration_flag():
     assert s.mu_pool(1.5) == pytest.approx(1.5)
     s.calibrate(T_train=10.0, T_bcast=2.0, R=8, kappa=2)
     assert not s.recalibration_due
+
+
+def test_provision_uses_the_configured_solver():
+    # the example: b has the lower rho, d alone reaches the target at 0.12 $/h instead of 0.55
+    picked = {}
+    for solver in ("exact", "greedy"):
+        s = _sched(solver=solver)
+        _pool(s, b=(0.55, 4.5), d=(0.12, 0.7))
+        s.set_target(0.63)
+        picked[solver] = [a.worker for a in s.provision(0.0)]
+    assert picked == {"exact": ["d"], "greedy": ["b"]}
+    assert Scheduler().solver == "exact"
+    with pytest.raises(CapacityError, match="solver must be 'exact' or 'greedy', got solver='lp'"):
+        Scheduler(solver="lp")
 
 
 def test_random_order_is_the_ablation_and_differs_from_rho_order():

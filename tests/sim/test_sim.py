@@ -19,6 +19,7 @@ from echo2sdk.sim import (
     SimWorker,
     chain_install_times,
     measure_t_bcast,
+    provision,
     simulate,
     star_install_times,
 )
@@ -94,6 +95,8 @@ def test_bad_network_and_config_values_are_named():
         SimWorker("a", 0.35, -0.3)
     with pytest.raises(ConfigError, match="active names workers not in the pool: \\['zz'\\]"):
         SimConfig(pool=pool, T_train=10.0, R=16, active=["zz"])
+    with pytest.raises(ConfigError, match="solver must be 'exact' or 'greedy', got solver='lp'"):
+        SimConfig(pool=pool, T_train=10.0, R=16, solver="lp")
 
 
 # ---------------------------------------------------------------- the loop with real components
@@ -144,6 +147,18 @@ def test_cost_aware_activation_provisions_the_target_and_beats_random_on_a_mixed
     assert sum(w.mu for w in pool if w.name in full.initial_active) >= full.mu_target
     rand = [simulate(paper.base_config(pool, steps=12, activation="random", seed=s)) for s in range(3)]
     assert sum(r.cost_per_step_steady for r in rand) / 3 > 1.13 * full.cost_per_step_steady
+
+
+def test_the_solver_picks_the_initial_pool_exact_by_default():
+    # the example: b has the lower rho, d alone reaches mu_target (about 0.18 rollouts/s here)
+    pool = [SimWorker("b", 0.55, 4.5), SimWorker("d", 0.12, 0.7)]
+    cfg = SimConfig(pool=pool, T_train=100.0, R=16, S=3, steps=3, net=Network(snapshot_bytes=1e6), closed_loop=False)
+    assert cfg.solver == "exact"
+    assert simulate(cfg).initial_active == ["d"]
+    assert simulate(replace(cfg, solver="greedy")).initial_active == ["b"]
+    chosen, t_bcast, ok = provision([w.offer for w in pool], T_train=100.0, R=16, kappa=2, gamma=1.1, t_bcast=10.0,
+                                    solver="greedy")
+    assert [o.name for o in chosen] == ["b"] and t_bcast == 10.0 and ok
 
 
 def test_a_dropped_worker_is_replaced_from_the_standby_pool():
