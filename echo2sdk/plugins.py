@@ -14,7 +14,7 @@ from typing import Any
 from echo2sdk.core.contracts import InferenceBackend, TaskAdapter
 from echo2sdk.errors import AdapterError, BackendError, NameNotFound
 
-__all__ = ["registered", "load_object", "load_backend_class", "load_adapter"]
+__all__ = ["registered", "import_reference", "load_object", "load_backend_class", "load_adapter"]
 
 ADAPTERS = "echo2sdk.adapters"
 BACKENDS = "echo2sdk.backends"
@@ -27,15 +27,21 @@ def registered(group: str) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=group)}
 
 
+def import_reference(ref: str) -> Any:
+    """The object a "pkg.mod:Attr" (or "pkg.mod:Outer.Inner") reference names, imported now.
+    Raises ImportError or AttributeError as the import or the attribute lookup does."""
+    module, _, attr = ref.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def load_object(group: str, name: str) -> Any:
     """Load a registered plug-in by name, or a "pkg.mod:Attr" reference."""
     if ":" in name:
-        module, _, attr = name.partition(":")
         try:
-            obj: Any = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-            return obj
+            return import_reference(name)
         except (ImportError, AttributeError) as e:
             raise NameNotFound(group, name, registered(group)) from e
     eps = registered(group)

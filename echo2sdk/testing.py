@@ -12,12 +12,14 @@ import json
 import math
 import random
 import struct
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NoReturn
 
-from echo2sdk.core.contracts import Sample, SamplingParams
-from echo2sdk.errors import BackendError
+from echo2sdk.core import checks
+from echo2sdk.core.contracts import InferenceBackend, Sample, SamplingParams
+from echo2sdk.errors import BackendError, Echo2Error
 
 __all__ = ["MockBackend"]
 
@@ -128,148 +130,176 @@ def check_adapter(adapter, *, backend=None, seed: int = 0, n: int = 2, groups: i
     rollout path and checks the records: schema round trip, one group id per group, loss only on
     sampled tokens.
     """
-    import itertools
-    import math as _math
-
-    from echo2sdk.core.contracts import Score, Task, is_episodic
-    from echo2sdk.core.records import Trajectory, pack, unpack
-    from echo2sdk.errors import AdapterError
-
-    def fail(check: str, detail: str) -> None:
-        raise AdapterError(f"check_adapter({adapter!r}): {check}: {detail}")
+    from echo2sdk.core.contracts import is_episodic
 
     report: dict = {"episodic": is_episodic(adapter)}
+    first = _adapter_tasks(adapter, seed, groups)
+    _adapter_spec(adapter, seed, groups, first)
+    if not report["episodic"]:
+        _adapter_score(adapter, first[0])
+    else:
+        report["turns"] = _adapter_episodes(adapter, first[0])
+    if backend is not None:
+        out = _adapter_rollout(adapter, backend, first, n, seed, max_len, report)
+        _adapter_records(adapter, first, out, n)
+        report["records"] = sum(len(g) for g in out)
+        report["rewards"] = [r.reward for g in out for r in g]
+    return report
+
+
+def _adapter_fail(adapter: object, check: str, detail: str) -> NoReturn:
+    from echo2sdk.errors import AdapterError
+
+    raise AdapterError(f"check_adapter({adapter!r}): {check}: {detail}")
+
+
+def _adapter_tasks(adapter: Any, seed: int, groups: int) -> list:
+    """The first `groups` tasks of tasks(seed): deterministic, unique ids, Task objects, msgpack-safe."""
+    import itertools
+
+    from echo2sdk.core.contracts import Task
+    from echo2sdk.core.records import pack, unpack
+
     if not callable(getattr(adapter, "tasks", None)):
-        fail("tasks", "the adapter has no tasks(seed) method")
+        _adapter_fail(adapter, "tasks", "the adapter has no tasks(seed) method")
     first = list(itertools.islice(adapter.tasks(seed), groups))
     again = list(itertools.islice(adapter.tasks(seed), groups))
     if not first:
-        fail("tasks", f"tasks({seed}) yielded nothing")
+        _adapter_fail(adapter, "tasks", f"tasks({seed}) yielded nothing")
     if [(t.id, t.messages, t.info) for t in first] != [(t.id, t.messages, t.info) for t in again]:
-        fail("tasks", f"tasks({seed}) is not deterministic: two calls gave different tasks")
+        _adapter_fail(adapter, "tasks", f"tasks({seed}) is not deterministic: two calls gave different tasks")
     if len({t.id for t in first}) != len(first):
-        fail("tasks", f"task ids repeat: {[t.id for t in first]}")
+        _adapter_fail(adapter, "tasks", f"task ids repeat: {[t.id for t in first]}")
     for t in first:
         if not isinstance(t, Task):
-            fail("tasks", f"yielded {type(t).__name__}, not echo2sdk.Task")
+            _adapter_fail(adapter, "tasks", f"yielded {type(t).__name__}, not echo2sdk.Task")
         wire = {"id": t.id, "messages": list(t.messages), "answer": t.answer, "info": t.info}
         try:
             back = unpack(pack(wire))
         except Exception as e:  # noqa: BLE001
-            fail("tasks", f"task {t.id!r} does not survive msgpack: {type(e).__name__}: {e}")
+            _adapter_fail(adapter, "tasks", f"task {t.id!r} does not survive msgpack: {type(e).__name__}: {e}")
         if back["id"] != t.id:
-            fail("tasks", f"task {t.id!r} changed on the wire")
-    if callable(getattr(adapter, "spec", None)):
-        from echo2sdk.plugins import load_adapter
+            _adapter_fail(adapter, "tasks", f"task {t.id!r} changed on the wire")
+    return first
 
-        name, options = adapter.spec()
-        rebuilt = load_adapter(name, options)
-        if [t.id for t in itertools.islice(rebuilt.tasks(seed), groups)] != [t.id for t in first]:
-            fail("spec", f"load_adapter(*spec()) = {rebuilt!r} yields different tasks")
-    if not report["episodic"]:
-        if not callable(getattr(adapter, "score", None)):
-            fail("score", "the adapter has neither score(task, response) nor start(task, index)")
-        for text in _MALFORMED:
-            try:
-                s = adapter.score(first[0], text)
-            except Exception as e:  # noqa: BLE001
-                fail("score", f"raised {type(e).__name__}: {e} on a malformed response {text[:30]!r}")
-            if not isinstance(s, Score) or not _math.isfinite(float(s.reward)):
-                fail("score", f"returned {s!r} on {text[:30]!r}; expected a Score with a finite reward")
+
+def _adapter_spec(adapter: Any, seed: int, groups: int, first: list) -> None:
+    """An adapter with spec() rebuilds through the plug-in loader into the same task stream."""
+    import itertools
+
+    if not callable(getattr(adapter, "spec", None)):
+        return
+    from echo2sdk.plugins import load_adapter
+
+    name, options = adapter.spec()
+    rebuilt = load_adapter(name, options)
+    if [t.id for t in itertools.islice(rebuilt.tasks(seed), groups)] != [t.id for t in first]:
+        _adapter_fail(adapter, "spec", f"load_adapter(*spec()) = {rebuilt!r} yields different tasks")
+
+
+def _adapter_score(adapter: Any, task: Any) -> None:
+    """A single-turn score() returns a Score with a finite reward on malformed responses, never raises."""
+    from echo2sdk.core.contracts import Score
+
+    if not callable(getattr(adapter, "score", None)):
+        _adapter_fail(adapter, "score", "the adapter has neither score(task, response) nor start(task, index)")
+    for text in _MALFORMED:
+        try:
+            s = adapter.score(task, text)
+        except Exception as e:  # noqa: BLE001
+            _adapter_fail(adapter, "score", f"raised {type(e).__name__}: {e} on a malformed response {text[:30]!r}")
+        if not isinstance(s, Score) or not math.isfinite(float(s.reward)):
+            _adapter_fail(adapter, "score", f"returned {s!r} on {text[:30]!r}; expected a Score with a finite reward")
+
+
+def _adapter_episodes(adapter: Any, task: Any) -> list[int]:
+    """Episodes fed malformed replies run to the end, count fallbacks and score finite rewards, also after
+    abort(). Returns the turns each episode took."""
+    turns = [_adapter_episode(adapter, task, text) for text in _MALFORMED[:4]]
+    ep = adapter.start(task, 0)
+    ep.abort("context_limit")
+    if not math.isfinite(float(ep.result().reward)):
+        _adapter_fail(adapter, "episode", "result() after abort() is not finite")
+    ep.close()
+    return turns
+
+
+def _adapter_episode(adapter: Any, task: Any, text: str) -> int:
+    ep = adapter.start(task, 0)
+    msgs = list(ep.messages)
+    if not msgs or msgs[0].get("role") != "system" or msgs[-1].get("role") != "user":
+        _adapter_fail(adapter, "episode", f"opening messages must start with system and end with user, got {[m.get('role') for m in msgs]}")
+    turns = 0
+    for turns in range(1, int(getattr(adapter, "max_turns", 64)) + 1):
+        try:
+            st = ep.step(text)
+        except Exception as e:  # noqa: BLE001
+            _adapter_fail(adapter, "episode", f"step() raised {type(e).__name__}: {e} on a malformed reply {text[:30]!r}")
+        if not math.isfinite(float(st.reward)):
+            _adapter_fail(adapter, "episode", f"step reward {st.reward!r} is not finite")
+        if st.done:
+            break
+        if not isinstance(st.observation, str) or not st.observation:
+            _adapter_fail(adapter, "episode", f"step() returned observation {st.observation!r} while not done")
     else:
-        for i, text in enumerate(_MALFORMED[:4]):
-            ep = adapter.start(first[0], 0)
-            msgs = list(ep.messages)
-            if not msgs or msgs[0].get("role") != "system" or msgs[-1].get("role") != "user":
-                fail("episode", f"opening messages must start with system and end with user, got {[m.get('role') for m in msgs]}")
-            turns = 0
-            for turns in range(1, int(getattr(adapter, "max_turns", 64)) + 1):
-                try:
-                    st = ep.step(text)
-                except Exception as e:  # noqa: BLE001
-                    fail("episode", f"step() raised {type(e).__name__}: {e} on a malformed reply {text[:30]!r}")
-                if not _math.isfinite(float(st.reward)):
-                    fail("episode", f"step reward {st.reward!r} is not finite")
-                if st.done:
-                    break
-                if not isinstance(st.observation, str) or not st.observation:
-                    fail("episode", f"step() returned observation {st.observation!r} while not done")
-            else:
-                ep.abort("turn_limit")
-            result = ep.result()
-            if not _math.isfinite(float(result.reward)):
-                fail("episode", f"result reward {result.reward!r} is not finite")
-            if text.strip() and int(result.info.get("fallbacks", 1)) < 1:
-                fail("episode", f"a malformed reply {text[:30]!r} was not counted as a fallback: {result.info}")
-            ep.close()
-            report.setdefault("turns", []).append(turns)
-        ep = adapter.start(first[0], 0)
-        ep.abort("context_limit")
-        if not _math.isfinite(float(ep.result().reward)):
-            fail("episode", "result() after abort() is not finite")
-        ep.close()
-    if backend is not None:
-        from echo2sdk.core.contracts import SamplingParams
+        ep.abort("turn_limit")
+    result = ep.result()
+    if not math.isfinite(float(result.reward)):
+        _adapter_fail(adapter, "episode", f"result reward {result.reward!r} is not finite")
+    if text.strip() and int(result.info.get("fallbacks", 1)) < 1:
+        _adapter_fail(adapter, "episode", f"a malformed reply {text[:30]!r} was not counted as a fallback: {result.info}")
+    ep.close()
+    return turns
 
-        params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed)
-        if report["episodic"]:
-            from echo2sdk.core.episodes import EpisodeStats, play_episodes
 
-            stats = EpisodeStats()
-            out = play_episodes(backend, adapter, first, n, params, version=0, max_len=max_len, stats=stats)
-            report["failed"] = stats.failed
-            if stats.failed:
-                fail("rollout", f"{stats.failed} episode(s) failed: {stats.errors[:2]}")
-        else:
-            out = []
-            for t in first:
-                ids = backend.encode_chat(t.messages)
-                from echo2sdk.core.records import Message, Meta
+def _adapter_rollout(adapter: Any, backend: Any, tasks: list, n: int, seed: int, max_len: int, report: dict) -> list:
+    """n episodes (or samples) per task through the worker's rollout path: the groups of records."""
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed)
+    if report["episodic"]:
+        from echo2sdk.core.episodes import EpisodeStats, play_episodes
 
-                group = []
-                for s in backend.generate([ids] * n, params):
-                    sc = adapter.score(t, s.text)
-                    meta = Meta(group_id=t.id, prompt_ids=tuple(ids), response_ids=s.token_ids, logprobs=tuple(min(x, 0.0) for x in s.logprobs))
-                    prompt = tuple(Message(role=m["role"], content=m["content"]) for m in t.messages)
-                    group.append(Trajectory(prompt=prompt, response=s.text, reward=float(sc.reward), version=0, meta=meta))
-                out.append(group)
-        if len(out) != len(first):
-            fail("rollout", f"{len(first)} tasks gave {len(out)} groups")
-        for t, group in zip(first, out):
-            if len(group) != n or {r.meta.group_id for r in group} != {t.id}:
-                fail("rollout", f"group {t.id!r}: {len(group)} records with ids {sorted({r.meta.group_id for r in group})}")
-            for r in group:
-                if Trajectory.from_wire(unpack(pack(r.to_wire()))) != r:
-                    fail("records", f"record of group {t.id!r} does not round-trip through the wire")
-                mask = r.meta.loss_mask
-                if mask is not None and sum(mask) > 0 and any(lp != 0.0 for lp, m in zip(r.meta.logprobs, mask) if not m):
-                    fail("records", "a token outside the loss mask carries a sampler log-prob")
-        report["records"] = sum(len(g) for g in out)
-        report["rewards"] = [r.reward for g in out for r in g]
-    return report
+        stats = EpisodeStats()
+        out = play_episodes(backend, adapter, tasks, n, params, version=0, max_len=max_len, stats=stats)
+        report["failed"] = stats.failed
+        if stats.failed:
+            _adapter_fail(adapter, "rollout", f"{stats.failed} episode(s) failed: {stats.errors[:2]}")
+        return out
+    from echo2sdk.core.records import Message, Meta, Trajectory
+
+    out = []
+    for t in tasks:
+        ids = backend.encode_chat(t.messages)
+        group = []
+        for s in backend.generate([ids] * n, params):
+            sc = adapter.score(t, s.text)
+            meta = Meta(group_id=t.id, prompt_ids=tuple(ids), response_ids=s.token_ids, logprobs=tuple(min(x, 0.0) for x in s.logprobs))
+            prompt = tuple(Message(role=m["role"], content=m["content"]) for m in t.messages)
+            group.append(Trajectory(prompt=prompt, response=s.text, reward=float(sc.reward), version=0, meta=meta))
+        out.append(group)
+    return out
+
+
+def _adapter_records(adapter: Any, tasks: list, out: list, n: int) -> None:
+    """One group of n records per task, one group id each, a wire round trip, loss only on sampled tokens."""
+    from echo2sdk.core.records import Trajectory, pack, unpack
+
+    if len(out) != len(tasks):
+        _adapter_fail(adapter, "rollout", f"{len(tasks)} tasks gave {len(out)} groups")
+    for t, group in zip(tasks, out):
+        if len(group) != n or {r.meta.group_id for r in group} != {t.id}:
+            _adapter_fail(adapter, "rollout", f"group {t.id!r}: {len(group)} records with ids {sorted({r.meta.group_id for r in group})}")
+        for r in group:
+            if Trajectory.from_wire(unpack(pack(r.to_wire()))) != r:
+                _adapter_fail(adapter, "records", f"record of group {t.id!r} does not round-trip through the wire")
+            mask = r.meta.loss_mask
+            if mask is not None and sum(mask) > 0 and any(lp != 0.0 for lp, m in zip(r.meta.logprobs, mask) if not m):
+                _adapter_fail(adapter, "records", "a token outside the loss mask carries a sampler log-prob")
 
 
 __all__ += ["check_adapter"]
 
 
 # ------------------------------------------------------------------------------ backend conformance
-
-#: The checks of `check_backend`, in the order they run.
-CHECKS: tuple[str, ...] = (
-    "start",
-    "protocol",
-    "encode_chat",
-    "generate_shapes",
-    "seeded_determinism",
-    "distinct_samples",
-    "logprobs_finite",
-    "logprobs_match_reference",
-    "bad_inputs_refused",
-    "install_changes_output",
-    "bad_snapshots_refused",
-    "reinstall_restores_output",
-    "close",
-)
 
 _CHAT = (
     ({"role": "user", "content": "Write a short poem about the sea."},),
@@ -348,232 +378,284 @@ def check_backend(
     the old weights and version stay; re-installing the initial weights restoring the initial outputs;
     close() idempotent, with later calls refused. Raises BackendCheckError when a check fails.
     """
-    import time
-
-    from echo2sdk.core.contracts import InferenceBackend
-    from echo2sdk.errors import BackendError, Echo2Error
     from echo2sdk.weights import resolve_model
-    from echo2sdk.plugins import load_backend_class
 
     label = backend if isinstance(backend, str) else type(backend).__name__
+    suite = _Suite(
+        backend=backend,
+        options=options or {},
+        owned=isinstance(backend, (str, type)),
+        folder=resolve_model(model or "tiny-random"),
+        params=SamplingParams(max_new_tokens=8, temperature=temperature, seed=1234),
+        temperature=temperature,
+        tolerance=logprob_tolerance,
+        reference=reference,
+    )
     results: list[CheckResult] = []
-    state: dict = {}
-
-    def run(name: str, fn: Callable[[], str | None], needs: tuple[str, ...] = ("start",)) -> None:
-        missing = [n for n in needs if not any(r.name == n and r.passed for r in results)]
-        if missing:
-            result = CheckResult(name, None, f"not run: {', '.join(missing)} did not pass")
-        else:
-            t0 = time.perf_counter()
-            try:
-                detail = fn() or ""
-                result = CheckResult(name, True, detail, time.perf_counter() - t0)
-            except _Failed as exc:
-                result = CheckResult(name, False, str(exc), time.perf_counter() - t0)
-            except Exception as exc:  # an unexpected exception is a failure of that check, with its type
-                result = CheckResult(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
+    for name, check, needs in _SUITE:
+        why = _skip_reason(name, suite)
+        result = CheckResult(name, None, f"not run: {why}") if why else _run_check(name, check, needs, suite, results)
         results.append(result)
         if report is not None:
             report(result)
-
-    owned = isinstance(backend, (str, type))
-    folder = resolve_model(model or "tiny-random")
-
-    def start() -> str:
-        if owned:
-            cls = load_backend_class(backend) if isinstance(backend, str) else backend
-            state["be"] = cls(folder, **(options or {}))
-        else:
-            state["be"] = backend
-        return repr(state["be"])
-
-    run("start", start, needs=())
-    be: Any = state.get("be")
-    params = SamplingParams(max_new_tokens=8, temperature=temperature, seed=1234)
-
-    def protocol() -> str:
-        _require(isinstance(be, InferenceBackend), f"{type(be).__name__} lacks members of InferenceBackend")
-        v, vocab, eos = be.version, be.vocab_size, be.eos_token_id
-        for name, value in (("version", v), ("vocab_size", vocab), ("eos_token_id", eos)):
-            _require(isinstance(value, int) and not isinstance(value, bool), f"{name} is {value!r}, not an int")
-        _require(vocab > 0 and 0 <= eos < vocab, f"eos_token_id={eos} is outside the vocabulary [0, {vocab})")
-        if owned:
-            _require(v == 0, f"a new backend must report version 0, got {v}")
-        state["v0"] = v
-        return f"version={v} vocab_size={vocab} eos_token_id={eos}"
-
-    def encode() -> str:
-        prompts = [be.encode_chat(list(m)) for m in _CHAT]
-        for ids in prompts:
-            _require(isinstance(ids, list) and len(ids) > 0, f"encode_chat returned {ids!r:.80}")
-            _require(all(type(t) is int and 0 <= t < be.vocab_size for t in ids), "encode_chat returned ids outside the vocabulary")
-        _require(be.encode_chat(list(_CHAT[0])) == prompts[0], "encode_chat is not deterministic")
-        _require(len({tuple(p) for p in prompts}) == len(prompts), "different messages gave the same prompt ids")
-        state["prompts"] = prompts + [prompts[1]]  # different lengths, and one prompt twice
-        return f"prompt lengths {[len(p) for p in prompts]}"
-
-    def shapes() -> str:
-        prompts = state["prompts"]
-        samples = be.generate(prompts, params)
-        _require(isinstance(samples, list) and len(samples) == len(prompts), f"{len(prompts)} prompts gave {len(samples)} samples")
-        for i, s in enumerate(samples):
-            _check_sample(s, i, params.max_new_tokens, be.eos_token_id, be.vocab_size)
-        state["initial"] = samples
-        reasons = sorted({s.finish_reason for s in samples})
-        return f"{len(samples)} samples, lengths {[len(s.token_ids) for s in samples]}, finish reasons {reasons}"
-
-    def determinism() -> str:
-        again = be.generate(state["prompts"], params)
-        first = state["initial"]
-        _require([s.token_ids for s in again] == [s.token_ids for s in first], "the same seed gave different tokens")
-        worst = max(abs(a - b) for x, y in zip(first, again) for a, b in zip(x.logprobs, y.logprobs))
-        _require(worst < 1e-3, f"the same seed gave log-probs differing by {worst:.3g}")
-        other = be.generate(state["prompts"], replace(params, seed=4321))
-        _require([s.token_ids for s in other] != [s.token_ids for s in first], "a different seed gave the same tokens")
-        return f"same seed: equal tokens, log-probs within {worst:.1g}"
-
-    def distinct() -> str:
-        group = be.generate([state["prompts"][0]] * 4, replace(params, temperature=1.0, max_new_tokens=16))
-        kinds = len({s.token_ids for s in group})
-        _require(kinds >= 2, "a prompt repeated 4 times in one seeded batch gave 4 identical samples (a GRPO group needs distinct samples)")
-        unseeded = replace(params, seed=None, temperature=1.0, max_new_tokens=16)
-        a, b = be.generate([state["prompts"][0]], unseeded), be.generate([state["prompts"][0]], unseeded)
-        _require(a[0].token_ids != b[0].token_ids, "two unseeded calls gave the same sample")
-        return f"{kinds} distinct samples of 4"
-
-    def finite() -> str:
-        for i, s in enumerate(state["initial"]):
-            for lp in s.logprobs:
-                _require(isinstance(lp, float) and math.isfinite(lp) and lp <= 1e-6, f"sample {i} has log-prob {lp!r}")
-        return "all finite and <= 0"
-
-    ref: dict = {}
-
-    def reference_check(samples: list, label_: str) -> str:
-        err_t, err_1 = _logprob_errors(ref, folder, state["prompts"], samples, temperature)
-        _require(
-            err_t <= logprob_tolerance,
-            f"{label_}: log-probs differ from transformers' log_softmax(logits / {temperature}) by {err_t:.3g} "
-            f"on average (tolerance {logprob_tolerance})",
-        )
-        _require(
-            err_t < 0.5 * err_1,
-            f"{label_}: log-probs are not those of the tempered distribution (mean error {err_t:.3g} at "
-            f"T={temperature}, {err_1:.3g} at T=1)",
-        )
-        return f"mean |error| {err_t:.2g} (at T=1 it would be {err_1:.2g})"
-
-    def logprobs_reference() -> str:
-        return reference_check(state["initial"], "initial weights")
-
-    def bad_inputs() -> str:
-        vocab = be.vocab_size
-        cases = [
-            ("temperature=0", [state["prompts"][1]], replace(params, temperature=0.0), "temperature"),
-            ("top_p=1.5", [state["prompts"][1]], replace(params, top_p=1.5), "top_p"),
-            ("max_new_tokens=0", [state["prompts"][1]], replace(params, max_new_tokens=0), "max_new_tokens"),
-            ("an empty prompt", [[]], params, "prompt 0"),
-            ("a token id = vocab_size", [[1, vocab]], params, "prompt 0"),
-        ]
-        for case, prompts, p, needle in cases:
-            try:
-                be.generate(prompts, p)
-            except Echo2Error as exc:
-                _require(needle in str(exc), f"{case}: the error does not name {needle!r}: {exc}")
-            else:
-                raise _Failed(f"{case} was accepted")
-        after = be.generate(state["prompts"], params)
-        _require([s.token_ids for s in after] == [s.token_ids for s in state["initial"]], "outputs changed after refused calls")
-        return f"{len(cases)} bad calls refused with errors naming the field"
-
-    def install_changes() -> str:
-        base = _folder_state(folder)
-        state["base"] = base
-        state["v1_bytes"] = data = _serialize(_perturbed(base), "bfloat16")
-        v = state["v0"] + 1
-        t0 = time.perf_counter()
-        be.install(v, memoryview(data))  # workers install straight from the relay's buffer
-        took = time.perf_counter() - t0
-        _require(be.version == v, f"after installing v{v} the backend reports version {be.version}")
-        after = be.generate(state["prompts"], params)
-        for i, s in enumerate(after):
-            _check_sample(s, i, params.max_new_tokens, be.eos_token_id, be.vocab_size)
-        _require([s.token_ids for s in after] != [s.token_ids for s in state["initial"]], "installing new weights did not change the outputs")
-        state["v1"], state["v1_samples"] = v, after
-        detail = f"install {took:.2f}s"
-        if reference:  # the reference model takes the same weights
-            import safetensors.torch
-
-            model = _reference_model(ref, folder)
-            model.load_state_dict({k: t.float() for k, t in safetensors.torch.load(data).items()}, strict=False)
-            detail += "; " + reference_check(after, f"after installing v{v}")
-        return detail
-
-    def bad_snapshots() -> str:
-        v = state["v1"]
-        cases = _bad_snapshots(state["base"], v, folder)
-        for case, (version, data, needle) in cases.items():
-            try:
-                be.install(version, data)
-            except BackendError as exc:
-                _require(needle in str(exc), f"{case}: the error does not name {needle!r}: {exc}")
-            except Exception as exc:
-                raise _Failed(f"{case}: raised {type(exc).__name__} instead of BackendError: {exc}") from None
-            else:
-                raise _Failed(f"{case} was installed")
-            _require(be.version == v, f"{case}: the version changed to {be.version}")
-        after = be.generate(state["prompts"], params)
-        _require([s.token_ids for s in after] == [s.token_ids for s in state["v1_samples"]], "the weights changed after refused snapshots")
-        return f"{len(cases)} bad snapshots refused: {', '.join(cases)}"
-
-    def restores() -> str:
-        v = state["v1"] + 1
-        be.install(v, _serialize(state["base"], None))
-        _require(be.version == v, f"after installing v{v} the backend reports version {be.version}")
-        after = be.generate(state["prompts"], params)
-        _require([s.token_ids for s in after] == [s.token_ids for s in state["initial"]], "re-installing the initial weights did not restore the initial outputs")
-        return f"v{v} = the initial weights gives the initial samples"
-
-    def close() -> str:
-        be.close()
-        be.close()
+    if suite.owned and suite.be is not None and not any(r.name == "close" and r.passed for r in results):
         try:
-            be.generate(state["prompts"][:1], params)
-        except Echo2Error:
-            return "closed twice; generate then refused"
-        raise _Failed("generate still worked after close()")
-
-    run("protocol", protocol)
-    run("encode_chat", encode, ("start", "protocol"))
-    run("generate_shapes", shapes, ("encode_chat",))
-    run("seeded_determinism", determinism, ("generate_shapes",))
-    run("distinct_samples", distinct, ("generate_shapes",))
-    run("logprobs_finite", finite, ("generate_shapes",))
-    def skip(name: str, why: str) -> None:
-        results.append(CheckResult(name, None, f"not run: {why}"))
-        if report is not None:
-            report(results[-1])
-
-    if reference:
-        run("logprobs_match_reference", logprobs_reference, ("generate_shapes",))
-    else:
-        skip("logprobs_match_reference", "reference=False")
-    run("bad_inputs_refused", bad_inputs, ("generate_shapes",))
-    run("install_changes_output", install_changes, ("generate_shapes",))
-    run("bad_snapshots_refused", bad_snapshots, ("install_changes_output",))
-    run("reinstall_restores_output", restores, ("install_changes_output",))
-    if owned:
-        run("close", close, ("start",))
-    else:
-        skip("close", "the backend instance belongs to the caller")
-    if owned and be is not None and not any(r.name == "close" and r.passed for r in results):
-        try:
-            be.close()
+            suite.be.close()
         except Exception:
             pass
     if raise_on_failure and any(r.passed is False for r in results):
         raise BackendCheckError(str(label), results)
     return results
+
+
+@dataclass
+class _Suite:
+    """What the checks of one `check_backend` call share: its arguments, the backend, and what earlier
+    checks found (the prompts, the initial samples, the snapshot versions and weights)."""
+
+    backend: object
+    options: dict
+    owned: bool  # built here from a name or class (so closed here), not the caller's instance
+    folder: str
+    params: SamplingParams
+    temperature: float
+    tolerance: float
+    reference: bool
+    be: Any = None
+    v0: int = 0
+    prompts: list = field(default_factory=list)
+    initial: list = field(default_factory=list)
+    base: dict = field(default_factory=dict)  # the folder's checkpoint tensors
+    v1: int = 0
+    v1_samples: list = field(default_factory=list)
+    ref: dict = field(default_factory=dict)  # the transformers reference model, loaded once
+
+
+def _skip_reason(name: str, suite: _Suite) -> str | None:
+    if name == "logprobs_match_reference" and not suite.reference:
+        return "reference=False"
+    if name == "close" and not suite.owned:
+        return "the backend instance belongs to the caller"
+    return None
+
+
+def _run_check(
+    name: str, check: Callable[[_Suite], str | None], needs: tuple[str, ...], suite: _Suite, results: list[CheckResult]
+) -> CheckResult:
+    """One check's outcome: not run when a check it needs did not pass; failed on _Failed or any exception."""
+    missing = [n for n in needs if not any(r.name == n and r.passed for r in results)]
+    if missing:
+        return CheckResult(name, None, f"not run: {', '.join(missing)} did not pass")
+    t0 = time.perf_counter()
+    try:
+        detail = check(suite) or ""
+        return CheckResult(name, True, detail, time.perf_counter() - t0)
+    except _Failed as exc:
+        return CheckResult(name, False, str(exc), time.perf_counter() - t0)
+    except Exception as exc:  # an unexpected exception is a failure of that check, with its type
+        return CheckResult(name, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
+
+
+def _start(suite: _Suite) -> str:
+    if suite.owned:
+        from echo2sdk.plugins import load_backend_class
+
+        backend = suite.backend
+        cls = load_backend_class(backend) if isinstance(backend, str) else backend
+        suite.be = cls(suite.folder, **suite.options)  # type: ignore[operator]
+    else:
+        suite.be = suite.backend
+    return repr(suite.be)
+
+
+def _protocol(suite: _Suite) -> str:
+    be = suite.be
+    _require(isinstance(be, InferenceBackend), f"{type(be).__name__} lacks members of InferenceBackend")
+    v, vocab, eos = be.version, be.vocab_size, be.eos_token_id
+    for name, value in (("version", v), ("vocab_size", vocab), ("eos_token_id", eos)):
+        checks.integer(name, value, error=_Failed)
+    _require(vocab > 0 and 0 <= eos < vocab, f"eos_token_id={eos} is outside the vocabulary [0, {vocab})")
+    if suite.owned:
+        _require(v == 0, f"a new backend must report version 0, got {v}")
+    suite.v0 = v
+    return f"version={v} vocab_size={vocab} eos_token_id={eos}"
+
+
+def _encode(suite: _Suite) -> str:
+    be = suite.be
+    prompts = [be.encode_chat(list(m)) for m in _CHAT]
+    for ids in prompts:
+        _require(isinstance(ids, list) and len(ids) > 0, f"encode_chat returned {ids!r:.80}")
+        _require(all(type(t) is int and 0 <= t < be.vocab_size for t in ids), "encode_chat returned ids outside the vocabulary")
+    _require(be.encode_chat(list(_CHAT[0])) == prompts[0], "encode_chat is not deterministic")
+    _require(len({tuple(p) for p in prompts}) == len(prompts), "different messages gave the same prompt ids")
+    suite.prompts = prompts + [prompts[1]]  # different lengths, and one prompt twice
+    return f"prompt lengths {[len(p) for p in prompts]}"
+
+
+def _shapes(suite: _Suite) -> str:
+    be, prompts, params = suite.be, suite.prompts, suite.params
+    samples = be.generate(prompts, params)
+    _require(isinstance(samples, list) and len(samples) == len(prompts), f"{len(prompts)} prompts gave {len(samples)} samples")
+    for i, s in enumerate(samples):
+        _check_sample(s, i, params.max_new_tokens, be.eos_token_id, be.vocab_size)
+    suite.initial = samples
+    reasons = sorted({s.finish_reason for s in samples})
+    return f"{len(samples)} samples, lengths {[len(s.token_ids) for s in samples]}, finish reasons {reasons}"
+
+
+def _determinism(suite: _Suite) -> str:
+    be, params, first = suite.be, suite.params, suite.initial
+    again = be.generate(suite.prompts, params)
+    _require([s.token_ids for s in again] == [s.token_ids for s in first], "the same seed gave different tokens")
+    worst = max(abs(a - b) for x, y in zip(first, again) for a, b in zip(x.logprobs, y.logprobs))
+    _require(worst < 1e-3, f"the same seed gave log-probs differing by {worst:.3g}")
+    other = be.generate(suite.prompts, replace(params, seed=4321))
+    _require([s.token_ids for s in other] != [s.token_ids for s in first], "a different seed gave the same tokens")
+    return f"same seed: equal tokens, log-probs within {worst:.1g}"
+
+
+def _distinct(suite: _Suite) -> str:
+    be, params, prompt = suite.be, suite.params, suite.prompts[0]
+    group = be.generate([prompt] * 4, replace(params, temperature=1.0, max_new_tokens=16))
+    kinds = len({s.token_ids for s in group})
+    _require(kinds >= 2, "a prompt repeated 4 times in one seeded batch gave 4 identical samples (a GRPO group needs distinct samples)")
+    unseeded = replace(params, seed=None, temperature=1.0, max_new_tokens=16)
+    a, b = be.generate([prompt], unseeded), be.generate([prompt], unseeded)
+    _require(a[0].token_ids != b[0].token_ids, "two unseeded calls gave the same sample")
+    return f"{kinds} distinct samples of 4"
+
+
+def _finite(suite: _Suite) -> str:
+    for i, s in enumerate(suite.initial):
+        for lp in s.logprobs:
+            _require(isinstance(lp, float) and math.isfinite(lp) and lp <= 1e-6, f"sample {i} has log-prob {lp!r}")
+    return "all finite and <= 0"
+
+
+def _reference_check(suite: _Suite, samples: list, label: str) -> str:
+    """The samples' log-probs against transformers' log_softmax(logits / T) on the same tokens."""
+    t, tol = suite.temperature, suite.tolerance
+    err_t, err_1 = _logprob_errors(suite.ref, suite.folder, suite.prompts, samples, t)
+    _require(
+        err_t <= tol,
+        f"{label}: log-probs differ from transformers' log_softmax(logits / {t}) by {err_t:.3g} "
+        f"on average (tolerance {tol})",
+    )
+    _require(
+        err_t < 0.5 * err_1,
+        f"{label}: log-probs are not those of the tempered distribution (mean error {err_t:.3g} at "
+        f"T={t}, {err_1:.3g} at T=1)",
+    )
+    return f"mean |error| {err_t:.2g} (at T=1 it would be {err_1:.2g})"
+
+
+def _logprobs_reference(suite: _Suite) -> str:
+    return _reference_check(suite, suite.initial, "initial weights")
+
+
+def _bad_inputs(suite: _Suite) -> str:
+    be, params, prompt = suite.be, suite.params, suite.prompts[1]
+    cases = [
+        ("temperature=0", [prompt], replace(params, temperature=0.0), "temperature"),
+        ("top_p=1.5", [prompt], replace(params, top_p=1.5), "top_p"),
+        ("max_new_tokens=0", [prompt], replace(params, max_new_tokens=0), "max_new_tokens"),
+        ("an empty prompt", [[]], params, "prompt 0"),
+        ("a token id = vocab_size", [[1, be.vocab_size]], params, "prompt 0"),
+    ]
+    for case, prompts, p, needle in cases:
+        try:
+            be.generate(prompts, p)
+        except Echo2Error as exc:
+            _require(needle in str(exc), f"{case}: the error does not name {needle!r}: {exc}")
+        else:
+            raise _Failed(f"{case} was accepted")
+    after = be.generate(suite.prompts, params)
+    _require([s.token_ids for s in after] == [s.token_ids for s in suite.initial], "outputs changed after refused calls")
+    return f"{len(cases)} bad calls refused with errors naming the field"
+
+
+def _install_changes(suite: _Suite) -> str:
+    be, params = suite.be, suite.params
+    suite.base = _folder_state(suite.folder)
+    data = _serialize(_perturbed(suite.base), "bfloat16")
+    v = suite.v0 + 1
+    t0 = time.perf_counter()
+    be.install(v, memoryview(data))  # workers install straight from the relay's buffer
+    took = time.perf_counter() - t0
+    _require(be.version == v, f"after installing v{v} the backend reports version {be.version}")
+    after = be.generate(suite.prompts, params)
+    for i, s in enumerate(after):
+        _check_sample(s, i, params.max_new_tokens, be.eos_token_id, be.vocab_size)
+    _require([s.token_ids for s in after] != [s.token_ids for s in suite.initial], "installing new weights did not change the outputs")
+    suite.v1, suite.v1_samples = v, after
+    detail = f"install {took:.2f}s"
+    if suite.reference:  # the reference model takes the same weights
+        import safetensors.torch
+
+        model = _reference_model(suite.ref, suite.folder)
+        model.load_state_dict({k: t.float() for k, t in safetensors.torch.load(data).items()}, strict=False)
+        detail += "; " + _reference_check(suite, after, f"after installing v{v}")
+    return detail
+
+
+def _bad_snapshots_refused(suite: _Suite) -> str:
+    be, v = suite.be, suite.v1
+    cases = _bad_snapshots(suite.base, v, suite.folder)
+    for case, (version, data, needle) in cases.items():
+        try:
+            be.install(version, data)
+        except BackendError as exc:
+            _require(needle in str(exc), f"{case}: the error does not name {needle!r}: {exc}")
+        except Exception as exc:
+            raise _Failed(f"{case}: raised {type(exc).__name__} instead of BackendError: {exc}") from None
+        else:
+            raise _Failed(f"{case} was installed")
+        _require(be.version == v, f"{case}: the version changed to {be.version}")
+    after = be.generate(suite.prompts, suite.params)
+    _require([s.token_ids for s in after] == [s.token_ids for s in suite.v1_samples], "the weights changed after refused snapshots")
+    return f"{len(cases)} bad snapshots refused: {', '.join(cases)}"
+
+
+def _restores(suite: _Suite) -> str:
+    be, v = suite.be, suite.v1 + 1
+    be.install(v, _serialize(suite.base, None))
+    _require(be.version == v, f"after installing v{v} the backend reports version {be.version}")
+    after = be.generate(suite.prompts, suite.params)
+    _require([s.token_ids for s in after] == [s.token_ids for s in suite.initial], "re-installing the initial weights did not restore the initial outputs")
+    return f"v{v} = the initial weights gives the initial samples"
+
+
+def _close(suite: _Suite) -> str:
+    be = suite.be
+    be.close()
+    be.close()
+    try:
+        be.generate(suite.prompts[:1], suite.params)
+    except Echo2Error:
+        return "closed twice; generate then refused"
+    raise _Failed("generate still worked after close()")
+
+
+#: (check, function, the checks it needs), in the order of CHECKS.
+_SUITE: tuple[tuple[str, Callable[[_Suite], str | None], tuple[str, ...]], ...] = (
+    ("start", _start, ()),
+    ("protocol", _protocol, ("start",)),
+    ("encode_chat", _encode, ("start", "protocol")),
+    ("generate_shapes", _shapes, ("encode_chat",)),
+    ("seeded_determinism", _determinism, ("generate_shapes",)),
+    ("distinct_samples", _distinct, ("generate_shapes",)),
+    ("logprobs_finite", _finite, ("generate_shapes",)),
+    ("logprobs_match_reference", _logprobs_reference, ("generate_shapes",)),
+    ("bad_inputs_refused", _bad_inputs, ("generate_shapes",)),
+    ("install_changes_output", _install_changes, ("generate_shapes",)),
+    ("bad_snapshots_refused", _bad_snapshots_refused, ("install_changes_output",)),
+    ("reinstall_restores_output", _restores, ("install_changes_output",)),
+    ("close", _close, ("start",)),
+)
+
+#: The checks of `check_backend`, in the order they run.
+CHECKS: tuple[str, ...] = tuple(name for name, _, _ in _SUITE)
 
 
 def _check_sample(s: object, i: int, max_new: int, eos: int, vocab: int) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from echo2sdk.adapters.contracts import Observation, Transition
+from echo2sdk.core import checks
 from echo2sdk.errors import ConfigError, DependencyNotInstalled, NameNotFound
 
 
@@ -158,8 +159,7 @@ class PettingZooPlugin:
         if opponent not in _OPPONENTS:
             raise ConfigError(f"pettingzoo://{env_id}: env_options.opponent = {opponent!r} must be one of {_OPPONENTS}")
         seat = options.get("seat", 0)
-        if isinstance(seat, bool) or not isinstance(seat, int) or seat < 0:
-            raise ConfigError(f"pettingzoo://{env_id}: env_options.seat = {seat!r} must be a seat index >= 0")
+        checks.integer(f"pettingzoo://{env_id} env_options.seat", seat, lo=0, error=ConfigError)
         module = _module(env_id)
         if not hasattr(module, "env"):
             raise NameNotFound("pettingzoo env", env_id, CLASSIC)

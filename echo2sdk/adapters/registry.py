@@ -16,7 +16,7 @@ from typing import Any
 from echo2sdk.adapters.components import BUILTIN, KINDS
 from echo2sdk.adapters.contracts import SandboxPlugin
 from echo2sdk.errors import AdapterError, ConfigError, NameNotFound
-from echo2sdk.plugins import ENVS, load_object, registered
+from echo2sdk.plugins import ENVS, import_reference, load_object, registered
 
 __all__ = ["ENV_URL", "RESERVED_SCHEMES", "parse_env", "load_env_plugin", "resolve_component", "component_names"]
 
@@ -81,13 +81,8 @@ def resolve_component(kind: str, name: object, plugin: SandboxPlugin | None = No
     if name in BUILTIN[kind]:
         return BUILTIN[kind][name]
     if re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", name):
-        import importlib
-
-        module, _, attr = name.partition(":")
         try:
-            obj: Any = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
+            obj = import_reference(name)
         except (ImportError, AttributeError) as e:
             raise NameNotFound(kind.replace("_", " "), name, component_names(kind, plugin)) from e
         return obj() if isinstance(obj, type) else obj

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 
 from echo2sdk.adapters.contracts import Observation, Sandbox, StepResult
 from echo2sdk.adapters.registry import load_env_plugin, parse_env, resolve_component
+from echo2sdk.core import checks
 from echo2sdk.core.contracts import Score, Task
 from echo2sdk.errors import AdapterError, ConfigError
 
@@ -45,10 +45,7 @@ MODES = ("live", "offline", "offline_or_live")
 
 
 def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ConfigError(f"SandboxAdapter: {name} = {value!r} must be an integer {rng}")
-    return value
+    return checks.integer(f"SandboxAdapter {name}", value, lo=lo, hi=hi, error=ConfigError)
 
 
 class SandboxAdapter:
@@ -115,9 +112,7 @@ class SandboxAdapter:
         self.max_action_tokens = None if max_action_tokens is None else _int("max_action_tokens", max_action_tokens, 1)
         if penalty is None:
             penalty = float(self.plugin.default_penalty)
-        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not math.isfinite(penalty) or penalty < 0:
-            raise ConfigError(f"SandboxAdapter: penalty = {penalty!r} must be a finite number >= 0")
-        self.penalty = float(penalty)
+        self.penalty = checks.real("SandboxAdapter penalty", penalty, lo=0, error=ConfigError)
         if mode not in MODES:
             raise ConfigError(f"SandboxAdapter: mode = {mode!r} must be one of {', '.join(MODES)}")
         self.mode = mode
@@ -375,19 +370,15 @@ def _episode(obj: Any, where: str) -> dict[str, Any]:
     turns = len(body) // 2
     if "rewards" in obj:
         rewards = obj["rewards"]
-        if not isinstance(rewards, list) or len(rewards) != turns or not all(_finite(r) for r in rewards):
+        if not isinstance(rewards, list) or len(rewards) != turns or not all(checks.is_real(r) for r in rewards):
             raise AdapterError(f"{where}: field 'rewards' = {rewards!r:.80} must be {turns} finite numbers (one per turn)")
     elif "reward" in obj:
-        if not _finite(obj["reward"]):
+        if not checks.is_real(obj["reward"]):
             raise AdapterError(f"{where}: field 'reward' = {obj['reward']!r} must be a finite number")
         rewards = [0.0] * (turns - 1) + [float(obj["reward"])]
     else:
         raise AdapterError(f"{where}: missing field 'reward' (or 'rewards', one per turn)")
     return {"messages": msgs, "rewards": [float(r) for r in rewards], "group": obj.get("group")}
-
-
-def _finite(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def write_episode_log(records: Iterable[Any], path: str | Path) -> int:

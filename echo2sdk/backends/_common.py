@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from echo2sdk.core import checks
 from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError
 
@@ -57,26 +58,17 @@ def positive_int(name: str, value: Any, *, allow_none: bool = False) -> int | No
     """`value` as a positive int, or a ConfigError naming the option and the value."""
     if value is None and allow_none:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        more = " or None" if allow_none else ""
-        raise ConfigError(f"{name} must be a positive int{more}, got {value!r}")
-    return value
+    return checks.integer(name, value, lo=1, error=ConfigError)
 
 
 def check_params(params: SamplingParams) -> None:
     if not isinstance(params, SamplingParams):
         raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
-    n = params.max_new_tokens
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ConfigError(f"max_new_tokens must be a positive int, got {n!r}")
-    t = params.temperature
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
-        raise ConfigError(f"temperature must be a finite number > 0 (greedy decoding is not supported), got {t!r}")
-    p = params.top_p
-    if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 < p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {p!r}")
-    if params.seed is not None and (not isinstance(params.seed, int) or isinstance(params.seed, bool)):
-        raise ConfigError(f"seed must be an int or None, got {params.seed!r}")
+    checks.integer("max_new_tokens", params.max_new_tokens, lo=1, error=ConfigError)
+    checks.real("temperature", params.temperature, lo=0, open_lo=True, error=ConfigError)  # no greedy decoding
+    checks.real("top_p", params.top_p, lo=0, hi=1, open_lo=True, error=ConfigError)
+    if params.seed is not None:
+        checks.integer("seed", params.seed, error=ConfigError)
 
 
 def check_prompts(
@@ -150,8 +142,10 @@ def resolve_eos(folder: Any, *candidates: Any) -> int:
 
 
 def check_version(version: Any, current: int) -> None:
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise BackendError(f"snapshot version must be an int, got {version!r}; kept v{current}")
+    try:
+        checks.integer("snapshot version", version, error=BackendError)
+    except BackendError as exc:
+        raise BackendError(f"{exc}; kept v{current}") from None
     if version < current:
         raise BackendError(f"snapshot v{version} is older than the installed v{current}; refused, kept v{current}")
 

@@ -20,7 +20,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from echo2sdk.backends._common import check_params as _check_params
-from echo2sdk.backends._common import MAX_REPORTED, BackendBase, check_prompts, check_version, refusal, resolve_eos
+from echo2sdk.backends._common import (
+    MAX_REPORTED,
+    BackendBase,
+    check_prompts,
+    check_version,
+    positive_int,
+    refusal,
+    resolve_eos,
+)
+from echo2sdk.core import checks
 from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.core.snapshot import load_snapshot
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled, ProtocolError
@@ -62,12 +71,9 @@ class HFBackend(BackendBase):
     ) -> None:
         if dtype not in _DTYPES:
             raise ConfigError(f"hf backend dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ConfigError(f"hf backend threads must be a positive int or None, got {threads!r}")
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ConfigError(f"hf backend max_batch must be a positive int, got {max_batch!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ConfigError(f"hf backend seed must be an int, got {seed!r}")
+        positive_int("hf backend threads", threads, allow_none=True)
+        positive_int("hf backend max_batch", max_batch)
+        checks.integer("hf backend seed", seed, error=ConfigError)
         torch, transformers = _import_torch()
         self._torch = torch
         if threads is not None:

@@ -52,6 +52,7 @@ from echo2sdk.backends._common import (
     resolve_eos,
     row_seeds,
 )
+from echo2sdk.core import checks
 from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled
 from echo2sdk.weights import resolve_model
@@ -100,8 +101,7 @@ class OpenAIBackend(BackendBase):
             raise ConfigError(f"openai backend base_url must be an http(s) URL, got {base_url!r}")
         if reload not in _RELOAD_MODES:
             raise ConfigError(f"openai backend reload must be one of {', '.join(_RELOAD_MODES)}, got {reload!r}")
-        if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool) or timeout_s <= 0:
-            raise ConfigError(f"openai backend timeout_s must be a number > 0, got {timeout_s!r}")
+        checks.real("openai backend timeout_s", timeout_s, lo=0, open_lo=True, error=ConfigError)
         positive_int("openai backend max_concurrency", max_concurrency)
         for name, value in (("served_model", served_model), ("api_key", api_key), ("snapshot_dir", snapshot_dir)):
             if value is not None and not isinstance(value, str):

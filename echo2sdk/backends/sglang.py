@@ -31,6 +31,7 @@ from echo2sdk.backends._common import (
     resolve_eos,
     row_seeds,
 )
+from echo2sdk.core import checks
 from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled
 from echo2sdk.weights import resolve_model
@@ -74,13 +75,10 @@ class SGLangBackend(BackendBase):
     ) -> None:
         if dtype not in _DTYPES:
             raise ConfigError(f"sglang backend dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ConfigError(f"sglang backend seed must be an int, got {seed!r}")
-        if mem_fraction_static is not None and (
-            not isinstance(mem_fraction_static, (int, float)) or isinstance(mem_fraction_static, bool)
-            or not 0 < mem_fraction_static < 1
-        ):
-            raise ConfigError(f"sglang backend mem_fraction_static must be in (0, 1), got {mem_fraction_static!r}")
+        checks.integer("sglang backend seed", seed, error=ConfigError)
+        name = "sglang backend mem_fraction_static"
+        if mem_fraction_static is not None and checks.real(name, mem_fraction_static, lo=0, open_lo=True, error=ConfigError) >= 1:
+            raise ConfigError(f"{name} must be in (0, 1), got {name}={mem_fraction_static!r}")
         if not isinstance(deterministic, bool):
             raise ConfigError(f"sglang backend deterministic must be true or false, got {deterministic!r}")
         if engine_options is not None and not isinstance(engine_options, dict):

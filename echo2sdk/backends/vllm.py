@@ -41,6 +41,7 @@ from echo2sdk.backends._common import (
     resolve_eos,
     row_seeds,
 )
+from echo2sdk.core import checks
 from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled
 from echo2sdk.weights import resolve_model
@@ -85,6 +86,72 @@ def _repack_output_heads(model: Any) -> int:
             method.process_weights_after_loading(module)
             done += 1
     return done
+
+
+def _check_options(
+    dtype: Any,
+    seed: Any,
+    threads: Any,
+    max_model_len: Any,
+    max_num_seqs: Any,
+    gpu_memory_utilization: Any,
+    kv_cache_memory_bytes: Any,
+    enforce_eager: Any,
+    multiprocessing: Any,
+    engine_options: Any,
+) -> None:
+    """VLLMBackend's arguments, checked before anything is imported: a ConfigError naming the bad one."""
+    if dtype is not None and dtype not in _DTYPES:
+        raise ConfigError(f"vllm backend dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
+    checks.integer("vllm backend seed", seed, error=ConfigError)
+    positive_int("vllm backend threads", threads, allow_none=True)
+    positive_int("vllm backend max_model_len", max_model_len, allow_none=True)
+    positive_int("vllm backend max_num_seqs", max_num_seqs, allow_none=True)
+    positive_int("vllm backend kv_cache_memory_bytes", kv_cache_memory_bytes, allow_none=True)
+    if gpu_memory_utilization is not None:
+        checks.real("vllm backend gpu_memory_utilization", gpu_memory_utilization, lo=0, hi=1, open_lo=True, error=ConfigError)
+    for name, flag in (("enforce_eager", enforce_eager), ("multiprocessing", multiprocessing)):
+        if flag is not None and not isinstance(flag, bool):
+            raise ConfigError(f"vllm backend {name} must be true, false or None, got {flag!r}")
+    if engine_options is not None and not isinstance(engine_options, dict):
+        raise ConfigError(f"vllm backend engine_options must be a table of vllm.LLM arguments, got {engine_options!r}")
+    reserved = sorted({"model", "logprobs_mode", "worker_extension_cls", "generation_config"} & set(engine_options or {}))
+    if reserved:
+        raise ConfigError(f"vllm backend engine_options may not set {reserved}: the backend sets them itself")
+
+
+def _engine_kwargs(
+    folder: str,
+    *,
+    dtype: str,
+    seed: int,
+    on_cpu: bool,
+    longest: int,
+    enforce_eager: bool | None,
+    optional: dict[str, Any],
+    engine_options: dict[str, Any],
+) -> dict[str, Any]:
+    """vllm.LLM's arguments: ours, then the `optional` ones that are set, then `engine_options` as given.
+    `longest` is the longest prompt + response (max_model_len, else the model's positions)."""
+    kwargs: dict[str, Any] = dict(
+        model=folder,
+        dtype=dtype,
+        seed=seed,
+        logprobs_mode="processed_logprobs",  # log-probs at the temperature used, like the hf backend
+        generation_config="vllm",  # the folder's generation_config must not change sampling or stopping
+        enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
+        worker_extension_cls=WORKER_EXTENSION,  # echo2_reload_weights, called by name
+    )
+    if on_cpu:
+        # vLLM CPU cannot rewind a seeded request's generator after a partial (chunked) prefill
+        # ("CPU Generator does not use offset", seen at batch 64): prefill whole prompts only.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(8192, longest)
+        if optional.get("kv_cache_memory_bytes") is None and optional.get("gpu_memory_utilization") is None:
+            optional = dict(optional, kv_cache_memory_bytes=_CPU_KV_CACHE_BYTES)
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    kwargs.update(engine_options)
+    return kwargs
 
 
 #: For ``vllm serve --worker-extension-cls`` and ``vllm.LLM(worker_extension_cls=...)``.
@@ -147,29 +214,8 @@ class VLLMBackend(BackendBase):
         multiprocessing: bool | None = False,
         engine_options: dict[str, Any] | None = None,
     ) -> None:
-        if dtype is not None and dtype not in _DTYPES:
-            raise ConfigError(f"vllm backend dtype must be one of {', '.join(_DTYPES)} or None, got {dtype!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ConfigError(f"vllm backend seed must be an int, got {seed!r}")
-        positive_int("vllm backend threads", threads, allow_none=True)
-        positive_int("vllm backend max_model_len", max_model_len, allow_none=True)
-        positive_int("vllm backend max_num_seqs", max_num_seqs, allow_none=True)
-        positive_int("vllm backend kv_cache_memory_bytes", kv_cache_memory_bytes, allow_none=True)
-        if gpu_memory_utilization is not None and (
-            not isinstance(gpu_memory_utilization, (int, float))
-            or isinstance(gpu_memory_utilization, bool)
-            or not 0 < gpu_memory_utilization <= 1
-        ):
-            raise ConfigError(f"vllm backend gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-        for name, flag in (("enforce_eager", enforce_eager), ("multiprocessing", multiprocessing)):
-            if flag is not None and not isinstance(flag, bool):
-                raise ConfigError(f"vllm backend {name} must be true, false or None, got {flag!r}")
-        if engine_options is not None and not isinstance(engine_options, dict):
-            raise ConfigError(f"vllm backend engine_options must be a table of vllm.LLM arguments, got {engine_options!r}")
-        reserved = sorted({"model", "logprobs_mode", "worker_extension_cls", "generation_config"} & set(engine_options or {}))
-        if reserved:
-            raise ConfigError(f"vllm backend engine_options may not set {reserved}: the backend sets them itself")
-
+        _check_options(dtype, seed, threads, max_model_len, max_num_seqs, gpu_memory_utilization,
+                       kv_cache_memory_bytes, enforce_eager, multiprocessing, engine_options)
         folder = resolve_model(model)
         self._folder = folder
         self._layout = Layout.from_folder(folder)
@@ -189,35 +235,23 @@ class VLLMBackend(BackendBase):
             native_bf16 = not on_cpu or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
             dtype = "bfloat16" if native_bf16 else "float32"
         if on_cpu and threads is not None:
-
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: other processes share the cores
             torch.set_num_threads(threads)
-
-        kwargs: dict[str, Any] = dict(
-            model=folder,
+        kwargs = _engine_kwargs(
+            folder,
             dtype=dtype,
             seed=seed,
-            logprobs_mode="processed_logprobs",  # log-probs at the temperature used, like the hf backend
-            generation_config="vllm",  # the folder's generation_config must not change sampling or stopping
-            enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
-            worker_extension_cls=WORKER_EXTENSION,  # echo2_reload_weights, called by name
+            on_cpu=on_cpu,
+            longest=max_model_len or int(config.get("max_position_embeddings") or 0),
+            enforce_eager=enforce_eager,
+            optional=dict(
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+            ),
+            engine_options=engine_options or {},
         )
-        if on_cpu:
-            # vLLM CPU cannot rewind a seeded request's generator after a partial (chunked) prefill
-            # ("CPU Generator does not use offset", seen at batch 64): prefill whole prompts only.
-            kwargs["enable_chunked_prefill"] = False
-            longest = max_model_len or int(config.get("max_position_embeddings") or 0)
-            kwargs["max_num_batched_tokens"] = max(8192, longest)
-        if kv_cache_memory_bytes is None and gpu_memory_utilization is None and on_cpu:
-            kv_cache_memory_bytes = _CPU_KV_CACHE_BYTES
-        optional = dict(
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            gpu_memory_utilization=gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-        )
-        kwargs.update({k: v for k, v in optional.items() if v is not None})
-        kwargs.update(engine_options or {})
         try:
             self._llm: Any = vllm.LLM(**kwargs)
         except (ValueError, TypeError, RuntimeError, OSError) as exc:

@@ -22,6 +22,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
+from echo2sdk.core import checks
 from echo2sdk.core.records import Trajectory, check_admissible
 from echo2sdk.errors import ConfigError, TrajectoryRejected
 
@@ -59,14 +60,10 @@ class StalenessBuffer:
         capacity_groups: int | None = None,
         order: str = "fifo",
     ) -> None:
-        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-            raise ConfigError(f"staleness S must be an integer >= 0, got staleness={staleness!r}")
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-            raise ConfigError(f"group_size must be an integer >= 1, got group_size={group_size!r}")
-        if capacity_groups is not None and (
-            isinstance(capacity_groups, bool) or not isinstance(capacity_groups, int) or capacity_groups < 1
-        ):
-            raise ConfigError(f"capacity_groups must be None or an integer >= 1, got {capacity_groups!r}")
+        checks.integer("staleness", staleness, lo=0, error=ConfigError)  # S
+        checks.integer("group_size", group_size, lo=1, error=ConfigError)
+        if capacity_groups is not None:
+            checks.integer("capacity_groups", capacity_groups, lo=1, error=ConfigError)
         if order not in _ORDERS:
             raise ConfigError(f"order must be one of {_ORDERS}, got order={order!r}")
         self.staleness = staleness
@@ -102,8 +99,7 @@ class StalenessBuffer:
 
         Raises ConfigError if v_t is lower than the current version (versions are monotonic).
         """
-        if isinstance(v_t, bool) or not isinstance(v_t, int):
-            raise ConfigError(f"learner version must be an integer, got v_t={v_t!r}")
+        checks.integer("v_t", v_t, error=ConfigError)  # the learner version
         with self._cond:
             if v_t < self._version:
                 raise ConfigError(f"learner version must not decrease: at v_t={self._version}, asked for {v_t}")
@@ -171,8 +167,7 @@ class StalenessBuffer:
         returned twice. Raises ValueError when fewer than `num_groups` groups are ready (call
         `wait_for` first); nothing is removed then.
         """
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
-            raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
+        checks.integer("num_groups", num_groups, lo=0, error=ValueError)
         with self._cond:
             self._evict_stale()  # re-check the window at sample time
             if len(self._ready) < num_groups:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from echo2sdk.core import checks
 from echo2sdk.errors import CapacityError
 
 __all__ = [
@@ -50,21 +51,11 @@ def _floor(x: float) -> int:
 
 def _real(name: str, value: object, *, allow_zero: bool = False) -> float:
     """`value` as a finite float > 0 (or >= 0 with allow_zero); CapacityError naming it otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CapacityError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    x = float(value)
-    if not math.isfinite(x):
-        raise CapacityError(f"{name} must be finite, got {name}={value!r}")
-    if x < 0 or (x == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise CapacityError(f"{name} must be {bound}, got {name}={value!r}")
-    return x
+    return checks.real(name, value, lo=0, open_lo=not allow_zero, error=CapacityError)
 
 
 def _kappa(kappa: object) -> int:
-    if isinstance(kappa, bool) or not isinstance(kappa, int) or kappa < 1:
-        raise CapacityError(f"kappa must be an integer >= 1, got kappa={kappa!r}")
-    return kappa
+    return checks.integer("kappa", kappa, lo=1, error=CapacityError)
 
 
 def kappa_for(S: int) -> int:
@@ -72,8 +63,7 @@ def kappa_for(S: int) -> int:
 
     Raises CapacityError when S is not an integer >= 2.
     """
-    if isinstance(S, bool) or not isinstance(S, int):
-        raise CapacityError(f"staleness S must be an integer >= 2, got S={S!r} ({type(S).__name__})")
+    S = checks.integer("S", S, error=CapacityError)
     if S < 2:
         raise CapacityError(f"staleness S must be >= 2 so that kappa = S - 1 >= 1, got S={S}")
     return S - 1
@@ -85,7 +75,7 @@ def publication_period(S: int, kappa: int | None = None) -> int:
     default = kappa_for(S)
     if kappa is None:
         return default
-    if isinstance(kappa, bool) or not isinstance(kappa, int) or not 1 <= kappa <= default:
+    if not 1 <= checks.integer("kappa", kappa, error=CapacityError) <= default:
         raise CapacityError(f"kappa must be an integer in [1, S - 1 = {default}] (paper section 4.1), got kappa={kappa!r}")
     return kappa
 
@@ -124,9 +114,7 @@ def overlap_ok(T_train: float, T_bcast: float, R: float, kappa: int, mu_pool: fl
     T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
     R = _real("R", R)
     kappa = _kappa(kappa)
-    if isinstance(mu_pool, bool) or not isinstance(mu_pool, int | float) or math.isnan(mu_pool):
-        raise CapacityError(f"mu_pool must be a number, got mu_pool={mu_pool!r}")
-    if mu_pool <= 0:
+    if checks.real("mu_pool", mu_pool, error=CapacityError) <= 0:
         return False
     lhs = kappa * T_train
     rhs = T_bcast + kappa * R / mu_pool
@@ -193,11 +181,8 @@ def t_bcast_quantile(delays: Iterable[float], n_workers: int, q: float) -> float
     fraction q (= 1/gamma) of the n_workers active at publication, i.e. the ceil(q * n_workers)-th
     smallest install delay. None while fewer workers than that have installed it; 0.0 for no workers.
     """
-    q = _real("q", q)
-    if q > 1:
-        raise CapacityError(f"q must be in (0, 1], got q={q!r}")
-    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 0:
-        raise CapacityError(f"n_workers must be an integer >= 0, got n_workers={n_workers!r}")
+    q = checks.real("q", q, lo=0, hi=1, open_lo=True, error=CapacityError)
+    checks.integer("n_workers", n_workers, lo=0, error=CapacityError)
     if n_workers == 0:
         return 0.0
     need = max(1, _ceil(n_workers * q))

@@ -121,6 +121,35 @@ def play_episodes(
     stats = stats if stats is not None else EpisodeStats()
     max_turns = int(getattr(adapter, "max_turns", 16))
     cap = getattr(adapter, "max_action_tokens", None)  # an episodic task may keep each action short
+    budget = min(params.max_new_tokens, cap) if cap is not None else params.max_new_tokens
+    eps = _start_episodes(backend, adapter, tasks, n, budget, max_len)
+    for rnd in range(max_turns):
+        active = [e for e in eps if not e.done]
+        if not active:
+            break
+        p = replace(params, seed=params.seed + 7919 * rnd) if params.seed is not None else params
+        p = replace(p, max_new_tokens=budget)
+        for e, s in zip(active, _next_actions(backend, active, p)):
+            if s is not None:
+                _take_turn(backend, e, s, budget, max_len)
+    for e in eps:
+        if not e.done:
+            _abort(e, "turn_limit")
+    groups = _group_records(backend, eps, tasks, n, version, worker_id, stats)
+    for e in eps:
+        if e.episode is not None:
+            try:
+                e.episode.close()
+            except Exception:  # noqa: BLE001
+                pass
+    return groups
+
+
+def _start_episodes(
+    backend: InferenceBackend, adapter: EpisodicTaskAdapter, tasks: Sequence[Task], n: int, budget: int, max_len: int | None
+) -> list[_Live]:
+    """n started episodes per task, in task order; one whose start fails, or whose opening prompt leaves no
+    room for one action of `budget` tokens under max_len, is done with its error."""
     eps: list[_Live] = []
     for task in tasks:
         for k in range(n):
@@ -133,68 +162,71 @@ def play_episodes(
             except Exception as e:  # noqa: BLE001 - a broken sandbox is data, not a crash
                 live.error, live.done = _error(e), True
             eps.append(live)
-
-    budget = min(params.max_new_tokens, cap) if cap is not None else params.max_new_tokens
     for e in eps:  # the opening prompt must leave room for one action under max_len
         if not e.done and max_len is not None and len(e.context) + budget > max_len:
             e.error, e.done = f"opening prompt has {len(e.context)} tokens; with {budget} new tokens that exceeds max_len={max_len}", True
-    for rnd in range(max_turns):
-        active = [e for e in eps if not e.done]
-        if not active:
-            break
-        p = replace(params, seed=params.seed + 7919 * rnd) if params.seed is not None else params
-        p = replace(p, max_new_tokens=budget)
-        samples: list[Sample | None] = [None] * len(active)
-        for j, e in enumerate(active):  # logged (offline) episodes bring their own responses
-            script = getattr(e.episode, "next_response", None)
-            if callable(script):
-                try:
-                    text = str(script())
-                    ids = assistant_ids(backend, text)
-                except Exception as ex:  # noqa: BLE001
-                    e.error, e.done = _error(ex), True
-                    continue
-                e.off_policy = True
-                samples[j] = Sample(tuple(ids), tuple([0.0] * len(ids)), text, "stop")
-        todo = [j for j, e in enumerate(active) if samples[j] is None and not e.done]
-        if todo:
-            for j, s in zip(todo, backend.generate([active[j].context for j in todo], p)):
-                samples[j] = s
-        for e, s in zip(active, samples):
-            if s is None:
-                continue
-            e.turns += 1
-            e.response += s.token_ids
-            e.mask += [1] * len(s.token_ids)
-            e.logprobs += [min(lp, 0.0) for lp in s.logprobs]
-            e.messages.append({"role": "assistant", "content": s.text})
-            e.context += s.token_ids
+    return eps
+
+
+def _next_actions(backend: InferenceBackend, active: list[_Live], p: SamplingParams) -> list[Sample | None]:
+    """Each live episode's next action: logged (offline) episodes bring their own responses, the others
+    share one batched `generate` call. None where a logged response could not be replayed."""
+    samples: list[Sample | None] = [None] * len(active)
+    for j, e in enumerate(active):
+        script = getattr(e.episode, "next_response", None)
+        if callable(script):
             try:
-                st = e.episode.step(s.text)  # type: ignore[union-attr]
-                reward = float(st.reward)
-                if not math.isfinite(reward):
-                    raise ValueError(f"step reward is {reward!r}")
+                text = str(script())
+                ids = assistant_ids(backend, text)
             except Exception as ex:  # noqa: BLE001
                 e.error, e.done = _error(ex), True
                 continue
-            e.step_rewards.append(reward)
-            if st.done or st.observation is None:
-                e.done = True
-                continue
-            glue = [] if s.finish_reason == "stop" else [backend.eos_token_id]  # close a length-cut turn
-            cont = glue + continuation_ids(backend, st.observation)
-            if max_len is not None and len(e.context) + len(cont) + budget > max_len:
-                _abort(e, "context_limit")  # the record stays within max_len: the next state is not appended
-                continue
-            e.messages.append({"role": "user", "content": st.observation})
-            e.response += cont
-            e.mask += [0] * len(cont)
-            e.logprobs += [0.0] * len(cont)
-            e.context += cont
-    for e in eps:
-        if not e.done:
-            _abort(e, "turn_limit")
+            e.off_policy = True
+            samples[j] = Sample(tuple(ids), tuple([0.0] * len(ids)), text, "stop")
+    todo = [j for j, e in enumerate(active) if samples[j] is None and not e.done]
+    if todo:
+        for j, s in zip(todo, backend.generate([active[j].context for j in todo], p)):
+            samples[j] = s
+    return samples
 
+
+def _take_turn(backend: InferenceBackend, e: _Live, s: Sample, budget: int, max_len: int | None) -> None:
+    """Append action `s` (loss on its tokens), step the episode, and append the next user turn (no loss),
+    unless the episode ended, failed, or would no longer fit max_len with another action."""
+    e.turns += 1
+    e.response += s.token_ids
+    e.mask += [1] * len(s.token_ids)
+    e.logprobs += [min(lp, 0.0) for lp in s.logprobs]
+    e.messages.append({"role": "assistant", "content": s.text})
+    e.context += s.token_ids
+    try:
+        st = e.episode.step(s.text)  # type: ignore[union-attr]
+        reward = float(st.reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"step reward is {reward!r}")
+    except Exception as ex:  # noqa: BLE001
+        e.error, e.done = _error(ex), True
+        return
+    e.step_rewards.append(reward)
+    if st.done or st.observation is None:
+        e.done = True
+        return
+    glue = [] if s.finish_reason == "stop" else [backend.eos_token_id]  # close a length-cut turn
+    cont = glue + continuation_ids(backend, st.observation)
+    if max_len is not None and len(e.context) + len(cont) + budget > max_len:
+        _abort(e, "context_limit")  # the record stays within max_len: the next state is not appended
+        return
+    e.messages.append({"role": "user", "content": st.observation})
+    e.response += cont
+    e.mask += [0] * len(cont)
+    e.logprobs += [0.0] * len(cont)
+    e.context += cont
+
+
+def _group_records(
+    backend: InferenceBackend, eps: list[_Live], tasks: Sequence[Task], n: int, version: int, worker_id: str, stats: EpisodeStats
+) -> list[list[Trajectory]]:
+    """One group of records per task; a group whose episodes all failed is dropped and counted."""
     groups: list[list[Trajectory]] = []
     for g in range(len(tasks)):
         members = eps[g * n : (g + 1) * n]
@@ -205,12 +237,6 @@ def play_episodes(
             log.warning("group %s dropped: all %d episodes failed (%s)", tasks[g].id, n, members[0].error)
             continue
         groups.append(records)
-    for e in eps:
-        if e.episode is not None:
-            try:
-                e.episode.close()
-            except Exception:  # noqa: BLE001
-                pass
     return groups
 
 

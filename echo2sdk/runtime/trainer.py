@@ -4,6 +4,10 @@ coordinator together, and starts local rollout-worker processes.
 Algorithm 1 of the paper, learner side: wait until R admissible trajectories (v >= v_t - S) are in the
 buffer, update, advance v_t, publish a snapshot every kappa updates; rollout, dissemination and
 training overlap because workers keep generating under their installed version meanwhile.
+
+The configuration stays out of the classes: the builders below (`learner_args`, `buffer_args`,
+`worker_config`, `coordinator_args`, `worker_command`) turn a `Config` into the flat arguments each part
+takes, and `metrics_row` assembles one line of metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from echo2sdk.config import Config
 from echo2sdk.core import capacity
@@ -28,12 +32,161 @@ from echo2sdk.runtime.delivery import DirectPush
 from echo2sdk.core.contracts import TaskAdapter
 from echo2sdk.errors import CapacityError, Echo2Error
 
+if TYPE_CHECKING:
+    from echo2sdk.core.learner import StepStats
+
 __all__ = ["Trainer"]
 
 log = logging.getLogger("echo2sdk.trainer")
 
 
+# -- builders: Config -> flat arguments ----------------------------------------------------------------
+def learner_args(cfg: Config) -> dict[str, Any]:
+    """Keyword arguments of `Learner(model_path, **learner_args(cfg))`."""
+    L = cfg.learner
+    return dict(
+        lr=L.lr,
+        beta=L.beta,
+        clip_eps=L.clip_eps,
+        is_cap=L.is_cap,
+        adv_eps=L.adv_eps,
+        grad_clip=L.grad_clip,
+        micro_batch=L.micro_batch,
+        precision=L.precision,
+        temperature=cfg.rollout.temperature,
+        weight_decay=L.weight_decay,
+        reference=cfg.model.reference,
+        threads=L.threads,
+        seed=cfg.run.seed,
+    )
+
+
+def buffer_args(cfg: Config) -> dict[str, Any]:
+    """Keyword arguments of `StalenessBuffer(**buffer_args(cfg))`: S, the group size n and the order."""
+    return dict(staleness=cfg.learner.staleness, group_size=cfg.rollout.group_size, order=cfg.learner.order)
+
+
+def worker_config(cfg: Config, model_path: str) -> dict[str, Any]:
+    """What the coordinator hands every worker that joins: model, task, backend and sampling."""
+    ro = cfg.rollout
+    return {
+        "model": cfg.model.policy,
+        "model_path": model_path,
+        "adapter": cfg.task.adapter,
+        "adapter_options": cfg.task.options,
+        "backend": ro.backend,
+        "backend_options": ro.backend_options,
+        "group_size": ro.group_size,
+        "tasks_per_request": ro.tasks_per_request,
+        "sampling": {"max_new_tokens": ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p},
+        "max_len": cfg.learner.max_len,
+    }
+
+
+def coordinator_args(cfg: Config, token: str) -> dict[str, Any]:
+    """The Coordinator's address, liveness and delivery arguments (setup adds buffer, tasks and the model's
+    facts)."""
+    run = cfg.run
+    return dict(
+        max_len=cfg.learner.max_len,
+        token=token,
+        host=run.host,
+        port=run.port,
+        heartbeat_s=run.heartbeat_s,
+        worker_timeout_s=run.worker_timeout_s,
+        delivery=_delivery(cfg, token),
+    )
+
+
+def worker_command(host: str, port: int, worker_id: str, nice: int) -> list[str]:
+    """The command line of one local rollout worker (the token travels in its environment: ps shows argv)."""
+    cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{port}", "--id", worker_id]
+    return cmd + ["--nice", str(nice)]
+
+
+def worker_env(token: str, threads: int) -> dict[str, str]:
+    """The environment of a local rollout worker: the token and its thread counts."""
+    env = dict(os.environ, ECHO2_TOKEN=token)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+# -- one step's metrics --------------------------------------------------------------------------------
+def metrics_row(
+    step: int,
+    version: int,
+    records: list,
+    deltas: list[int],
+    st: StepStats,
+    *,
+    time_s: float,
+    wall_s: float,
+    wait_s: float,
+    publish_s: float,
+    t_bcast: tuple[float | None, float | None],
+    rejected: int,
+    evicted: int,
+    workers_alive: int,
+    broadcast_repairs: int,
+) -> dict[str, Any]:
+    """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
+    (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
+    rewards = [t.reward for t in records]
+    correct = [t.meta.extra.get("correct") for t in records]
+    t_q, t_all = t_bcast
+    return {
+        "step": step,
+        "version": version,
+        "time_s": round(time_s, 3),
+        "t_train_s": round(st.t_train_s, 4),
+        "t_forward_s": round(st.t_forward_s, 4),
+        "t_backward_s": round(st.t_backward_s, 4),
+        "t_optim_s": round(st.t_optim_s, 4),
+        "t_publish_s": round(publish_s, 4),
+        "t_step_wall_s": round(wall_s, 4),
+        "learner_wait_s": round(wait_s, 4),
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "accuracy": statistics.fmean(bool(c) for c in correct) if correct else None,
+        "staleness_max": max(deltas),
+        "staleness_mean": statistics.fmean(deltas),
+        "trajectories": len(records),
+        "tokens": st.tokens,
+        "rejected": rejected,
+        "evicted": evicted,
+        "loss": st.loss,
+        "kl": st.kl,
+        "clip_frac": st.clip_frac,
+        "is_weight_mean": st.is_weight_mean,
+        "is_truncated_frac": st.is_truncated_frac,
+        "grad_norm": st.grad_norm,
+        "task": _extra_means(records),
+        "workers_alive": workers_alive,
+        "t_bcast_s": t_q,
+        "t_bcast_all_s": t_all,
+        "broadcast_repairs": broadcast_repairs,
+    }
+
+
+# -- the provisioning decision (paper §4.3) -------------------------------------------------------------
+def decide(
+    measured: dict[str, Any], prices: dict[str, float], *, R: int, S: int, kappa: int, gamma: float, solver: str = "exact"
+) -> dict[str, Any]:
+    """The provisioning plan for what warm-up calibration measured (T_train, T_bcast, mu per worker) at
+    these prices: `measured` plus prices, the plan and its text ("decision")."""
+    from echo2sdk.plan import CatalogEntry, format_plan, make_plan
+
+    catalog = [CatalogEntry(wid, prices[wid], m) for wid, m in sorted(measured["mu"].items())]
+    plan = make_plan(catalog, T_train=measured["T_train"], R=R, S=S, kappa=kappa, gamma=gamma, T_bcast=measured["T_bcast"],
+                     solver=solver)
+    return {**measured, "prices": prices, "plan": plan.to_dict(), "decision": format_plan(plan)}
+
+
 class Trainer:
+    """The recipe: `setup` (learner, buffer, coordinator, local workers), `run` (learner.steps updates,
+    then `save` and summary.json), `close` (cleanup). `calibrate` is the optional warm-up between setup
+    and run."""
+
     def __init__(self, cfg: Config, adapter: TaskAdapter | None = None):
         self.cfg = cfg
         self.out = Path(cfg.run.out)
@@ -44,6 +197,7 @@ class Trainer:
         self.version = 0  # v_t
         self.rows: list[dict[str, Any]] = []
         self.last_batch: list = []
+        self._published: list[int] = []  # versions published, oldest first
         self._ready = False
 
     # -- setup -------------------------------------------------------------------------------------
@@ -54,53 +208,20 @@ class Trainer:
         from echo2sdk.weights import resolve_model
         from echo2sdk.plugins import load_adapter
 
-        cfg, L, ro = self.cfg, self.cfg.learner, self.cfg.rollout
+        cfg, L = self.cfg, self.cfg.learner
         self.out.mkdir(parents=True, exist_ok=True)
         _log_to(self.out / "run.log")
         self.model_path = resolve_model(cfg.model.policy)
         adapter = self._adapter or load_adapter(cfg.task.adapter, cfg.task.options)
-        self.learner = Learner(
-            self.model_path,
-            lr=L.lr,
-            beta=L.beta,
-            clip_eps=L.clip_eps,
-            is_cap=L.is_cap,
-            adv_eps=L.adv_eps,
-            grad_clip=L.grad_clip,
-            micro_batch=L.micro_batch,
-            precision=L.precision,
-            temperature=ro.temperature,
-            weight_decay=L.weight_decay,
-            reference=cfg.model.reference,
-            threads=L.threads,
-            seed=cfg.run.seed,
-        )
-        self.buffer = StalenessBuffer(staleness=L.staleness, group_size=ro.group_size, order=L.order)
-        worker_config = {
-            "model": cfg.model.policy,
-            "model_path": self.model_path,
-            "adapter": cfg.task.adapter,
-            "adapter_options": cfg.task.options,
-            "backend": ro.backend,
-            "backend_options": ro.backend_options,
-            "group_size": ro.group_size,
-            "tasks_per_request": ro.tasks_per_request,
-            "sampling": {"max_new_tokens": ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p},
-            "max_len": L.max_len,
-        }
+        self.learner = Learner(self.model_path, **learner_args(cfg))
+        self.buffer = StalenessBuffer(**buffer_args(cfg))
         token = cfg.run.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(24)
         self.coordinator = Coordinator(
             buffer=self.buffer,
             tasks=adapter.tasks(cfg.run.seed),
-            worker_config=worker_config,
+            worker_config=worker_config(cfg, self.model_path),
             vocab_size=self.learner.vocab_size,
-            max_len=L.max_len,
-            token=token,
-            host=cfg.run.host,
-            port=cfg.run.port,
-            heartbeat_s=cfg.run.heartbeat_s,
-            worker_timeout_s=cfg.run.worker_timeout_s,
-            delivery=_delivery(cfg, token),
+            **coordinator_args(cfg, token),
         )
         host, port = self.coordinator.start()
         log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d); learner %s (precision=%s)", host, port,
@@ -113,90 +234,77 @@ class Trainer:
         ro = self.cfg.rollout
         logs = self.out / "workers"
         logs.mkdir(exist_ok=True)
-        env = dict(os.environ, ECHO2_TOKEN=self.coordinator.token)  # not on the command line (ps shows argv)
-        env.update(OMP_NUM_THREADS=str(ro.threads), MKL_NUM_THREADS=str(ro.threads), TOKENIZERS_PARALLELISM="false")
+        env = worker_env(self.coordinator.token, ro.threads)
         for i in range(ro.workers):
-            cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{port}", "--id", f"local-{i}"]
-            cmd += ["--nice", str(ro.nice)]
             with open(logs / f"local-{i}.log", "w") as fh:
+                cmd = worker_command(host, port, f"local-{i}", ro.nice)
                 self.procs.append(subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT))
 
     # -- run ---------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """setup, learner.steps updates (one metrics.jsonl row each), save, summary.json; returns the summary."""
         self.setup()
-        cfg, L = self.cfg, self.cfg.learner
-        R, n, kappa, S = L.trajectories_per_step, self.cfg.rollout.group_size, cfg.kappa, L.staleness
-        k = R // n
-        metrics = open(self.out / "metrics.jsonl", "w")
-        bar = _progress(L.steps, cfg.run.progress)
-        t_start = time.perf_counter()
-        published: list[int] = []
-        publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo2-publish")
-        try:
-            for step in range(1, L.steps + 1):
-                t_wait = self._wait_for_groups(k)
-                t0 = time.perf_counter()
-                groups = self.last_batch = self.buffer.sample(k)
-                records = [t for g in groups for t in g]
-                deltas = [self.version - t.version for t in records]  # Delta = v_t - v, <= S by admission
-                st = self.learner.step(groups)
-                self.version += 1
-                self.buffer.set_version(self.version)
-                t_pub = 0.0
-                if self.version % kappa == 0:  # publish every kappa updates
-                    tp = time.perf_counter()
-                    state = self.learner.snapshot_state(L.snapshot_dtype)  # copy now; serialize off-thread
-                    publisher.submit(self._publish, self.version, state)
-                    published.append(self.version)
-                    t_pub = time.perf_counter() - tp
-                rewards = [t.reward for t in records]
-                correct = [t.meta.extra.get("correct") for t in records]
-                t_q, t_all = self._last_bcast(published)
-                row = {
-                    "step": step,
-                    "version": self.version,
-                    "time_s": round(time.perf_counter() - t_start, 3),
-                    "t_train_s": round(st.t_train_s, 4),
-                    "t_forward_s": round(st.t_forward_s, 4),
-                    "t_backward_s": round(st.t_backward_s, 4),
-                    "t_optim_s": round(st.t_optim_s, 4),
-                    "t_publish_s": round(t_pub, 4),
-                    "t_step_wall_s": round(time.perf_counter() - t0 + t_wait, 4),
-                    "learner_wait_s": round(t_wait, 4),
-                    "reward_mean": statistics.fmean(rewards),
-                    "reward_std": statistics.pstdev(rewards),
-                    "accuracy": statistics.fmean(bool(c) for c in correct) if correct else None,
-                    "staleness_max": max(deltas),
-                    "staleness_mean": statistics.fmean(deltas),
-                    "trajectories": len(records),
-                    "tokens": st.tokens,
-                    "rejected": sum(self.coordinator.rejected.values()),
-                    "evicted": self.buffer.stats()["evicted"],
-                    "loss": st.loss,
-                    "kl": st.kl,
-                    "clip_frac": st.clip_frac,
-                    "is_weight_mean": st.is_weight_mean,
-                    "is_truncated_frac": st.is_truncated_frac,
-                    "grad_norm": st.grad_norm,
-                    "task": _extra_means(records),
-                    "workers_alive": len(self.coordinator.alive_workers()),
-                    "t_bcast_s": t_q,
-                    "t_bcast_all_s": t_all,
-                    "broadcast_repairs": len(self.coordinator.broadcast_repairs),
-                }
-                self.rows.append(row)
-                metrics.write(json.dumps(row) + "\n")
-                metrics.flush()
-                bar.update(1)
-                bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row['accuracy'] or 0:.2f}", wait=f"{t_wait:.1f}s")
-        finally:
-            publisher.shutdown(wait=True)
-            bar.close()
-            metrics.close()
+        steps = self.cfg.learner.steps
+        with (
+            open(self.out / "metrics.jsonl", "w") as metrics,
+            _progress(steps, self.cfg.run.progress) as bar,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo2-publish") as publisher,
+        ):
+            t_start = time.perf_counter()
+            for step in range(1, steps + 1):
+                self._record(self.train_step(step, publisher, t_start), metrics, bar)
         self.save()
         summary = self.summary(time.perf_counter() - t_start)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def train_step(self, step: int, publisher: Executor, t_start: float) -> dict[str, Any]:
+        """One update: wait for k = R/n admissible groups, step the learner, advance v_t, publish every
+        kappa updates. Returns the step's metrics row."""
+        k = self._groups_per_step()
+        t_wait = self._wait_for_groups(k)
+        t0 = time.perf_counter()
+        groups = self.last_batch = self.buffer.sample(k)
+        records = [t for g in groups for t in g]
+        deltas = [self.version - t.version for t in records]  # Delta = v_t - v, <= S by admission
+        st = self.learner.step(groups)
+        self.version += 1
+        self.buffer.set_version(self.version)
+        t_pub = self._publish_if_due(publisher)
+        t_bcast = self._last_bcast()
+        now = time.perf_counter()
+        return metrics_row(step, self.version, records, deltas, st, time_s=now - t_start, wall_s=now - t0 + t_wait,
+                           wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, **self._pool_counters())
+
+    def _groups_per_step(self) -> int:
+        return self.cfg.learner.trajectories_per_step // self.cfg.rollout.group_size  # k = R / n
+
+    def _publish_if_due(self, publisher: Executor) -> float:
+        """Every kappa updates: copy the weights now, serialize and send them on the publisher thread.
+        Returns the learner's share of the publication (t_publish_s); 0.0 between publications."""
+        if self.version % self.cfg.kappa:
+            return 0.0
+        t0 = time.perf_counter()
+        state = self.learner.snapshot_state(self.cfg.learner.snapshot_dtype)  # copy now; serialize off-thread
+        publisher.submit(self._publish, self.version, state)
+        self._published.append(self.version)
+        return time.perf_counter() - t0
+
+    def _pool_counters(self) -> dict[str, int]:
+        return {
+            "rejected": sum(self.coordinator.rejected.values()),
+            "evicted": self.buffer.stats()["evicted"],
+            "workers_alive": len(self.coordinator.alive_workers()),
+            "broadcast_repairs": len(self.coordinator.broadcast_repairs),
+        }
+
+    def _record(self, row: dict[str, Any], metrics: IO[str], bar: Any) -> None:
+        self.rows.append(row)
+        metrics.write(json.dumps(row) + "\n")
+        metrics.flush()
+        bar.update(1)
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row['accuracy'] or 0:.2f}",
+                        wait=f"{row['learner_wait_s']:.1f}s")
 
     def _publish(self, version: int, state: dict) -> None:
         """Runs on the publisher thread: the state is already a private, cast copy."""
@@ -229,14 +337,15 @@ class Trainer:
                 )
         return time.perf_counter() - t0
 
-    def _last_bcast(self, published: list[int]) -> tuple[float | None, float | None]:
-        for v in reversed(published):
+    def _last_bcast(self) -> tuple[float | None, float | None]:
+        """T_bcast (quantile, all workers) of the newest publication that has one."""
+        for v in reversed(self._published):
             t_q, t_all = self.coordinator.t_bcast(v)
             if t_q is not None:
                 return t_q, t_all
         return None, None
 
-    # -- save / summarize / cleanup ----------------------------------------------------------------
+    # -- save / summarize --------------------------------------------------------------------------
     def save(self) -> None:
         self.learner.save(str(self.out / "checkpoint"), tokenizer_from=self.model_path)
 
@@ -294,48 +403,71 @@ class Trainer:
         With scheduler.enabled the numbers go to a Scheduler: the cheapest-rho workers reaching mu_target
         stay active, the others are deactivated (registered, idle), and a LiveLoop keeps mu_pool near the
         target during run(). Writes DIR/calibration.json; returns the numbers and the decision text."""
-        import copy
-
-        from echo2sdk.plan import CatalogEntry, format_plan, make_plan
-
         self.setup()
-        cfg, L, sc = self.cfg, self.cfg.learner, self.cfg.scheduler
-        R, kappa = L.trajectories_per_step, cfg.kappa
         if self.version != 0:
             raise Echo2Error(f"calibrate() runs before training (learner at version {self.version})")
-        k = R // cfg.rollout.group_size
+        cfg, L, sc = self.cfg, self.cfg.learner, self.cfg.scheduler
+        measured = self.measure(steps, join_timeout_s)
+        out = decide(measured, self._prices(), R=L.trajectories_per_step, S=L.staleness, kappa=cfg.kappa, gamma=sc.gamma,
+                     solver=cfg.provisioning.solver)
+        log.info("warm-up calibration:\n%s", out["decision"])
+        if sc.enabled:
+            self._start_scheduler(out)
+        (self.out / "calibration.json").write_text(json.dumps(out, indent=2, default=str))
+        return out
+
+    def measure(self, steps: int = 5, join_timeout_s: float = 120.0) -> dict[str, Any]:
+        """The warm-up measurements of `calibrate`: T_train, its `steps` samples, T_bcast and mu per worker."""
+        k = self._groups_per_step()
         self._wait_for_groups(k)
         groups = self.buffer.sample(k)
-        deadline = time.monotonic() + join_timeout_s
-        while time.monotonic() < deadline:  # every joined worker has measured itself once
+        own = self._await_own_rates(join_timeout_s)
+        t_a, got_a = time.monotonic(), {w.worker_id: w.trajectories for w in self.coordinator.alive_workers()}
+        times = self._time_offline_steps(groups, steps)
+        t_bcast = self._time_publication(join_timeout_s)
+        mu = self._delivered_rates(time.monotonic() - t_a, got_a, own)
+        return {"T_train": statistics.median(times), "T_train_steps": times, "T_bcast": t_bcast, "mu": mu}
+
+    def _await_own_rates(self, timeout_s: float) -> dict[str, float]:
+        """Wait until every joined worker has measured itself once; their own generation rates."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
             alive = self.coordinator.alive_workers()
-            if alive and all(w.rollouts_per_s > 0 for w in alive) and len(alive) >= cfg.rollout.workers:
+            if alive and all(w.rollouts_per_s > 0 for w in alive) and len(alive) >= self.cfg.rollout.workers:
                 break
             time.sleep(0.2)
-        own = {w.worker_id: w.rollouts_per_s for w in self.coordinator.alive_workers() if w.rollouts_per_s > 0}
-        t_a, got_a = time.monotonic(), {w.worker_id: w.trajectories for w in self.coordinator.alive_workers()}
+        return {w.worker_id: w.rollouts_per_s for w in self.coordinator.alive_workers() if w.rollouts_per_s > 0}
+
+    def _time_offline_steps(self, groups: list, steps: int) -> list[float]:
+        """T_train samples: `steps` real updates at learning rate 0, the optimizer state restored after."""
+        import copy
+
         opt = self.learner.opt
         saved = copy.deepcopy(opt.state_dict())
         for g in opt.param_groups:
             g["lr"] = 0.0
         try:
-            times = [self.learner.step(groups).t_train_s for _ in range(steps)]
+            return [self.learner.step(groups).t_train_s for _ in range(steps)]
         finally:
             opt.load_state_dict(saved)  # learning rates and moments as they were
-        t_train = statistics.median(times)
+
+    def _time_publication(self, timeout_s: float) -> float:
+        """T_bcast: publish the unchanged policy as version 1 and wait for its installation time."""
         self.version = 1  # the unchanged policy, published once to time the real path
         self.buffer.set_version(self.version)
-        self._publish(self.version, self.learner.snapshot_state(L.snapshot_dtype))
+        self._publish(self.version, self.learner.snapshot_state(self.cfg.learner.snapshot_dtype))
         t_bcast = None
-        deadline = time.monotonic() + join_timeout_s
+        deadline = time.monotonic() + timeout_s
         while t_bcast is None and time.monotonic() < deadline:
             time.sleep(0.1)
             t_bcast = self.coordinator.t_bcast(self.version)[0]
         if t_bcast is None:
-            raise Echo2Error(f"T_bcast calibration: snapshot v1 not installed within {join_timeout_s:g} s")
-        # mu_i end to end, while the learner trained and published (accepted trajectories per second);
-        # a worker that delivered nothing in that span keeps its own generation-rate estimate
-        span = time.monotonic() - t_a
+            raise Echo2Error(f"T_bcast calibration: snapshot v1 not installed within {timeout_s:g} s")
+        return t_bcast
+
+    def _delivered_rates(self, span: float, got_a: dict[str, int], own: dict[str, float]) -> dict[str, float]:
+        """mu_i end to end, while the learner trained and published (accepted trajectories per second);
+        a worker that delivered nothing in that span keeps its own generation-rate estimate."""
         mu = {}
         for w in self.coordinator.alive_workers():
             delivered = w.trajectories - got_a.get(w.worker_id, w.trajectories)
@@ -344,39 +476,27 @@ class Trainer:
                 mu[w.worker_id] = rate
         if not mu:
             raise Echo2Error(f"calibration: no worker delivered trajectories in {span:.0f} s; see {self.out / 'workers'}")
-        prices = {w.worker_id: sc.prices.get(w.worker_id, w.price_per_hour) for w in self.coordinator.alive_workers()}
-        catalog = [CatalogEntry(wid, prices[wid], m) for wid, m in sorted(mu.items())]
-        plan = make_plan(catalog, T_train=t_train, R=R, S=L.staleness, kappa=kappa, gamma=sc.gamma, T_bcast=t_bcast)
-        text = format_plan(plan)
-        out = {"T_train": t_train, "T_train_steps": times, "T_bcast": t_bcast, "mu": mu, "prices": prices,
-               "plan": plan.to_dict(), "decision": text}
-        log.info("warm-up calibration:\n%s", text)
-        if sc.enabled:
-            self._start_scheduler(out)
-        (self.out / "calibration.json").write_text(json.dumps(out, indent=2, default=str))
-        return out
+        return mu
+
+    def _prices(self) -> dict[str, float]:
+        """Each joined worker's price per hour: scheduler.prices first, then what the worker announced."""
+        prices = self.cfg.scheduler.prices
+        return {w.worker_id: prices.get(w.worker_id, w.price_per_hour) for w in self.coordinator.alive_workers()}
 
     def _start_scheduler(self, cal: dict[str, Any]) -> None:
         from echo2sdk.core.scheduler import Scheduler
         from echo2sdk.runtime.live_loop import LiveLoop
-        from echo2sdk.runtime.providers import load_provider
 
         cfg, sc = self.cfg, self.cfg.scheduler
         now = time.monotonic()
         sched = Scheduler(gamma=sc.gamma, window_s=sc.window_s, heartbeat_s=cfg.run.heartbeat_s,
                           sustain_s=sc.sustain_s, release_margin=sc.release_margin,
-                          fail_after_s=cfg.run.worker_timeout_s)
+                          fail_after_s=cfg.run.worker_timeout_s, solver=cfg.provisioning.solver)
         mus = list(cal["mu"].values()) or [1.0]
         prior = statistics.fmean(mus)
         for w in self.coordinator.alive_workers():
             sched.add_worker(w.worker_id, cal["prices"][w.worker_id], cal["mu"].get(w.worker_id, prior), now=now)
-        provider = None
-        if sc.standby:
-            options = {"connect": f"{self.coordinator.host}:{self.coordinator.port}", "token": self.coordinator.token,
-                       "log_dir": str(self.out / "workers"), "threads": cfg.rollout.threads, "nice": cfg.rollout.nice}
-            provider = load_provider(sc.provider, **(options if sc.provider == "local" else {}), **sc.provider_options)
-            for i in range(sc.standby):
-                sched.add_worker(f"standby-{i}", sc.standby_price, prior, now=now)
+        provider = self._standby(sched, prior, now)
         try:
             sched.calibrate(T_train=cal["T_train"], T_bcast=cal["T_bcast"], R=cfg.learner.trajectories_per_step,
                             kappa=cfg.kappa)
@@ -388,12 +508,7 @@ class Trainer:
         self.coordinator.default_active = False  # later joiners idle until the scheduler wants them
         for w in self.coordinator.alive_workers():
             self.coordinator.set_active(w.worker_id, w.worker_id in chosen)
-        events = open(self.out / "scheduler.jsonl", "a")
-
-        def write(event: dict[str, Any]) -> None:
-            events.write(json.dumps(event, default=str) + "\n")
-            events.flush()
-
+        events, write = _event_log(self.out / "scheduler.jsonl")
         write({"t": now, "event": "provisioned", "mu_target": sched.mu_target, "active": sorted(chosen),
                "standby": sched.standby()})
         self._provisioning = (LiveLoop(sched, self.coordinator, provider, period_s=cfg.run.heartbeat_s,
@@ -402,6 +517,21 @@ class Trainer:
                                        remeasure=self._remeasure), provider, events)
         self._provisioning[0].apply(decided)  # starts chosen machines that are not up yet
         self._provisioning[0].start()
+
+    def _standby(self, sched: Any, prior: float, now: float) -> Any:
+        """With scheduler.standby: the machine provider, and its standby machines registered with the
+        scheduler at the mean measured mu (`prior`). None otherwise."""
+        from echo2sdk.runtime.providers import load_provider
+
+        cfg, sc = self.cfg, self.cfg.scheduler
+        if not sc.standby:
+            return None
+        options = {"connect": f"{self.coordinator.host}:{self.coordinator.port}", "token": self.coordinator.token,
+                   "log_dir": str(self.out / "workers"), "threads": cfg.rollout.threads, "nice": cfg.rollout.nice}
+        provider = load_provider(sc.provider, **(options if sc.provider == "local" else {}), **sc.provider_options)
+        for i in range(sc.standby):
+            sched.add_worker(f"standby-{i}", sc.standby_price, prior, now=now)
+        return provider
 
     def _remeasure(self) -> dict[str, Any] | None:
         """T_train (median of the last 5 steps) and T_bcast (the last publication) from the run itself."""
@@ -412,6 +542,7 @@ class Trainer:
         return {"T_train": statistics.median(r["t_train_s"] for r in rows), "T_bcast": bcasts[-1],
                 "R": self.cfg.learner.trajectories_per_step, "kappa": self.cfg.kappa}
 
+    # -- cleanup -----------------------------------------------------------------------------------
     def _stop_scheduler(self) -> None:
         prov = getattr(self, "_provisioning", None)
         if prov is None:
@@ -457,6 +588,17 @@ def _delivery(cfg: Config, token: str):
         uplink_bps=uplink,
         stall_timeout_s=b.stall_timeout_s,
     )
+
+
+def _event_log(path: Path) -> tuple[IO[str], Any]:
+    """The scheduler's event file (appended to) and a function writing one JSON line to it, flushed."""
+    events = open(path, "a")
+
+    def write(event: dict[str, Any]) -> None:
+        events.write(json.dumps(event, default=str) + "\n")
+        events.flush()
+
+    return events, write
 
 
 def _extra_means(records: list) -> dict[str, float]:

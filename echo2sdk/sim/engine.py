@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from echo2sdk.core import capacity
+from echo2sdk.core import capacity, checks
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.records import Meta, Trajectory
@@ -168,9 +168,7 @@ class SimConfig:
             raise ConfigError(f"worker names in pool must be distinct, got {names}")
         _pos("T_train", self.T_train)
         for name in ("R", "group_size", "steps", "groups_per_request"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name} must be an integer >= 1, got {name}={v!r}")
+            checks.integer(name, getattr(self, name), lo=1)
         if self.R % self.group_size:
             raise ConfigError(f"R={self.R} must be a multiple of group_size={self.group_size}")
         capacity.publication_period(self.S, self.kappa)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from echo2sdk.core import capacity
+from echo2sdk.core import capacity, checks
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, plan_chains
 from echo2sdk.errors import ConfigError
 
@@ -81,11 +81,9 @@ class Network:
 
 
 def _pos(name: str, value: object, zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number, got {name}={value!r}")
-    if value < 0 or (value == 0 and not zero):
-        raise ConfigError(f"{name} must be {'>= 0' if zero else '> 0'}, got {name}={value!r}")
-    return float(value)
+    """A finite number > 0 (>= 0 with `zero`) as a float; ConfigError naming it otherwise (also used by
+    sim/engine.py)."""
+    return checks.real(name, value, lo=0, open_lo=not zero, error=ConfigError)
 
 
 def _maxmin(caps: Mapping[str, float], total: float | None) -> dict[str, float]:

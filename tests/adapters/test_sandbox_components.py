@@ -84,8 +84,8 @@ def test_unknown_components_and_env_ids_suggest():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"max_turns": 0}, "max_turns = 0"),
-        ({"penalty": -1.0}, "penalty = -1.0"),
+        ({"max_turns": 0}, "max_turns=0"),
+        ({"penalty": -1.0}, "penalty=-1.0"),
         ({"mode": "replay"}, "mode = 'replay'"),
         ({"mode": "offline"}, "mode = 'offline' needs logs"),
         ({"env_options": {"is_slipery": False}}, "env_options = {'is_slipery': False} rejected"),

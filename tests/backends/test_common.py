@@ -97,7 +97,7 @@ def test_versions() -> None:
     check_version(3, 3)
     with pytest.raises(BackendError, match="older than the installed v3"):
         check_version(2, 3)
-    with pytest.raises(BackendError, match="must be an int, got True"):
+    with pytest.raises(BackendError, match="snapshot version must be an integer, got snapshot version=True; kept v0"):
         check_version(True, 0)
 
 

@@ -114,7 +114,7 @@ def test_bad_options_are_named():
         SandboxAdapter(env="poker://nlhe_headsup_v2")
     with pytest.raises(NameNotFound, match=r"unknown poker opponent 'calling_statoin'.*Did you mean 'calling_station'"):
         _adapter(opponent="calling_statoin")
-    with pytest.raises(ConfigError, match=r"env_options.seat = 6 must be a seat index in \[0, 5\]"):
+    with pytest.raises(ConfigError, match=r"env_options.seat must be an integer in \[0, 5\], got .*env_options.seat=6"):
         _adapter("poker://nlhe_6max_v1", seat=6)
 
 

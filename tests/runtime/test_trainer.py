@@ -16,13 +16,27 @@ from echo2sdk.runtime.trainer import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-FIELDS = {
-    "step", "version", "time_s", "t_train_s", "reward_mean", "reward_std", "accuracy", "staleness_max",
-    "staleness_mean", "trajectories", "rejected", "learner_wait_s", "t_bcast_s", "t_bcast_all_s", "broadcast_repairs",
+#: One metrics.jsonl row: every key, in order, with its value type (None where it may be unset).
+ROW = {
+    "step": int, "version": int, "time_s": float, "t_train_s": float, "t_forward_s": float,
+    "t_backward_s": float, "t_optim_s": float, "t_publish_s": float, "t_step_wall_s": float,
+    "learner_wait_s": float, "reward_mean": float, "reward_std": float, "accuracy": (float, None),
+    "staleness_max": int, "staleness_mean": float, "trajectories": int, "tokens": int, "rejected": int,
+    "evicted": int, "loss": float, "kl": float, "clip_frac": float, "is_weight_mean": float,
+    "is_truncated_frac": float, "grad_norm": float, "task": dict, "workers_alive": int,
+    "t_bcast_s": (float, None), "t_bcast_all_s": (float, None), "broadcast_repairs": int,
 }
 
 
-def _cfg(tmp_path, steps=6, workers=2, S=2):
+def _check_row(row: dict) -> None:
+    assert list(row) == list(ROW)
+    for key, kind in ROW.items():
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = any(row[key] is None if k is None else isinstance(row[key], k) and not isinstance(row[key], bool) for k in kinds)
+        assert ok, f"{key} = {row[key]!r} is not {kind}"
+
+
+def _cfg(tmp_path, steps=6, workers=2, S=2, extra=()):
     return load_config(
         None,
         [
@@ -39,6 +53,7 @@ def _cfg(tmp_path, steps=6, workers=2, S=2):
             "run.progress=false",
             "run.heartbeat_s=0.5",
             f'run.out="{tmp_path}"',
+            *extra,
         ],
     )
 
@@ -52,7 +67,7 @@ def test_run_writes_metrics_summary_and_checkpoint(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))
     for r in rows:
-        assert FIELDS <= r.keys()
+        _check_row(r)
         assert 0 <= r["staleness_max"] <= 2  # S
         assert r["trajectories"] == 8 and r["version"] == r["step"]
     assert any(r["t_bcast_s"] is not None for r in rows)  # snapshots reached the workers (kappa = 1)
@@ -84,3 +99,53 @@ def test_killing_a_worker_does_not_stop_training(tmp_path):
     assert killed["at_step"] >= 2 and len(tr.rows) == 8
     assert tr.rows[-1]["workers_alive"] == 1
     assert "local-0" in (tmp_path / "run.log").read_text()
+
+
+def test_calibrate_measures_decides_and_hands_the_pool_to_the_scheduler(tmp_path):
+    prices = ['scheduler.enabled=true', 'scheduler.prices={"local-0" = 0.3, "local-1" = 0.5}']
+    tr = Trainer(_cfg(tmp_path, steps=2, S=3, extra=prices))
+    try:
+        cal = tr.calibrate(steps=2)
+        assert list(cal) == ["T_train", "T_train_steps", "T_bcast", "mu", "prices", "plan", "decision"]
+        assert len(cal["T_train_steps"]) == 2 and cal["T_train"] > 0 and cal["T_bcast"] >= 0
+        assert set(cal["mu"]) <= {"local-0", "local-1"} and cal["prices"] == {"local-0": 0.3, "local-1": 0.5}
+        assert json.loads((tmp_path / "calibration.json").read_text())["decision"] == cal["decision"]
+        assert tr.version == 1  # the unchanged policy, published once to time T_bcast
+        tr.run()
+    finally:
+        tr.close()
+    assert [r["version"] for r in tr.rows] == [2, 3]
+    events = (tmp_path / "scheduler.jsonl").read_text().splitlines() if (tmp_path / "scheduler.jsonl").exists() else []
+    assert not events or json.loads(events[0])["event"] == "provisioned"
+
+
+def test_metrics_row_keys_and_types_without_a_run():
+    from types import SimpleNamespace
+
+    from echo2sdk.core.learner import StepStats
+    from echo2sdk.runtime.trainer import metrics_row
+
+    records = [SimpleNamespace(reward=r, version=3, meta=SimpleNamespace(extra={"correct": r > 0, "turns": 2}))
+               for r in (0.0, 1.0)]
+    st = StepStats(loss=0.1, kl=0.0, clip_frac=0.0, is_weight_mean=1.0, is_truncated_frac=0.0, tokens=12,
+                   t_train_s=0.5, t_forward_s=0.2, t_backward_s=0.2, t_optim_s=0.1, grad_norm=1.0)
+    row = metrics_row(2, 4, records, [1, 1], st, time_s=3.0, wall_s=0.6, wait_s=0.1, publish_s=0.0,
+                      t_bcast=(0.25, 0.5), rejected=0, evicted=1, workers_alive=2, broadcast_repairs=0)
+    _check_row(row)
+    assert row["reward_mean"] == 0.5 and row["accuracy"] == 0.5 and row["task"] == {"correct": 0.5, "turns": 2.0}
+    assert (row["t_bcast_s"], row["t_bcast_all_s"], row["staleness_max"]) == (0.25, 0.5, 1)
+
+
+def test_builders_fit_the_constructors(tmp_path):
+    import inspect
+
+    from echo2sdk.core.buffer import StalenessBuffer
+    from echo2sdk.core.learner import Learner
+    from echo2sdk.runtime.coordinator import Coordinator
+    from echo2sdk.runtime.trainer import buffer_args, coordinator_args, learner_args, worker_config
+
+    cfg = _cfg(tmp_path)
+    inspect.signature(Learner).bind("model-folder", **learner_args(cfg))
+    inspect.signature(StalenessBuffer).bind(**buffer_args(cfg))
+    inspect.signature(Coordinator).bind(buffer=None, tasks=iter(()), worker_config=worker_config(cfg, "folder"),
+                                        vocab_size=8, **coordinator_args(cfg, "token"))

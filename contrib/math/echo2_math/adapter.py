@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import random
 from collections.abc import Iterator
 
+from echo2sdk.core import checks
 from echo2sdk.core.contracts import Score, Task
 from echo2sdk.errors import ConfigError
 
@@ -46,8 +46,7 @@ class MathAdapter:
         max_problems: int | None = None,
         fewshot: int = 1,
     ):
-        if isinstance(difficulty, bool) or not isinstance(difficulty, int) or difficulty not in problems.LEVELS:
-            raise ConfigError(f"difficulty must be an integer from 1 to 5, got {difficulty!r}")
+        checks.integer("difficulty", difficulty, lo=min(problems.LEVELS), hi=max(problems.LEVELS), error=ConfigError)
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         if files is not None:
@@ -56,18 +55,12 @@ class MathAdapter:
             if not files:
                 raise ConfigError("files is an empty list; give at least one path, or None for procedural problems")
             files = [os.fspath(f) for f in files]
-        if isinstance(format_reward, bool) or not isinstance(format_reward, (int, float)) or not (
-            math.isfinite(format_reward) and format_reward >= 0
-        ):
-            raise ConfigError(f"format_reward must be a finite number >= 0, got {format_reward!r}")
+        checks.real("format_reward", format_reward, lo=0, error=ConfigError)
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ConfigError(f"system_prompt must be a string or None, got {system_prompt!r}")
-        if max_problems is not None and (
-            isinstance(max_problems, bool) or not isinstance(max_problems, int) or max_problems < 1
-        ):
-            raise ConfigError(f"max_problems must be a positive integer or None, got {max_problems!r}")
-        if isinstance(fewshot, bool) or not isinstance(fewshot, int) or not 0 <= fewshot <= 8:
-            raise ConfigError(f"fewshot must be an integer from 0 to 8, got {fewshot!r}")
+        if max_problems is not None:
+            checks.integer("max_problems", max_problems, lo=1, error=ConfigError)
+        checks.integer("fewshot", fewshot, lo=0, hi=8, error=ConfigError)
         self.fewshot = fewshot
         self._examples = _worked_examples(difficulty, fewshot)
         self.difficulty = difficulty

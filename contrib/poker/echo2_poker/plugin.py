@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from echo2sdk.core import checks
 from echo2sdk.errors import ConfigError, NameNotFound
 
 from .opponents import OPPONENTS
@@ -52,8 +53,7 @@ class PokerPlugin:
         if isinstance(opp, (list, tuple)) and len(names) != n - 1:
             raise ConfigError(f"poker://{env_id}: env_options.opponent lists {len(names)} policies for {n - 1} other seats")
         seat = options.get("seat", 0)
-        if isinstance(seat, bool) or not isinstance(seat, int) or not 0 <= seat < n:
-            raise ConfigError(f"poker://{env_id}: env_options.seat = {seat!r} must be a seat index in [0, {n - 1}]")
+        checks.integer(f"poker://{env_id} env_options.seat", seat, lo=0, hi=n - 1, error=ConfigError)
 
     def make(self, env_id: str, options: Mapping[str, Any]):
         from .table import PokerSandbox

@@ -16,6 +16,7 @@ import blake3
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from echo2sdk.core import checks
 from echo2sdk.core.records import pack
 from echo2sdk.errors import ProtocolError
 
@@ -87,9 +88,7 @@ class Manifest:
         if obj.get("algo") != ALGO:
             raise ProtocolError(f"manifest field 'algo' = {obj.get('algo')!r}, expected {ALGO!r}")
         for name in ("version", "total_bytes", "chunk_bytes"):
-            v = obj.get(name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ProtocolError(f"manifest field {name!r} = {v!r} must be a non-negative int")
+            checks.integer(f"manifest field {name!r}", obj.get(name), lo=0, error=ProtocolError)
         chunks, total, size = obj.get("chunks"), obj["total_bytes"], obj["chunk_bytes"]
         if size < MIN_CHUNK_BYTES:
             raise ProtocolError(f"manifest field 'chunk_bytes' = {size} is below {MIN_CHUNK_BYTES}")
