@@ -2,7 +2,7 @@
 speaks the InferenceBackend Protocol, so the coordinator/worker path can be tested without a model, and
 `check_backend`, the conformance suite every inference backend (ours and third parties') should pass.
 
-    python -m echo2sdk.testing check-backend vllm --model tiny-random --option dtype=float32
+    python -m echo2sdk.testing check-backend vllm --model tiny-random-h64 --option dtype=float32
 
 runs the suite from the command line and prints one JSON line per check."""
 
@@ -111,6 +111,10 @@ def safetensors_blob(names: Sequence[str] = ("w",)) -> bytes:
 
 
 __all__ += ["ToyAdapter", "safetensors_blob", "check_backend", "CheckResult", "BackendCheckError", "CHECKS"]
+
+#: check_backend's default model: tiny-random with 64-wide attention heads, a head size every engine's
+#: kernels take (vLLM's CPU attention rejects tiny-random's 16-wide heads on AVX2-only CPUs).
+DEFAULT_MODEL = "tiny-random-h64"
 
 
 # -- adapter conformance (issue 6) -------------------------------------------------------------------
@@ -359,7 +363,8 @@ def check_backend(
     backend:   a registered name ("hf", "vllm", "openai", ...), a "pkg.mod:Class" reference, a class, or
                an instance. A name or class is constructed as cls(model, **options) and closed at the end;
                an instance is used as it is (it will install snapshots v1 and v2, and is not closed).
-    model:     the model folder or built-in name the backend serves (default "tiny-random"); the suite
+    model:     the model folder or built-in name the backend serves (default DEFAULT_MODEL, "tiny-random-h64":
+               its 64-wide attention heads run on every engine, vLLM on AVX2-only CPUs included); the suite
                builds its snapshots from this folder's checkpoint, so it must be the backend's model.
     temperature, logprob_tolerance:
                the recorded log-probs must match transformers' log_softmax(logits / temperature) on the
@@ -385,7 +390,7 @@ def check_backend(
         backend=backend,
         options=options or {},
         owned=isinstance(backend, (str, type)),
-        folder=resolve_model(model or "tiny-random"),
+        folder=resolve_model(model or DEFAULT_MODEL),
         params=SamplingParams(max_new_tokens=8, temperature=temperature, seed=1234),
         temperature=temperature,
         tolerance=logprob_tolerance,
@@ -792,7 +797,7 @@ def _main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     cb = sub.add_parser("check-backend", help="run check_backend and print one JSON line per check")
     cb.add_argument("backend", help="registered backend name or pkg.mod:Class")
-    cb.add_argument("--model", default="tiny-random", help="model folder or built-in name")
+    cb.add_argument("--model", default=DEFAULT_MODEL, help=f"model folder or built-in name (default {DEFAULT_MODEL}: 64-wide heads, which every engine takes)")
     cb.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="backend option (JSON value or text)")
     cb.add_argument("--temperature", type=float, default=0.7)
     cb.add_argument("--tolerance", type=float, default=0.05, help="mean |log-prob error| allowed against transformers")

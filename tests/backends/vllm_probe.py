@@ -3,7 +3,7 @@
 vLLM changes its process for good (it pins OpenMP threads, patches torch.set_num_threads, binds memory
 to a NUMA node), so the tests never start an engine inside pytest's own process.
 
-    python tests/backends/vllm_probe.py MODEL_DIR OUT_DIR
+    python tests/backends/vllm_probe.py MODEL_DIR OUT_DIR [UNSUPPORTED_MODEL_DIR]
 """
 
 from __future__ import annotations
@@ -83,6 +83,12 @@ def main() -> None:
     except Echo2Error as exc:
         report["too_long"] = f"{type(exc).__name__}: {exc}"
     be.close()
+    if len(sys.argv) > 3:  # a model whose head size the CPU attention kernels do not take: refused at start
+        try:
+            VLLMBackend(sys.argv[3], dtype="float32", threads=1).close()
+            report["unsupported"] = "started"
+        except Echo2Error as exc:
+            report["unsupported"] = f"{type(exc).__name__}: {exc}"
     (out / "report.json").write_text(json.dumps(report))
 
 
