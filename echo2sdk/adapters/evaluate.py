@@ -30,6 +30,7 @@ class Cell:
     ci95: float
     fallback_rate: float
     values: list[float] = field(default_factory=list, repr=False)
+    stats: dict[str, Any] = field(default_factory=dict)  # the env plug-in's summarize() of the cell's episodes
 
 
 def _cell(values: Sequence[float], fallbacks: int, decisions: int) -> Cell:
@@ -43,7 +44,7 @@ def evaluate(
     env: str,
     policies: Mapping[str, str],
     *,
-    opponents: Sequence[str] = DEFAULT_OPPONENTS,
+    opponents: Sequence[str] | None = None,
     hands: int = 100,
     seed: int = 0,
     backend: str = "hf",
@@ -53,12 +54,15 @@ def evaluate(
     batch: int = 16,
     env_options: Mapping[str, Any] | None = None,
     llm_opponent_model: str | None = None,
-    metric: str = "chips",
+    metric: str | None = None,
     on_cell: Callable[[str, str, Cell, float], None] | None = None,
 ) -> dict[str, dict[str, Cell]]:
     """{policy label: {opponent: Cell}}. `policies` maps a row label to a model (name or folder); every
     row plays the same `hands` seeded hands against each opponent. `on_cell(label, opponent, cell,
-    seconds)` is called as each cell is done (a long evaluation shows its progress)."""
+    seconds)` is called as each cell is done (a long evaluation shows its progress). `opponents` and `metric`
+    default to the env plug-in's `eval_opponents` / `eval_metric` (else poker's: DEFAULT_OPPONENTS, "chips");
+    a plug-in with `summarize(extras)` also fills each cell's `stats` (e.g. MOBA win rate, gold and XP lead)."""
+    from echo2sdk.adapters.registry import load_env_plugin, parse_env
     from echo2sdk.adapters.sandbox import SandboxAdapter
     from echo2sdk.core.episodes import play_episodes
     from echo2sdk.core.contracts import SamplingParams
@@ -69,6 +73,10 @@ def evaluate(
         raise ConfigError(f"echo2 eval: hands = {hands!r} must be >= 2 for a confidence interval")
     if batch < 1:
         raise ConfigError(f"echo2 eval: batch = {batch!r} must be >= 1")
+    plugin = load_env_plugin(parse_env(env)[0])
+    opponents = list(opponents or getattr(plugin, "eval_opponents", DEFAULT_OPPONENTS))
+    metric = metric or getattr(plugin, "eval_metric", "chips")
+    summarize = getattr(plugin, "summarize", None)
     backend_cls = load_backend_class(backend)
     table: dict[str, dict[str, Cell]] = {}
     base_model = next(iter(policies.values()))
@@ -84,6 +92,7 @@ def evaluate(
                 stream = adapter.tasks(seed)
                 tasks = [next(stream) for _ in range(hands)]
                 values: list[float] = []
+                extras: list[dict[str, Any]] = []
                 fallbacks = decisions = 0
                 t0 = time.monotonic()
                 for i in range(0, hands, batch):
@@ -93,9 +102,12 @@ def evaluate(
                         if extra.get("failed"):
                             raise RuntimeError(f"an evaluation episode failed: {extra.get('error')}")
                         values.append(float(extra.get(metric, record.reward)))
+                        extras.append(dict(extra))
                         fallbacks += int(extra.get("fallbacks", 0))
                         decisions += int(extra.get("turns", 0))
                 row[opp] = _cell(values, fallbacks, decisions)
+                if summarize is not None:
+                    row[opp].stats = dict(summarize(extras))
                 if on_cell is not None:
                     on_cell(label, opp, row[opp], time.monotonic() - t0)
         finally:
@@ -104,7 +116,9 @@ def evaluate(
     return table
 
 
-def format_table(table: Mapping[str, Mapping[str, Cell]], *, env: str, hands: int, seed: int, metric: str = "chips") -> str:
+def format_table(
+    table: Mapping[str, Mapping[str, Cell]], *, env: str, hands: int, seed: int, metric: str = "chips", unit: str = "hand"
+) -> str:
     """Table 4 layout: one row per policy, one column per opponent, `mean ± ci95` per cell."""
     opponents = list(next(iter(table.values())))
     names = {o: (f"Rule-based{i + 1} ({o})" if o != "llm" else "LLM opponent") for i, o in enumerate(opponents)}
@@ -113,8 +127,8 @@ def format_table(table: Mapping[str, Mapping[str, Cell]], *, env: str, hands: in
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(x.ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
     out = [
-        f"Net {metric} change per hand on {env}: mean ± 95% CI over {hands} seeded hands (seed {seed}), "
-        "the same hands for every row. Positive = profit.",
+        f"Net {metric} change per {unit} on {env}: mean ± 95% CI over {hands} seeded {unit}s (seed {seed}), "
+        f"the same {unit}s for every row. Positive = profit.",
         line(head),
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
         *(line(r) for r in rows),
@@ -123,4 +137,12 @@ def format_table(table: Mapping[str, Mapping[str, Cell]], *, env: str, hands: in
         f"{label}: " + ", ".join(f"{o} {c.fallback_rate:.0%}" for o, c in cells.items()) for label, cells in table.items()
     )
     out.append(f"Fallback rate (malformed or illegal replies per decision): {fb}")
+    for label, cells in table.items():
+        for o, c in cells.items():
+            if c.stats:
+                s = c.stats
+                out.append(
+                    f"{label} vs {o}: win rate {s['win_rate']:.0%}, draws {s['draws']}, gold {s['gold_diff']:+.0f}, "
+                    f"XP {s['xp_diff']:+.0f}, kills {s['kills']:.2f}, deaths {s['deaths']:.2f}"
+                )
     return "\n".join(out)

@@ -3,8 +3,8 @@
 An env URL is `scheme://id`, parsed by one regex. The scheme names an entry point in the group
 `echo2sdk.envs` (built-ins `gym` and `pettingzoo` register there exactly as `poker` does from its own
 distribution); the plug-in is loaded once per process and validated against `SandboxPlugin` on load.
-Unknown names raise `NameNotFound` with close-match suggestions. The `moba` scheme is reserved for MOBA
-sandbox plug-ins (see docs/adapters.md); until one is installed it raises an error that says so.
+Unknown names raise `NameNotFound` with close-match suggestions. A reserved scheme (`moba`, from the
+`echo2-moba` package in contrib/moba) that is not installed raises an error naming what to install.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["ENV_URL", "RESERVED_SCHEMES", "parse_env", "load_env_plugin", "resol
 ENV_URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9_+.-]*)://(?P<id>[A-Za-z0-9_][A-Za-z0-9_./:+-]*)$")
 
 #: Schemes with a meaning reserved by echo2sdk even when no plug-in for them is installed.
-RESERVED_SCHEMES = {"moba": "MOBA sandboxes (e.g. moba://hok_v2); install a MOBA sandbox package (see docs/adapters.md)"}
+RESERVED_SCHEMES = {"moba": "lane-battle MOBA sandboxes (moba://lane_1v1_v1); pip install -e contrib/moba (echo2-moba)"}
 
 _PLUGIN_ATTRS = ("scheme", "default_serializer", "default_penalty")
 _PLUGIN_METHODS = ("env_ids", "check", "make", "components")

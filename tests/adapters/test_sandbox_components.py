@@ -67,8 +67,9 @@ def test_unknown_scheme_suggests_close_names():
         load_env_plugin("pokr")
 
 
-def test_moba_scheme_is_reserved_and_says_what_to_install():
-    with pytest.raises(NameNotFound, match=r"reserved: MOBA sandboxes.*'moba'"):
+def test_moba_scheme_comes_from_the_echo2_moba_package():
+    pytest.importorskip("echo2_moba")
+    with pytest.raises(NameNotFound, match=r"unknown moba env 'hok_v2'.*Registered: 3v3_v1, 5v5_v1, lane_1v1_v1"):
         SandboxAdapter(env="moba://hok_v2")
 
 
