@@ -17,9 +17,10 @@ from typing import Any, Literal
 
 from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, plan_chains
-from echo2sdk.runtime.delivery import Peer
+from echo2sdk.runtime.delivery import Peer, send_all
 from echo2sdk.runtime.messages import BroadcastInfo, Received, SnapshotPlan, WireManifest
 from echo2sdk.runtime.relay import RelayNode
+from echo2sdk.runtime.tls import Identity
 
 __all__ = ["ChainBroadcast", "Topology"]
 
@@ -41,7 +42,10 @@ class ChainBroadcast:
         per_peer_bps: float | None = None,
         stall_timeout_s: float = 5.0,
         signer: Signer | None = None,
+        tls: bool | Identity = True,
     ):
+        """`tls`: the learner's relay port speaks TLS with a certificate made for it (True), a given `Identity`,
+        or plaintext (False, opt-in). Workers pin its fingerprint from the sealed snapshot plan."""
         if topology not in ("chain", "star"):
             raise ValueError(f"broadcast topology must be 'chain' or 'star', got {topology!r}")
         if n_chains < 1:
@@ -50,7 +54,7 @@ class ChainBroadcast:
         self.signer = signer or Signer()
         self.source = RelayNode(
             token, node_id=SOURCE, host=host, uplink_bps=uplink_bps, per_peer_bps=per_peer_bps,
-            stall_timeout_s=stall_timeout_s,
+            stall_timeout_s=stall_timeout_s, tls=tls,
         )
         self.scores = WorkerScores()
         self.plans: dict[int, ChainPlan] = {}
@@ -75,14 +79,16 @@ class ChainBroadcast:
         plan = plan_chains(ranked, max(1, n), leaves)
         if version not in self.plans or len(peers) > 1:  # a late joiner's own order is not the version's plan
             self.plans[version] = plan
-        addr = {SOURCE: (self.source.host, self.source.port), **relay_addr}
+        addr = {SOURCE: (self.source.host, self.source.port, self.source.fingerprint),
+                **{p.worker_id: (*p.relay_addr, p.relay_fingerprint) for p in peers if p.relay_addr is not None}}
         wire_manifest = WireManifest(**manifest.to_wire())
-        for p in peers:
-            upstream = [(u, *addr[u]) for u in plan.upstream(p.worker_id)]
-            try:
-                await p.send(SnapshotPlan(manifest=wire_manifest, upstream=upstream))
-            except (ConnectionError, OSError):
-                pass  # a dead worker is the coordinator's business; its children repair around it
+
+        def order(p: Peer) -> SnapshotPlan:
+            return SnapshotPlan(manifest=wire_manifest, upstream=[(u, *addr[u]) for u in plan.upstream(p.worker_id)])
+
+        # all at once: a worker that stopped reading delays no other; a dead one is the coordinator's business
+        # (its children repair around it)
+        await asyncio.gather(*(send_all([p], order(p)) for p in peers))
         log.info("snapshot v%d: %d bytes in %d chunks to %d worker(s) on %d chain(s)", version,
                  manifest.total_bytes, manifest.n_chunks, len(peers), plan.n_chains)
 

@@ -26,12 +26,13 @@ from echo2sdk.core import capacity
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.contracts import Task
 from echo2sdk.core.records import Trajectory
-from echo2sdk.errors import ProtocolError, TrajectoryRejected
+from echo2sdk.errors import AuthError, ProtocolError, TrajectoryRejected
+from echo2sdk.runtime import session
+from echo2sdk.runtime.admission import Admission, Ticket
 from echo2sdk.runtime.delivery import DirectPush, SnapshotDelivery, check_delivery
 from echo2sdk.runtime.messages import (
     MAX_ID,
     Ack,
-    Challenge,
     GetTasks,
     Heartbeat,
     Hello,
@@ -47,16 +48,19 @@ from echo2sdk.runtime.messages import (
     WireTask,
     WorkerConfig,
     parse,
+    shown,
     to_header,
 )
-from echo2sdk.runtime.wire import check_mac, new_nonce, read_frame, write_frame
+from echo2sdk.runtime.tls import Identity, server_context
+from echo2sdk.runtime.wire import MAX_HEADER, encode_frame, read_frame, write_frame
 
 __all__ = ["Coordinator", "WorkerInfo"]
 
 log = logging.getLogger("echo2sdk.coordinator")
 
-HELLO_TIMEOUT_S = 10.0
-MAX_CLIENT_PAYLOAD = 1 << 20  # workers never send bulk payloads to the coordinator
+HANDSHAKE_S = 10.0  # one deadline for TLS, challenge and hello together
+WRITE_TIMEOUT_S = 30.0  # a worker that takes no byte of what we send for this long is dropped
+SEND_SLICE = 1 << 20  # a payload goes out in slices: at most one slice per worker waits in memory
 FROM_WORKER = (GetTasks, Trajectories, Heartbeat, Installed, Received, SnapshotRejected)
 
 
@@ -75,16 +79,20 @@ class WorkerInfo:
     alive: bool = True
     active: bool = True  # handed tasks; False: registered and idle (Coordinator.set_active)
     relay_addr: tuple[str, int] | None = None  # where this worker serves snapshot chunks to its children
+    relay_fingerprint: bytes = field(default=b"", repr=False)  # its relay's TLS certificate (SHA-256)
     session: str = ""  # the worker process's random id: a re-join from it keeps worker_id and record
     rejoins: int = 0
     batches: deque[str] = field(default_factory=lambda: deque(maxlen=64), repr=False)  # recent pushes' ids
 
 
 class _Conn:
-    """A connected, authenticated worker (implements delivery.Peer)."""
+    """A connected, authenticated worker (implements delivery.Peer). Every frame is sealed with its session.
+    Sends take turns (a lock: a payload's slices never interleave with another frame) and each slice must be
+    taken within `write_timeout_s`, or the worker is dropped: a peer that stops reading holds up nobody else."""
 
-    def __init__(self, info: WorkerInfo, writer: asyncio.StreamWriter):
-        self.info, self.writer = info, writer
+    def __init__(self, info: WorkerInfo, writer: asyncio.StreamWriter, keys: session.Session, owner: Coordinator):
+        self.info, self.writer, self.keys, self.owner = info, writer, keys, owner
+        self._lock = asyncio.Lock()
 
     @property
     def worker_id(self) -> str:
@@ -94,8 +102,29 @@ class _Conn:
     def relay_addr(self) -> tuple[str, int] | None:
         return self.info.relay_addr
 
+    @property
+    def relay_fingerprint(self) -> bytes:
+        return self.info.relay_fingerprint
+
     async def send(self, msg: WireMessage, payload: bytes | memoryview = b"") -> None:
-        await write_frame(self.writer, to_header(msg), payload)
+        view = memoryview(payload)
+        async with self._lock:
+            self.writer.write(encode_frame(to_header(msg), view, self.keys.send))  # sealed in stream order
+            try:
+                for a in range(0, max(1, view.nbytes), SEND_SLICE):
+                    self.writer.write(view[a : a + SEND_SLICE])
+                    await asyncio.wait_for(self.writer.drain(), self.owner.write_timeout_s)
+                    # taking our bytes is a sign of life: its handler waits for this lock and reads nothing meanwhile
+                    self.info.last_seen = time.monotonic()
+            except TimeoutError:
+                self.owner.write_timeouts += 1
+                log.warning("worker %s took no data for %.0f s (sending %s): dropped", self.worker_id,
+                            self.owner.write_timeout_s, msg.type)
+                _abort(self.writer)
+                raise ConnectionError(f"worker {self.worker_id} stopped reading") from None
+
+    def close(self) -> None:
+        self.writer.close()
 
 
 class Coordinator:
@@ -114,7 +143,15 @@ class Coordinator:
         worker_timeout_s: float = 15.0,
         gamma: float = 1.1,
         delivery: SnapshotDelivery | None = None,
+        tls: bool | Identity = True,
+        admission: Admission | None = None,
+        handshake_s: float = HANDSHAKE_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
     ):
+        """`tls`: True (a certificate made for this run), an `Identity` (`echo2 keys`), or False: plaintext,
+        an explicit opt-in (workers then need `--plaintext`). `admission`: connection caps and the failed-
+        login rate limit (defaults: `Admission()`); `handshake_s`: the deadline of a whole handshake;
+        `write_timeout_s`: how long a worker may take no byte of what is sent to it before it is dropped."""
         self.buffer, self._tasks = buffer, tasks
         # staleness: a worker that knows a snapshot more than S versions ahead of its own is on the way waits
         # for it rather than generate records the buffer must reject
@@ -123,9 +160,16 @@ class Coordinator:
         )
         self.vocab_size, self.max_len = vocab_size, max_len
         self.token = token or secrets.token_urlsafe(24)
+        session.token_key(self.token)  # scrypt once, here, not in the event loop on the first hello
         self.host, self.port = host, port
         self.worker_timeout_s, self.q = worker_timeout_s, 1.0 / gamma  # T_bcast counts q = 1/gamma of workers
         self.delivery = check_delivery(delivery or DirectPush())
+        self.identity = (tls if isinstance(tls, Identity) else Identity.generate()) if tls else None
+        self._tls = server_context(self.identity) if self.identity is not None else None
+        self.fingerprint = self.identity.fingerprint if self.identity is not None else b""
+        self.admission = admission or Admission()
+        self.handshake_s, self.write_timeout_s = handshake_s, write_timeout_s
+        self.write_timeouts = 0  # workers dropped because they stopped reading
         self.workers: dict[str, WorkerInfo] = {}
         self.refused = 0
         self.rejected: Counter[str] = Counter()
@@ -160,7 +204,10 @@ class Coordinator:
             self._loop.run_forever()
         finally:
             monitor.cancel()
-            self._loop.run_until_complete(asyncio.sleep(0))
+            left = asyncio.all_tasks(self._loop)  # handshakes in flight, handlers: cancelled, and cleaned up
+            for task in left:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
             self._loop.close()
 
     def stop(self) -> None:
@@ -177,12 +224,10 @@ class Coordinator:
     async def _shutdown(self) -> None:
         assert self._server is not None
         self._server.close()
-        for conn in list(self._conns.values()):
-            try:
-                await asyncio.wait_for(conn.send(Shutdown()), 2)
-            except Exception:  # noqa: BLE001
-                pass
-            conn.writer.close()
+        conns = list(self._conns.values())
+        await asyncio.gather(*(asyncio.wait_for(c.send(Shutdown()), 2) for c in conns), return_exceptions=True)
+        for conn in conns:
+            conn.close()
         self.delivery.close()
 
     # -- publication -------------------------------------------------------------------------------
@@ -227,10 +272,13 @@ class Coordinator:
             "rejected": dict(self.rejected),
             "protocol_errors": self.protocol_errors,
             "broadcast_repairs": len(self.broadcast_repairs),
+            "write_timeouts": self.write_timeouts,
+            **self.admission.stats(),
         }
 
     def worker_table(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in asdict(w).items() if k not in ("batches", "session")} for w in self.workers.values()]
+        hidden = ("batches", "session", "relay_fingerprint")
+        return [{k: v for k, v in asdict(w).items() if k not in hidden} for w in self.workers.values()]
 
     # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) ---------------------------------
     default_active: bool = True  # whether a worker that joins is handed tasks at once
@@ -249,52 +297,79 @@ class Coordinator:
     # -- the connection handler --------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        ip, address = (peer[0], f"{peer[0]}:{peer[1]}") if peer else ("?", "?")
+        ticket = self.admission.open(ip, lambda: _abort(writer))
+        if ticket is None:  # rate-limited or over capacity: nothing read, nothing sent
+            _abort(writer)
+            return
         conn: _Conn | None = None
         try:
-            conn = await self._authenticate(reader, writer, address)
+            try:
+                async with asyncio.timeout(self.handshake_s):
+                    conn = await self._authenticate(reader, writer, address, ticket)
+            except TimeoutError:
+                self.refused += 1
+                log.warning("refused %s: no valid hello within %.0f s", address, self.handshake_s)
             if conn is None:
                 return
+            await self._welcome(conn)
             while True:
-                header, _ = await read_frame(reader, MAX_CLIENT_PAYLOAD)
+                header, _ = await read_frame(reader, 0, key=conn.keys.recv, max_header=MAX_HEADER)
                 conn.info.last_seen = time.monotonic()
                 await self._dispatch(conn, header)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass  # peer went away
-        except ProtocolError as e:
+        except ProtocolError as e:  # AuthError included: a frame whose MAC fails after the handshake
             self.protocol_errors += 1
             log.warning("protocol error from %s: %s; closing the connection", address, e)
         finally:
+            self.admission.close(ticket)
             if conn is not None:
                 self._drop(conn, "disconnected")
             writer.close()
 
     async def _authenticate(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, ticket: Ticket
     ) -> _Conn | None:
-        nonce = new_nonce()
-        peer_host = address.rpartition(":")[0]
-        await write_frame(writer, to_header(Challenge(nonce=nonce)))
+        """TLS, challenge, hello (sealed with the hello key: it proves the token and binds this connection);
+        the registered connection with its session keys, or None when the peer was refused."""
+        if self._tls is not None:
+            plain = writer.transport
+            try:
+                await writer.start_tls(self._tls)
+            except AttributeError:  # asyncio 3.11: the peer left during the TLS handshake, and start_tls
+                writer._transport = plain  # left the writer without a transport (its __del__ would raise)
+                raise ConnectionResetError("closed during the TLS handshake") from None
         try:
-            header, _ = await asyncio.wait_for(read_frame(reader, MAX_CLIENT_PAYLOAD), HELLO_TIMEOUT_S)
-        except (TimeoutError, ProtocolError) as e:
-            self.refused += 1
-            log.warning("refused %s: no valid hello (%s)", address, e or "timeout")
-            return None
+            nonce, frame = await session.server_hello(reader, writer, self.token, fingerprint=self.fingerprint)
+        except AuthError:
+            self.admission.failed(ticket.ip)
+            return await self._refuse(writer, f"{address}: wrong token, or an interceptor in between (hello MAC)",
+                                      "wrong token, or an interceptor in between")
+        except ProtocolError as e:
+            self.admission.failed(ticket.ip)
+            return await self._refuse(writer, f"{address}: {e}", "malformed hello")
         try:
-            hello = parse(header, (Hello,))
+            hello = parse(frame.header, (Hello,))
         except ProtocolError as e:
             return await self._refuse(writer, f"{address}: {e}", "malformed hello")
-        if not check_mac(self.token, nonce, hello.mac):
-            return await self._refuse(writer, f"worker {hello.worker_id!r} from {address}: wrong token", "wrong token")
-        wid, session = hello.worker_id or f"w{next(self._ids)}", hello.session
+        keys = session.derive(self.token, session.CONTROL, nonce, hello.nonce, self.fingerprint, frame.raw,
+                              server=True)
+        self.admission.authenticated(ticket)
+        return self._register(hello, keys, writer, address)
+
+    def _register(self, hello: Hello, keys: session.Session, writer: asyncio.StreamWriter, address: str) -> _Conn:
+        """Enter an authenticated worker in the registry: a re-join from the same process keeps its id and
+        record; another process asking for a taken id gets `id-N`."""
+        peer_host = address.rpartition(":")[0]
+        wid, sess = hello.worker_id or f"w{next(self._ids)}", hello.session
         before = self.workers.get(wid)
-        rejoin = before is not None and bool(session) and before.session == session
+        rejoin = before is not None and bool(sess) and before.session == sess
         if wid in self._conns:
             if rejoin:  # the same process on a new connection: the old one is dead, whatever TCP says yet
                 old = self._conns[wid]
                 self._drop(old, "re-joined on a new connection")
-                old.writer.close()
+                old.close()
             else:  # another process under a taken id
                 suffix = f"-{next(self._ids)}"
                 wid = wid[: MAX_ID - len(suffix)] + suffix
@@ -305,22 +380,26 @@ class Coordinator:
             backend=hello.backend,
             version=hello.version,
             relay_addr=(peer_host, hello.relay_port) if hello.relay_port is not None else None,
-            session=session,
+            relay_fingerprint=hello.relay_fingerprint,
+            session=sess,
         )
-        conn = _Conn(info, writer)
+        conn = _Conn(info, writer, keys, self)
         info.active = self.default_active
         if rejoin and before is not None:  # its record goes on: counts, activation (the scheduler's choice)
             info.joined_at, info.trajectories, info.rejected = before.joined_at, before.trajectories, before.rejected
             info.rollouts_per_s, info.active = before.rollouts_per_s, before.active
             info.rejoins, info.batches = before.rejoins + 1, before.batches
         self.workers[wid], self._conns[wid] = info, conn
+        log.info("worker %s %s from %s", shown(wid, 60), "re-joined" if rejoin else "joined", address)
+        return conn
+
+    async def _welcome(self, conn: _Conn) -> None:
+        """The sealed welcome (it proves the coordinator knows the token), then the latest snapshot."""
         latest_version = self._latest[0] if self._latest else 0
-        await conn.send(Welcome(worker_id=wid, config=self.worker_config, version=latest_version,
+        await conn.send(Welcome(worker_id=conn.worker_id, config=self.worker_config, version=latest_version,
                                 broadcast=self.delivery.welcome_info()))
-        log.info("worker %s %s from %s", wid, "re-joined" if rejoin else "joined", address)
         if self._latest is not None:  # a late joiner gets the current policy at once
             await self.delivery.deliver(self._latest[0], self._latest[1], [conn])
-        return conn
 
     async def _refuse(self, writer: asyncio.StreamWriter, detail: str, reason: str) -> None:
         """Count and log a failed handshake and tell the peer why (`reason`: short, nothing it sent)."""
@@ -351,7 +430,7 @@ class Coordinator:
                                                **r.model_dump(exclude_none=True)})
             self.delivery.on_report(conn.worker_id, msg)
         elif isinstance(msg, SnapshotRejected):
-            log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, msg.reason)
+            log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, shown(msg.reason, 200))
 
     def _admit(self, conn: _Conn, msg: Trajectories) -> Ack:
         """Admit a push of groups once per batch id: a re-sent push is acknowledged, not re-admitted."""
@@ -400,4 +479,11 @@ class Coordinator:
             for conn in list(self._conns.values()):
                 if now - conn.info.last_seen > self.worker_timeout_s:
                     self._drop(conn, f"silent for {now - conn.info.last_seen:.0f} s")
-                    conn.writer.close()
+                    conn.close()
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    """Close a connection at once, whatever state its (TLS) transport is in."""
+    transport = writer.transport
+    if transport is not None:
+        transport.abort()

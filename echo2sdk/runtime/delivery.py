@@ -7,13 +7,14 @@ Protocol.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
 from echo2sdk.runtime.messages import BroadcastInfo, Received, Snapshot, WireMessage
 from echo2sdk.runtime.wire import digest
 
-__all__ = ["Peer", "SnapshotDelivery", "DirectPush", "check_delivery", "snapshot_frame_ok"]
+__all__ = ["Peer", "SnapshotDelivery", "DirectPush", "check_delivery", "send_all", "snapshot_frame_ok"]
 
 
 class Peer(Protocol):
@@ -27,7 +28,15 @@ class Peer(Protocol):
         """Where the worker serves snapshot chunks to its children; None when it serves none."""
         ...
 
-    async def send(self, msg: WireMessage, payload: bytes | memoryview = b"") -> None: ...
+    @property
+    def relay_fingerprint(self) -> bytes:
+        """The SHA-256 of its relay port's TLS certificate (b"": plaintext), which its children pin."""
+        ...
+
+    async def send(self, msg: WireMessage, payload: bytes | memoryview = b"") -> None:
+        """Send `msg` (and its payload). Raises ConnectionError (or OSError) when the worker is gone, or was
+        dropped for taking nothing within its write deadline."""
+        ...
 
 
 class SnapshotDelivery(Protocol):
@@ -57,16 +66,23 @@ def check_delivery(obj: object) -> SnapshotDelivery:
     return obj  # type: ignore[return-value]
 
 
+async def send_all(peers: Sequence[Peer], msg: WireMessage, payload: bytes | memoryview = b"") -> None:
+    """Send to every peer at once: a slow or stalled one (dropped at its write deadline) delays no other."""
+
+    async def one(peer: Peer) -> None:
+        try:
+            await peer.send(msg, payload)
+        except (ConnectionError, OSError):
+            pass  # a dead or dropped worker is the coordinator's business, not delivery's
+
+    await asyncio.gather(*(one(p) for p in peers))
+
+
 class DirectPush:
-    """Learner pushes the full snapshot to every worker over its own connection."""
+    """Learner pushes the full snapshot to every worker over its own connection, to all at once."""
 
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
-        msg = Snapshot(version=version, nbytes=len(weights), sha256=digest(weights))
-        for peer in peers:
-            try:
-                await peer.send(msg, weights)
-            except (ConnectionError, OSError):
-                pass  # a dead worker is the coordinator's business, not delivery's
+        await send_all(peers, Snapshot(version=version, nbytes=len(weights), sha256=digest(weights)), weights)
 
     def welcome_info(self) -> None:
         return None

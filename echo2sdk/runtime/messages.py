@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from echo2sdk.core.broadcast.manifest import MAX_CHUNKS, MIN_CHUNK_BYTES
 from echo2sdk.errors import ConfigError, ProtocolError
@@ -31,7 +31,7 @@ __all__ = [
     "Challenge", "Hello", "Refused", "Welcome", "GetTasks", "Tasks", "Trajectories", "Ack", "Heartbeat",
     "Snapshot", "SnapshotPlan", "Received", "Installed", "SnapshotRejected", "Shutdown",
     "Fetch", "Unavailable", "Wait", "Chunk",
-    "parse", "to_header", "clip", "MAX_ID", "MAX_REASON",
+    "parse", "to_header", "clip", "shown", "MAX_ID", "MAX_REASON",
 ]
 
 # -- bounds -----------------------------------------------------------------------------------------
@@ -64,7 +64,17 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 Bytes32 = Annotated[bytes, Field(min_length=32, max_length=32)]  # nonces, HMAC-SHA256 MACs, digests, keys
 ChunkIndex = Annotated[int, Field(ge=0, lt=MAX_CHUNKS)]
 Options = Annotated[dict[Id, Any], Field(max_length=MAX_ENTRIES)]
-Hop = Annotated[tuple[Id, Annotated[str, Field(max_length=255)], Port], BeforeValidator(_as_tuple)]  # id, host, port
+
+
+def _fingerprint(value: bytes) -> bytes:
+    if len(value) not in (0, 32):
+        raise ValueError(f"a certificate fingerprint is 32 bytes (SHA-256), or empty without TLS; got {len(value)}")
+    return value
+
+
+Fingerprint = Annotated[bytes, AfterValidator(_fingerprint)]  # SHA-256 of a TLS certificate; b"": plaintext
+# id, host, port, the relay's certificate fingerprint (pinned by the fetcher)
+Hop = Annotated[tuple[Id, Annotated[str, Field(max_length=255)], Port, Fingerprint], BeforeValidator(_as_tuple)]
 
 
 class _Model(BaseModel):
@@ -158,12 +168,15 @@ class Challenge(WireMessage):
 
 
 class Hello(WireMessage):
+    """Sealed with the hello key (echo2sdk.runtime.session): a hello that verifies proves the token."""
+
     type: Literal["hello"] = "hello"
-    mac: Bytes32  # HMAC-SHA256(token, nonce)
+    nonce: Bytes32  # the worker's half of the session key
     worker_id: Id = ""  # "": the coordinator names it
     session: Id = ""
     price_per_hour: NonNeg = 0.0
     relay_port: Port | None = None
+    relay_fingerprint: Fingerprint = b""  # its relay port's TLS certificate (b"": plaintext)
     version: Count = 0
     backend: Name = ""
 
@@ -229,7 +242,7 @@ class SnapshotPlan(WireMessage):
 
     type: Literal["snapshot_plan"] = "snapshot_plan"
     manifest: WireManifest
-    upstream: Annotated[Seq[Hop], Field(min_length=1, max_length=MAX_PEERS)]
+    upstream: Annotated[Seq[Hop], Field(min_length=1, max_length=MAX_PEERS)]  # (node, host, port, fingerprint)
 
 
 class Received(WireMessage):
@@ -263,9 +276,11 @@ class Shutdown(WireMessage):
 
 # -- relay <-> fetcher ----------------------------------------------------------------------------------
 class Fetch(WireMessage):
+    """Sealed with the relay's hello key (echo2sdk.runtime.session)."""
+
     type: Literal["fetch"] = "fetch"
     node_id: Id
-    mac: Bytes32
+    nonce: Bytes32
     version: Count
     start: int = Field(ge=0, le=MAX_CHUNKS)  # the first chunk the fetcher lacks
 
@@ -298,7 +313,7 @@ def parse(header: object, allowed: tuple[type[M], ...]) -> M:
     cls = next((c for c in allowed if c.model_fields["type"].default == kind), None) if isinstance(kind, str) else None
     if cls is None:
         expected = ", ".join(c.model_fields["type"].default for c in allowed)
-        what = f"type {kind!r}" if isinstance(kind, str) else f"without a string 'type': {_shown(header)}"
+        what = f"type {shown(kind)}" if isinstance(kind, str) else f"without a string 'type': {shown(header)}"
         raise ProtocolError(f"unexpected message {what} (expected {expected})")
     try:
         return cls.model_validate(header)
@@ -319,10 +334,11 @@ def clip(text: str, limit: int = MAX_REASON) -> str:
 def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     field = ".".join(str(p) for p in err["loc"]) or "<header>"
-    value = "missing" if err["type"] == "missing" else f"= {_shown(err.get('input'))}"
+    value = "missing" if err["type"] == "missing" else f"= {shown(err.get('input'))}"
     return f"field {field!r} {value}: {err['msg']}"
 
 
-def _shown(value: object) -> str:
+def shown(value: object, limit: int = 80) -> str:
+    """`repr(value)`, cut to `limit` characters: how a peer-supplied value appears in logs and errors."""
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -19,6 +19,13 @@ publications land in memory that is already paged in.
 Bandwidth: optional sender-side token buckets - ``uplink_bps`` shared by all of a node's children and
 ``per_peer_bps`` per child (the receiver's link) - emulate capped links where namespaces and ``tc`` are
 not available; real deployments leave both off.
+
+Trust (docs/security.md): a relay port speaks TLS (its own self-signed certificate; plaintext only when
+asked), and a child proves the run token with a hello bound to that certificate (`session`); every later
+frame header is MACed, chunk bytes are checked against the signed manifest. The child pins the parent's
+certificate fingerprint the coordinator gave it in the (sealed) snapshot plan. Before authentication a
+connection gets no thread: `gate.Gate` runs every handshake on one selector thread under one deadline;
+at most `max_streams` authenticated children are served at a time.
 """
 
 from __future__ import annotations
@@ -35,7 +42,11 @@ from typing import Any
 
 from echo2sdk.core.broadcast.manifest import Manifest, chunk_hasher
 from echo2sdk.core.broadcast.planner import SOURCE
-from echo2sdk.errors import ProtocolError
+from echo2sdk.core.records import pack
+from echo2sdk.errors import AuthError, ProtocolError
+from echo2sdk.runtime import session
+from echo2sdk.runtime.admission import Admission, Ticket
+from echo2sdk.runtime.gate import Gate
 from echo2sdk.runtime.messages import (
     Challenge,
     Chunk,
@@ -45,9 +56,11 @@ from echo2sdk.runtime.messages import (
     Wait,
     clip,
     parse,
+    shown,
     to_header,
 )
-from echo2sdk.runtime.wire import auth_mac, check_mac, encode_frame, new_nonce, recv_frame, send_frame
+from echo2sdk.runtime.tls import Identity, check_pin, client_context, peer_fingerprint, server_context
+from echo2sdk.runtime.wire import encode_frame, open_frame, recv_frame, send_frame
 
 __all__ = ["TokenBucket", "Assembly", "RelayNode", "FetchReport", "Upstream"]
 
@@ -57,7 +70,9 @@ SEND_SLICE = 256 << 10
 RECV_PIECE = 256 << 10
 HASH_BLOCK = 64 << 10  # bytes handed to the hasher at a time, at aligned offsets
 MAX_SPARES = 1  # evicted snapshot buffers kept for reuse by the next version
-HANDSHAKE_TIMEOUT_S = 10.0
+HANDSHAKE_S = 10.0  # one deadline for a child's whole handshake (TLS, challenge, fetch)
+WRITE_SLICE = 4 << 20  # unpaced sends go out in slices of this size, each under the write deadline
+MAX_STREAMS = 512  # children served at a time (threads); more get `unavailable` and repair elsewhere
 
 
 class TokenBucket:
@@ -148,6 +163,7 @@ class Upstream:
     node_id: str
     host: str
     port: int
+    fingerprint: bytes = b""  # its TLS certificate's SHA-256, pinned; b"": plaintext
 
 
 @dataclass
@@ -203,8 +219,15 @@ class RelayNode:
         per_peer_bps: float | None = None,
         stall_timeout_s: float = 5.0,
         keep_versions: int = 2,
+        tls: bool | Identity = True,
+        admission: Admission | None = None,
+        handshake_s: float = HANDSHAKE_S,
+        max_streams: int = MAX_STREAMS,
     ):
+        """`tls`: True (a certificate made for this node), an `Identity`, or False (plaintext, opt-in).
+        `admission`: caps and the failed-login rate limit of this port (default `Admission()`)."""
         self.token, self.node_id = token, node_id
+        session.token_key(token)  # derive it now, not in the gate thread on the first hello
         self.uplink = TokenBucket(uplink_bps) if uplink_bps else None
         self.per_peer_bps = per_peer_bps
         self.stall_timeout_s, self.keep_versions = stall_timeout_s, keep_versions
@@ -213,12 +236,19 @@ class RelayNode:
         self._lock = threading.Condition()
         self._closed = False
         self._conns: set[socket.socket] = set()
-        self._sock = socket.create_server((host, port), backlog=128)
-        self.host, self.port = self._sock.getsockname()[:2]
+        identity = (tls if isinstance(tls, Identity) else Identity.generate(f"echo2 relay {node_id}")) if tls else None
+        self.fingerprint = identity.fingerprint if identity is not None else b""
+        self.max_streams, self.streams = max_streams, 0
         self.served_chunks = 0
         self.refused = 0
-        self._thread = threading.Thread(target=self._accept_loop, name=f"echo2-relay-{node_id}", daemon=True)
-        self._thread.start()
+        self.admission = admission or Admission()
+        sock = socket.create_server((host, port), backlog=128)
+        self.host, self.port = sock.getsockname()[:2]
+        self._gate = Gate(
+            sock, tls=server_context(identity) if identity is not None else None, admission=self.admission,
+            deadline_s=handshake_s, max_header=4 << 10, challenge=self._challenge, accept=self._accept,
+            refuse=self._refuse, name=f"relay-{node_id}",
+        )
 
     # -- the store ---------------------------------------------------------------------------------
     def _add(self, manifest: Manifest, data: bytes | memoryview | None = None) -> Assembly:
@@ -295,71 +325,75 @@ class RelayNode:
         return self._versions.get(version)
 
     # -- the chunk server --------------------------------------------------------------------------
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+    def _challenge(self) -> tuple[bytes, bytes]:
+        nonce = session.new_nonce()
+        return encode_frame(to_header(Challenge(nonce=nonce))), nonce
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _accept(self, nonce: bytes, prefix: bytes, body: bytes, conn: socket.socket, ticket: Ticket) -> None:
+        """Gate thread: verify a child's fetch (sealed with the hello key bound to our certificate), then serve
+        it on a thread of its own; raises ProtocolError (AuthError: wrong token) to have it refused."""
+        header, raw = open_frame(prefix, body, session.hello_key(self.token, session.RELAY, nonce, self.fingerprint))
+        req = parse(header, (Fetch,))
+        keys = session.derive(self.token, session.RELAY, nonce, req.nonce, self.fingerprint, raw, server=True)
+        self.admission.authenticated(ticket)
+        with self._lock:
+            busy = self.streams >= self.max_streams or self._closed
+            if not busy:
+                self.streams += 1
+        if busy:  # the child repairs at its next upstream node
+            conn.settimeout(1.0)
+            send_frame(conn, to_header(Unavailable(version=req.version)), key=keys.send)
+            raise OSError("relay busy")
         self._conns.add(conn)
+        threading.Thread(target=self._serve, args=(conn, req, keys, ticket), daemon=True,
+                         name=f"echo2-relay-{self.node_id}-stream").start()
+
+    def _refuse(self, e: Exception, ip: str) -> bytes:
+        self.refused += 1
+        self.admission.failed(ip)
+        log.warning("relay %s refused a fetch from %s: %s", self.node_id, ip, shown(str(e), 200))
+        return encode_frame(to_header(Refused(reason="authentication failed")))
+
+    def _serve(self, conn: socket.socket, req: Fetch, keys: session.Session, ticket: Ticket) -> None:
         try:
-            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            conn.settimeout(max(30.0, 4 * self.stall_timeout_s))  # the write deadline: a child that stops reading
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            req = self._authenticate(conn)
-            if req is None:
-                return
             with self._lock:  # a child may ask before this node has heard of the version itself
                 self._lock.wait_for(lambda: req.version in self._versions or self._closed, self.stall_timeout_s)
                 asm = self._versions.get(req.version)
             if asm is None:
-                send_frame(conn, to_header(Unavailable(version=req.version)))
+                send_frame(conn, to_header(Unavailable(version=req.version)), key=keys.send)
                 return
             with self._using(asm):
-                self._stream(conn, asm, req.start)
+                self._stream(conn, asm, req.start, keys.send)
         except (OSError, EOFError, ProtocolError) as e:
             log.debug("relay %s: connection ended: %s", self.node_id, e)
         finally:
+            with self._lock:
+                self.streams -= 1
             self._conns.discard(conn)
+            self.admission.close(ticket)
             conn.close()
 
-    def _authenticate(self, conn: socket.socket) -> Fetch | None:
-        """Challenge a child; its fetch request, or None when it was refused (wrong token, malformed)."""
-        nonce = new_nonce()
-        send_frame(conn, to_header(Challenge(nonce=nonce)))
-        header, _ = recv_frame(conn, 0)
-        try:
-            req = parse(header, (Fetch,))
-        except ProtocolError as e:
-            return self._refuse(conn, f"(malformed: {e})")
-        if not check_mac(self.token, nonce, req.mac):
-            return self._refuse(conn, f"from {req.node_id!r}: wrong token")
-        return req
-
-    def _refuse(self, conn: socket.socket, why: str) -> None:
-        self.refused += 1
-        send_frame(conn, to_header(Refused(reason="authentication failed")))
-        log.warning("relay %s refused a fetch %s", self.node_id, why)
-
-    def _stream(self, conn: socket.socket, asm: Assembly, start: int) -> None:
-        """Send chunks start.. of `asm` to a child, each the moment it is verified here."""
-        conn.settimeout(None)
+    def _stream(self, conn: socket.socket, asm: Assembly, start: int, key: session.FrameKey) -> None:
+        """Send chunks start.. of `asm` to a child, each the moment it is verified here. Headers are sealed;
+        the chunk bytes are not MACed again (the child checks them against the signed manifest)."""
         peer = TokenBucket(self.per_peer_bps) if self.per_peer_bps else None
         for i in range(start, asm.manifest.n_chunks):
             while not asm.wait_for(i, self.stall_timeout_s / 3):
                 if asm.failed or self._closed:
                     return  # gave up on this version: the child repairs upstream
-                send_frame(conn, to_header(Wait()))  # keep-alive while this node repairs its own feed
+                send_frame(conn, to_header(Wait()), key=key)  # keep-alive while this node repairs its own feed
             data = asm.chunk(i)
-            conn.sendall(encode_frame(to_header(Chunk(i=i)), data))  # prefix + header; body paced below
+            conn.sendall(encode_frame(to_header(Chunk(i=i)), data, key))  # prefix + tag + header; body below
             self._send_paced(conn, data, peer)
             self.served_chunks += 1
 
     def _send_paced(self, conn: socket.socket, data: memoryview, peer: TokenBucket | None) -> None:
+        """Send a chunk body: in write-deadline-sized slices, paced by the token buckets when set."""
         if self.uplink is None and peer is None:
-            conn.sendall(data)
+            for a in range(0, data.nbytes, WRITE_SLICE):
+                conn.sendall(data[a : a + WRITE_SLICE])
             return
         for a in range(0, data.nbytes, SEND_SLICE):
             piece = data[a : a + SEND_SLICE]
@@ -432,19 +466,13 @@ class RelayNode:
     def _pull(self, asm: Assembly, up: Upstream, busy: list[float]):
         """Yield the index of each chunk verified from `up`; raise _ParentFailed on any fault."""
         m = asm.manifest
+        sock = self._dial(up)
         try:
-            sock = socket.create_connection((up.host, up.port), timeout=self.stall_timeout_s)
-        except OSError as e:
-            raise _ParentFailed(f"unreachable ({e.__class__.__name__})") from None
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-            challenge = parse(recv_frame(sock, 0)[0], (Challenge,))
-            mac = auth_mac(self.token, challenge.nonce)
-            send_frame(sock, to_header(Fetch(node_id=self.node_id, mac=mac, version=m.version, start=asm.ready)))
+            keys = self._hello(sock, up, m.version, asm.ready)
             while asm.ready < m.n_chunks:
                 if asm.failed:
                     raise _ParentFailed("superseded")
-                header, plen = recv_frame(sock, m.chunk_bytes)
+                header, plen = recv_frame(sock, m.chunk_bytes, key=keys.recv, plain=("refused",))
                 msg = parse(header, (Chunk, Wait, Unavailable, Refused))
                 if isinstance(msg, Wait):
                     continue
@@ -463,12 +491,45 @@ class RelayNode:
                 yield i
         except TimeoutError:
             raise _ParentFailed("stalled") from None
+        except AuthError as e:
+            raise _ParentFailed(f"authentication: {e}") from None
         except (EOFError, ConnectionError) as e:
             raise _ParentFailed(f"connection lost ({e.__class__.__name__})") from None
         except (OSError, ProtocolError) as e:
             raise _ParentFailed(f"protocol: {e}") from None
         finally:
             sock.close()
+
+    def _dial(self, up: Upstream) -> socket.socket:
+        """Connect to `up` (TLS when the plan gave its fingerprint, which must then match)."""
+        try:
+            sock = socket.create_connection((up.host, up.port), timeout=self.stall_timeout_s)
+        except OSError as e:
+            raise _ParentFailed(f"unreachable ({e.__class__.__name__})") from None
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            if up.fingerprint:
+                sock = client_context().wrap_socket(sock)
+                check_pin(peer_fingerprint(sock), up.fingerprint, f"relay {up.node_id!r}")
+        except TimeoutError:
+            sock.close()
+            raise _ParentFailed("stalled") from None
+        except (OSError, AuthError) as e:  # ssl.SSLError is an OSError
+            sock.close()
+            why = str(e) if isinstance(e, AuthError) else f"TLS ({type(e).__name__}: {getattr(e, 'reason', None) or e})"
+            raise _ParentFailed(f"authentication: {why}") from None
+        return sock
+
+    def _hello(self, sock: socket.socket, up: Upstream, version: int, start: int) -> session.Session:
+        """Answer the parent's challenge with a sealed fetch; the session keys (the parent proves the token with
+        its first sealed frame)."""
+        challenge = parse(recv_frame(sock, 0)[0], (Challenge,))
+        fetch = Fetch(node_id=self.node_id, nonce=session.new_nonce(), version=version, start=start)
+        header = to_header(fetch)
+        sock.sendall(encode_frame(header, key=session.hello_key(self.token, session.RELAY, challenge.nonce,
+                                                                up.fingerprint)))
+        return session.derive(self.token, session.RELAY, challenge.nonce, fetch.nonce, up.fingerprint, pack(header),
+                              server=False)
 
     def close(self) -> None:
         self._closed = True
@@ -477,11 +538,7 @@ class RelayNode:
         for asm in list(self._versions.values()):
             asm.fail()
         self._spare.clear()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        self._gate.close()
         for c in list(self._conns):
             try:
                 c.shutdown(socket.SHUT_RDWR)

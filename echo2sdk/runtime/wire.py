@@ -1,78 +1,159 @@
-"""Framed messages between learner-side coordinator and rollout workers (no pickle anywhere).
+"""Framed messages between learner-side coordinator, rollout workers and relays (no pickle anywhere).
 
-A frame is  b"E2F1" | u32 header length | u64 payload length | msgpack header | raw payload.
-The header is a msgpack map with a "type" key; the payload carries bulk bytes (snapshots) untouched.
-Authentication is a challenge-response over a shared token: the coordinator sends a random nonce, the
-worker answers HMAC-SHA256(token, nonce); the token itself never crosses the wire.
+Two frame kinds, both  prefix = magic | u32 header length | u64 payload length :
+
+    plain   b"E2F1" | lengths | msgpack header | payload          before authentication only
+    sealed  b"E2S1" | lengths | tag (32) | msgpack header | payload
+
+A sealed frame's tag is HMAC-SHA256(direction key, seq | prefix | header) (`session.FrameKey`); it is
+checked before the header is decoded, and the payload is not MACed (a direct-push snapshot's SHA-256
+and a chunk's index are in the MACed header; chunk bytes are checked against the signed manifest).
+Every length is checked against a limit before anything is read or allocated for it: a few KiB
+(`PREAUTH_MAX_HEADER`) unless the caller, past authentication, allows more. Headers decode with msgpack
+limits on every string, bytes, array and map, and without extension types.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
-import os
 import socket
 import struct
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from echo2sdk.core.records import pack, unpack
-from echo2sdk.errors import ProtocolError
+import msgpack
+
+from echo2sdk.core.records import pack
+from echo2sdk.errors import AuthError, ProtocolError
 
 __all__ = [
-    "MAGIC",
-    "read_frame",
-    "write_frame",
-    "encode_frame",
-    "send_frame",
-    "recv_frame",
-    "recv_exactly_into",
-    "new_nonce",
-    "auth_mac",
-    "check_mac",
-    "digest",
+    "MAGIC", "SEALED", "PREFIX_BYTES", "TAG_BYTES", "PREAUTH_MAX_HEADER", "MAX_HEADER", "DEFAULT_MAX_PAYLOAD",
+    "Frame", "read_frame", "read_frame_raw", "write_frame", "encode_frame", "send_frame", "recv_frame",
+    "recv_exactly_into", "check_prefix", "open_frame", "decode_header", "digest",
 ]
 
 MAGIC = b"E2F1"
+SEALED = b"E2S1"
 _PREFIX = struct.Struct(">4sIQ")
-MAX_HEADER = 16 << 20
+PREFIX_BYTES = _PREFIX.size
+TAG_BYTES = 32
+PREAUTH_MAX_HEADER = 4 << 10  # every frame before authentication (challenge, hello, fetch, refused) fits
+MAX_HEADER = 16 << 20  # after authentication
 DEFAULT_MAX_PAYLOAD = 8 << 30
+MAX_ARRAY = 1 << 20  # msgpack limits per container (strings and bytes: the header's own length)
+MAX_MAP = 1 << 12
+
+
+class Key(Protocol):
+    """One direction's frame MAC (session.FrameKey)."""
+
+    def tag(self, data: bytes) -> bytes: ...
+
+    def check(self, data: bytes, tag: bytes) -> bool: ...
+
+
+class Frame(NamedTuple):
+    header: dict[str, Any]
+    payload: bytes
+    raw: bytes  # the header's msgpack bytes, as MACed
+    sealed: bool
+
+
+def decode_header(raw: bytes) -> dict[str, Any]:
+    """A frame header: a msgpack map with a string 'type', decoded under limits; ProtocolError if not."""
+    try:
+        header = msgpack.unpackb(
+            raw, raw=False, use_list=False, strict_map_key=True, max_str_len=len(raw), max_bin_len=len(raw),
+            max_array_len=MAX_ARRAY, max_map_len=MAX_MAP, max_ext_len=0,
+        )
+    except Exception as e:  # noqa: BLE001 - msgpack raises several exception types
+        raise ProtocolError(f"undecodable frame header: {type(e).__name__}: {str(e)[:80]}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise ProtocolError(f"frame header must be a map with a string 'type', got {type(header).__name__}")
+    return header
+
+
+def check_prefix(
+    prefix: bytes, *, keyed: bool, max_header: int, max_payload: int
+) -> tuple[bool, int, int]:
+    """(sealed, header length, payload length) of a frame prefix, checked against the limits before
+    anything more is read. A sealed frame needs a key; without one only plain frames are expected."""
+    magic, hlen, plen = _PREFIX.unpack(prefix)
+    if magic not in (MAGIC, SEALED):
+        raise ProtocolError(f"bad frame magic {bytes(magic)[:4]!r}: not an echo2 peer, or TLS on one side only?")
+    if magic == SEALED and not keyed:
+        raise ProtocolError("sealed frame before authentication")
+    if hlen > max_header:
+        raise ProtocolError(f"frame header of {hlen} bytes exceeds the {max_header}-byte limit")
+    if plen > max_payload:
+        raise ProtocolError(f"frame payload of {plen} bytes exceeds the {max_payload}-byte limit")
+    return magic == SEALED, hlen, plen
+
+
+def open_frame(
+    prefix: bytes, body: bytes, key: Key | None, plain: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], bytes]:
+    """The header of a frame whose body (tag + header, or header) was read: the tag is checked first, and a
+    plain frame after authentication (`key` given) is accepted only for the message types in `plain`."""
+    sealed = prefix[:4] == SEALED
+    if sealed:
+        tag, raw = body[:TAG_BYTES], body[TAG_BYTES:]
+        assert key is not None
+        if not key.check(bytes(prefix) + raw, tag):
+            raise AuthError("frame MAC does not verify (wrong token, or a frame replayed, reordered or tampered with)")
+        return decode_header(raw), raw
+    header = decode_header(body)
+    if key is not None and header["type"] not in plain:
+        raise ProtocolError(f"unsealed {str(header['type'])[:40]!r} frame after authentication")
+    return header, body
+
+
+def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"", key: Key | None = None) -> bytes:
+    """Prefix (and tag) and header of a frame; the payload goes after it as it is."""
+    h = pack(header)
+    if key is None:
+        return _PREFIX.pack(MAGIC, len(h), len(payload)) + h
+    prefix = _PREFIX.pack(SEALED, len(h), len(payload))
+    return prefix + key.tag(prefix + h) + h
+
+
+async def read_frame_raw(
+    reader: asyncio.StreamReader,
+    max_payload: int = 0,
+    *,
+    key: Key | None = None,
+    max_header: int = PREAUTH_MAX_HEADER,
+    plain: tuple[str, ...] = (),
+) -> Frame:
+    """Read one frame. Raises asyncio.IncompleteReadError on EOF, AuthError on a bad tag and ProtocolError
+    on anything else wrong. The stream reader holds only bytes that arrived; nothing is pre-allocated."""
+    prefix = await reader.readexactly(PREFIX_BYTES)
+    sealed, hlen, plen = check_prefix(prefix, keyed=key is not None, max_header=max_header, max_payload=max_payload)
+    body = await reader.readexactly(hlen + (TAG_BYTES if sealed else 0))
+    header, raw = open_frame(prefix, body, key, plain)
+    payload = await reader.readexactly(plen) if plen else b""
+    return Frame(header, payload, raw, sealed)
 
 
 async def read_frame(
-    reader: asyncio.StreamReader, max_payload: int = DEFAULT_MAX_PAYLOAD
+    reader: asyncio.StreamReader,
+    max_payload: int = 0,
+    *,
+    key: Key | None = None,
+    max_header: int = PREAUTH_MAX_HEADER,
+    plain: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], bytes]:
-    """Read one frame. Raises asyncio.IncompleteReadError on EOF and ProtocolError on garbage."""
-    prefix = await reader.readexactly(_PREFIX.size)
-    magic, hlen, plen = _PREFIX.unpack(prefix)
-    if magic != MAGIC:
-        raise ProtocolError(f"bad frame magic {magic!r} (expected {MAGIC!r}): not an echo2 peer?")
-    if hlen > MAX_HEADER:
-        raise ProtocolError(f"frame header of {hlen} bytes exceeds the {MAX_HEADER}-byte limit")
-    if plen > max_payload:
-        raise ProtocolError(f"frame payload of {plen} bytes exceeds the {max_payload}-byte limit")
-    try:
-        header = unpack(await reader.readexactly(hlen))
-    except (ValueError, TypeError, Exception) as e:  # msgpack raises several exception types
-        if isinstance(e, asyncio.IncompleteReadError):
-            raise
-        raise ProtocolError(f"undecodable frame header: {e}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-        raise ProtocolError(f"frame header must be a map with a string 'type', got {type(header).__name__}")
-    payload = await reader.readexactly(plen) if plen else b""
-    return header, payload
-
-
-def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> bytes:
-    h = pack(header)
-    return _PREFIX.pack(MAGIC, len(h), len(payload)) + h
+    """`read_frame_raw`'s (header, payload)."""
+    f = await read_frame_raw(reader, max_payload, key=key, max_header=max_header, plain=plain)
+    return f.header, f.payload
 
 
 async def write_frame(
-    writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes | memoryview = b""
+    writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes | memoryview = b"", key: Key | None = None
 ) -> None:
-    # Both writes happen without an await in between, so frames from concurrent tasks never interleave.
-    writer.write(encode_frame(header, payload))
+    # Sealing and both writes happen without an await in between, so frames from concurrent tasks never
+    # interleave and sequence numbers follow the byte stream.
+    writer.write(encode_frame(header, payload, key))
     if payload:
         writer.write(payload)
     await writer.drain()
@@ -88,42 +169,31 @@ def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
         view = view[n:]
 
 
-def recv_frame(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD) -> tuple[dict[str, Any], int]:
+def recv_frame(
+    sock: socket.socket,
+    max_payload: int = 0,
+    *,
+    key: Key | None = None,
+    max_header: int = PREAUTH_MAX_HEADER,
+    plain: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], int]:
     """Read one frame's header; returns (header, payload length) and leaves the payload on the socket."""
-    prefix = bytearray(_PREFIX.size)
+    prefix = bytearray(PREFIX_BYTES)
     recv_exactly_into(sock, memoryview(prefix))
-    magic, hlen, plen = _PREFIX.unpack(prefix)
-    if magic != MAGIC:
-        raise ProtocolError(f"bad frame magic {bytes(magic)!r} (expected {MAGIC!r}): not an echo2 peer?")
-    if hlen > MAX_HEADER or plen > max_payload:
-        raise ProtocolError(f"frame of {hlen}+{plen} bytes exceeds the limits ({MAX_HEADER}+{max_payload})")
-    raw = bytearray(hlen)
-    recv_exactly_into(sock, memoryview(raw))
-    try:
-        header = unpack(bytes(raw))
-    except Exception as e:  # noqa: BLE001 - msgpack raises several exception types
-        raise ProtocolError(f"undecodable frame header: {e}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-        raise ProtocolError("frame header must be a map with a string 'type'")
+    sealed, hlen, plen = check_prefix(bytes(prefix), keyed=key is not None, max_header=max_header,
+                                      max_payload=max_payload)
+    body = bytearray(hlen + (TAG_BYTES if sealed else 0))  # at most max_header (+ tag): checked above
+    recv_exactly_into(sock, memoryview(body))
+    header, _ = open_frame(bytes(prefix), bytes(body), key, plain)
     return header, plen
 
 
-def send_frame(sock: socket.socket, header: dict[str, Any], payload: bytes | memoryview = b"") -> None:
-    sock.sendall(encode_frame(header, payload))
+def send_frame(
+    sock: socket.socket, header: dict[str, Any], payload: bytes | memoryview = b"", key: Key | None = None
+) -> None:
+    sock.sendall(encode_frame(header, payload, key))
     if payload:
         sock.sendall(payload)
-
-
-def new_nonce() -> bytes:
-    return os.urandom(32)
-
-
-def auth_mac(token: str, nonce: bytes) -> bytes:
-    return hmac.new(token.encode(), nonce, hashlib.sha256).digest()
-
-
-def check_mac(token: str, nonce: bytes, mac: object) -> bool:
-    return isinstance(mac, bytes) and hmac.compare_digest(auth_mac(token, nonce), mac)
 
 
 def digest(data: bytes | memoryview) -> str:

@@ -5,6 +5,11 @@ arrive at any time; the newest one is verified and installed between generation 
 worker switches version the moment its install completes.
 
 Start one by hand with  `echo2 worker --connect HOST:PORT --token T`.
+
+Trust (docs/security.md): the worker authenticates the coordinator as much as the other way round (the
+token handshake of `session`, bound to the TLS certificate it sees), learns the snapshot-signing key and
+its parents' certificate fingerprints only from sealed frames, and loads only plug-ins registered on this
+machine or allowed by its operator (`plugin_policy`), whatever a welcome names.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import logging
 import math
 import os
 import socket
+import ssl
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -24,12 +31,12 @@ from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
 from echo2sdk.core.contracts import InferenceBackend, SamplingParams, Task, TaskAdapter, is_episodic
 from echo2sdk.core.episodes import EpisodeStats, play_episodes
 from echo2sdk.core.records import Message, Meta, Trajectory
-from echo2sdk.errors import AuthError, BackendError, ConfigError, ProtocolError
+from echo2sdk.errors import AdapterError, AuthError, BackendError, ConfigError, NameNotFound, ProtocolError
+from echo2sdk.runtime import session
 from echo2sdk.runtime.delivery import snapshot_frame_ok
 from echo2sdk.runtime.messages import (
     MAX_ID,
     Ack,
-    Challenge,
     GetTasks,
     Heartbeat,
     Hello,
@@ -48,10 +55,13 @@ from echo2sdk.runtime.messages import (
     WorkerConfig,
     clip,
     parse,
+    shown,
     to_header,
 )
+from echo2sdk.runtime.plugin_policy import check_plugins
 from echo2sdk.runtime.relay import Assembly, RelayNode, Upstream
-from echo2sdk.runtime.wire import auth_mac, read_frame, write_frame
+from echo2sdk.runtime.tls import client_context
+from echo2sdk.runtime.wire import DEFAULT_MAX_PAYLOAD, MAX_HEADER, encode_frame, read_frame
 
 __all__ = ["RolloutWorker", "run_worker", "parse_address"]
 
@@ -83,7 +93,16 @@ class RolloutWorker:
         relay: bool = True,
         relay_only: bool = False,
         relay_uplink_bps: float | None = None,
+        allow_plugins: Iterable[str] = (),
+        tls: bool = True,
+        coordinator_fingerprint: bytes | None = None,
+        relay_tls: bool | None = None,
     ):
+        """`allow_plugins`: "pkg.mod:Attr" references this worker may import when a welcome names them (besides
+        the plug-ins registered here). `tls`: False only against a coordinator started with TLS off.
+        `coordinator_fingerprint`: the SHA-256 of the coordinator's certificate, pinned (`echo2 keys`).
+        `relay_tls`: whether this worker's relay port speaks TLS (default: as `tls`); chunks stay verified and
+        frame headers MACed without it, only the weights travel in clear."""
         self.host, self.port = parse_address(connect)
         self.token = token
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -103,6 +122,10 @@ class RolloutWorker:
         # inbound connection: the worker is then a leaf); `relay_only` forwards snapshots and generates
         # nothing (a bandwidth helper, and the broadcast benchmark's node).
         self.relay_enabled, self.relay_only, self.relay_uplink_bps = relay or relay_only, relay_only, relay_uplink_bps
+        self.allow_plugins = frozenset(allow_plugins)
+        self.tls, self.pin = tls, coordinator_fingerprint
+        self.relay_tls = tls if relay_tls is None else relay_tls
+        self._keys: session.Session | None = None
         self.relay: RelayNode | None = None
         self._public_key: bytes | None = None
         self._received_version = 0
@@ -134,9 +157,14 @@ class RolloutWorker:
 
     async def _connect(self, timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         deadline, pause = time.monotonic() + timeout_s, 0.5
+        tls = client_context() if self.tls else None
         while True:
             try:
-                return await asyncio.open_connection(self.host, self.port)
+                return await asyncio.open_connection(self.host, self.port, ssl=tls,
+                                                     server_hostname=self.host if tls else None)
+            except ssl.SSLError as e:
+                raise ProtocolError(f"TLS handshake with {self.host}:{self.port} failed ({e.reason or e}); "
+                                    "a coordinator started with TLS off needs  --plaintext") from None
             except OSError:
                 if time.monotonic() > deadline:
                     raise
@@ -146,7 +174,7 @@ class RolloutWorker:
     async def run(self) -> int:
         """Join, work until the coordinator says shutdown (or max_batches), re-joining after a lost
         connection for as long as reconnect_s allows. The backend and the relay live across re-joins."""
-        lost_at = 0.0
+        lost_at, first_deadline = 0.0, time.monotonic() + self.connect_timeout_s
         try:
             while True:
                 left = self.connect_timeout_s if self.joins == 0 else self.reconnect_s - (time.monotonic() - lost_at)
@@ -155,6 +183,9 @@ class RolloutWorker:
                     lost = await self._session(reader)
                 except (OSError, asyncio.IncompleteReadError) as e:  # unreachable, or closed during the handshake
                     if self.joins == 0:
+                        if isinstance(e, asyncio.IncompleteReadError) and time.monotonic() < first_deadline:
+                            await asyncio.sleep(1.0)  # a busy coordinator closed us before the challenge
+                            continue
                         raise
                     if time.monotonic() - lost_at > self.reconnect_s:
                         log.error("could not re-join %s:%d within %.0f s (%s); giving up", self.host, self.port,
@@ -179,7 +210,8 @@ class RolloutWorker:
         if self.relay is None:  # one relay node for the process: its port stays what the coordinator knows
             local_host = self._writer.get_extra_info("sockname")[0]  # serve children where we reach the learner
             self.relay = RelayNode(
-                self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps
+                self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps,
+                tls=self.relay_tls,
             )
         welcome = await self._handshake(reader)
         self.worker_id, cfg = welcome.worker_id, welcome.config
@@ -207,35 +239,50 @@ class RolloutWorker:
         return not self._shutdown and (not self._batches_done or self._held is not None)
 
     async def _handshake(self, reader: asyncio.StreamReader) -> Welcome:
-        """Answer the coordinator's challenge; its welcome, or AuthError when it refused us."""
+        """Mutual authentication (echo2sdk.runtime.session): answer the challenge with a hello sealed with a key
+        bound to the token, the challenge and the certificate we see; the welcome must come back sealed with
+        the session key, which only a coordinator that knows the token can derive. AuthError otherwise."""
         assert self.relay is not None
-        challenge = parse((await read_frame(reader))[0], (Challenge,))
-        await self._send(
-            Hello(
-                worker_id=self.worker_id,
-                session=self.session,
-                mac=auth_mac(self.token, challenge.nonce),
-                price_per_hour=self.price_per_hour,
-                relay_port=self.relay.port if self.relay_enabled else None,
-                version=self.version,
-            )
+        hello = Hello(
+            nonce=session.new_nonce(),
+            worker_id=self.worker_id,
+            session=self.session,
+            price_per_hour=self.price_per_hour,
+            relay_port=self.relay.port if self.relay_enabled else None,
+            relay_fingerprint=self.relay.fingerprint if self.relay_enabled else b"",
+            version=self.version,
         )
-        welcome = parse((await read_frame(reader))[0], (Welcome, Refused))
+        where = f"the coordinator at {self.host}:{self.port}"
+        try:
+            self._keys, answer = await session.client_handshake(reader, self._writer, self.token, to_header(hello),
+                                                                pin=self.pin)
+        except AuthError as e:
+            raise AuthError(f"{where} failed authentication: {e}") from None
+        welcome = parse(answer, (Welcome, Refused))
         if isinstance(welcome, Refused):
-            raise AuthError(f"coordinator refused worker {self.worker_id!r}: {welcome.reason}")
+            raise AuthError(f"coordinator refused worker {self.worker_id!r}: {shown(welcome.reason, 200)}")
         return welcome
 
     def _setup(self, cfg: WorkerConfig) -> None:
+        """Load the adapter and backend the welcome names: registered here, or allowed by the operator
+        (ConfigError before anything is imported otherwise); options the plug-in rejects are a refusal."""
         from echo2sdk.plugins import load_adapter, load_backend_class
 
+        check_plugins(cfg, self.allow_plugins)
         self.adapter = load_adapter(cfg.adapter, cfg.adapter_options)
         model = cfg.model_path if cfg.model_path and os.path.isdir(cfg.model_path) else cfg.model
         backend_cls = load_backend_class(cfg.backend)
-        self.backend = backend_cls(model, **cfg.backend_options)
+        try:
+            self.backend = backend_cls(model, **cfg.backend_options)
+        except TypeError as e:
+            opts = shown(cfg.backend_options)
+            raise BackendError(f"backend {shown(cfg.backend)} rejected options {opts}: {e}") from None
         self.max_len = cfg.max_len
 
     async def _send(self, msg: WireMessage) -> None:
-        await write_frame(self._writer, to_header(msg))
+        assert self._keys is not None
+        self._writer.write(encode_frame(to_header(msg), key=self._keys.send))  # sealed and written at once
+        await self._writer.drain()
 
     async def _notify(self, msg: WireMessage) -> None:
         """A report the coordinator can live without (it re-sends the latest snapshot when we re-join)."""
@@ -263,8 +310,12 @@ class RolloutWorker:
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                header, payload = await read_frame(reader)
+                assert self._keys is not None
+                header, payload = await read_frame(reader, DEFAULT_MAX_PAYLOAD, key=self._keys.recv,
+                                                   max_header=MAX_HEADER)
                 msg = parse(header, FROM_COORDINATOR)
+                if payload and not isinstance(msg, Snapshot):
+                    raise ProtocolError(f"a {msg.type} frame with a {len(payload)}-byte payload")
                 if isinstance(msg, Snapshot):
                     self._newest = max(self._newest, msg.version)
                     if (why := snapshot_frame_ok(msg, payload)) is not None:
@@ -300,17 +351,17 @@ class RolloutWorker:
                 raise ProtocolError("no broadcast public key was given at join time")
             verify_manifest(manifest, self._public_key)
         except ProtocolError as e:
-            log.warning("refusing snapshot plan: %s", e)
+            log.warning("refusing snapshot plan: %s", shown(str(e), 200))
             await self._notify(SnapshotRejected(version=plan.manifest.version, reason=clip(str(e))))
             return
         # a learner bound to a wildcard address is reached where we reach the coordinator
-        upstream = [Upstream(node, self.host if host in ("0.0.0.0", "::", "") else host, port)
-                    for node, host, port in plan.upstream]
+        upstream = [Upstream(node, self.host if host in ("0.0.0.0", "::", "") else host, port, fp)
+                    for node, host, port, fp in plan.upstream]
         report = await asyncio.to_thread(self.relay.fetch, manifest, upstream)
         await self._notify(Received(**report.to_wire()))
         asm = self.relay.acquire(manifest.version) if report.ok else None
         if asm is None:
-            log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, report.repairs)
+            log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, shown(report.repairs, 300))
             return
         if not self.relay_only and (self._pending is None or manifest.version > self._pending[0]):
             self._set_pending(manifest.version, asm)
@@ -415,7 +466,7 @@ class RolloutWorker:
         if ack.duplicate:
             log.info("batch %s had reached the coordinator before the connection was lost", batch_id)
         if ack.rejected:
-            log.warning("coordinator rejected %d group(s): %s", len(ack.rejected), list(ack.rejected))
+            log.warning("coordinator rejected %d group(s): %s", len(ack.rejected), shown(list(ack.rejected), 200))
         return True
 
     def _rollout(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
@@ -469,11 +520,15 @@ def _task(t: WireTask) -> Task:
 
 
 def run_worker(connect: str, token: str, **kwargs: Any) -> int:
-    """Blocking entry point for `echo2 worker`. Returns a process exit code."""
+    """Blocking entry point for `echo2 worker`. Returns a process exit code: 2 when either side refused the
+    other (token, certificate, a plug-in this worker may not load), 1 when the coordinator is unreachable."""
     try:
         return asyncio.run(RolloutWorker(connect, token, **kwargs).run())
-    except AuthError as e:
+    except ProtocolError as e:  # AuthError included
         log.error("%s", e)
+        return 2
+    except (ConfigError, AdapterError, BackendError, NameNotFound) as e:
+        log.error("refusing the coordinator's worker config: %s", e)
         return 2
     except OSError as e:
         log.error("cannot reach the coordinator at %s: %s", connect, e)

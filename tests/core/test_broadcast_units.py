@@ -19,8 +19,9 @@ from echo2sdk.core.broadcast.planner import (
     WorkerScores,
     plan_chains,
 )
+from echo2sdk.runtime import session
 from echo2sdk.runtime.relay import HASH_BLOCK, RelayNode, TokenBucket, Upstream, _recv_hashed
-from echo2sdk.runtime.wire import auth_mac, recv_frame, send_frame
+from echo2sdk.runtime.wire import PREFIX_BYTES, TAG_BYTES, encode_frame, open_frame, recv_frame, send_frame
 from echo2sdk.errors import ProtocolError
 
 TOKEN = "relay-secret"
@@ -139,7 +140,7 @@ def nodes():
 
 
 def _up(n: RelayNode) -> Upstream:
-    return Upstream(n.node_id, n.host, n.port)
+    return Upstream(n.node_id, n.host, n.port, n.fingerprint)
 
 
 def _fetch_all(chain: list[RelayNode], m: Manifest, upstream_of) -> dict:
@@ -326,12 +327,13 @@ def test_wrong_token_is_refused_by_a_relay(nodes):
 def test_a_malformed_fetch_is_refused_and_a_parent_speaking_garbage_is_repaired_around(nodes):
     data = os.urandom(2 * CHUNK)
     m = build_manifest(data, 1, CHUNK, Signer())
-    src = nodes(SOURCE)
+    src = nodes(SOURCE, tls=False)
     src.publish(m, data)
     with socket.create_connection((src.host, src.port), timeout=5) as s:  # right token, start out of range
         challenge, _ = recv_frame(s, 0)
-        mac = auth_mac(TOKEN, challenge["nonce"])
-        send_frame(s, {"type": "fetch", "node_id": "odd", "mac": mac, "version": 1, "start": -1})
+        key = session.hello_key(TOKEN, session.RELAY, challenge["nonce"], b"")
+        fetch = {"type": "fetch", "node_id": "odd", "nonce": os.urandom(32), "version": 1, "start": -1}
+        s.sendall(encode_frame(fetch, key=key))
         reply, _ = recv_frame(s, 0)
     assert reply == {"type": "refused", "reason": "authentication failed"} and src.refused == 1
 
@@ -340,9 +342,8 @@ def test_a_malformed_fetch_is_refused_and_a_parent_speaking_garbage_is_repaired_
     def serve() -> None:
         conn, _ = garbage.accept()
         with conn:
-            send_frame(conn, {"type": "challenge", "nonce": os.urandom(32)})
-            recv_frame(conn, 0)
-            send_frame(conn, {"type": "chunk", "i": "zero"})
+            keys = _serve_hello(conn)  # the token is known: a compromised relay, not an impostor
+            send_frame(conn, {"type": "chunk", "i": "zero"}, key=keys.send)
             conn.recv(1)  # until the child hangs up
 
     threading.Thread(target=serve, daemon=True).start()
@@ -352,6 +353,16 @@ def test_a_malformed_fetch_is_refused_and_a_parent_speaking_garbage_is_repaired_
         garbage.close()
     assert r.ok and r.parent == SOURCE and r.repairs[0]["parent"] == "garbage"
     assert r.repairs[0]["reason"].startswith("protocol: chunk message: field 'i' = 'zero'")
+
+
+def _serve_hello(conn: socket.socket) -> session.Session:
+    """A relay's side of the handshake on a plaintext socket, done by hand."""
+    nonce = os.urandom(32)
+    send_frame(conn, {"type": "challenge", "nonce": nonce})
+    prefix = conn.recv(PREFIX_BYTES, socket.MSG_WAITALL)
+    body = conn.recv(TAG_BYTES + int.from_bytes(prefix[4:8], "big"), socket.MSG_WAITALL)
+    header, raw = open_frame(prefix, body, session.hello_key(TOKEN, session.RELAY, nonce, b""))
+    return session.derive(TOKEN, session.RELAY, nonce, header["nonce"], b"", raw, server=True)
 
 
 def test_token_bucket_paces_at_the_set_rate():

@@ -58,12 +58,12 @@ def fleet():
     """Start a coordinator with a delivery and relay-only worker processes; stop everything after."""
     state: dict = {"procs": {}, "coord": None}
 
-    def start(delivery, ids, mbps=None):
+    def start(delivery, ids, mbps=None, extra=None):
         state["coord"] = c = _coordinator(delivery)
         for wid in ids:  # one at a time, so join order (the rank of fresh workers) is the given order
             rate = (mbps or {}).get(wid, MBPS)
             cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"127.0.0.1:{c.port}",
-                   "--id", wid, "--relay-only", "--relay-uplink-mbps", str(rate)]
+                   "--id", wid, "--relay-only", "--relay-uplink-mbps", str(rate), *(extra or {}).get(wid, ())]
             state["procs"][wid] = subprocess.Popen(cmd, env=dict(os.environ, ECHO2_TOKEN=TOKEN),
                                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             assert _wait(lambda: wid in c.workers, 20), _logs(state)
@@ -107,6 +107,19 @@ def test_chain_delivers_to_every_worker_in_plan_order(fleet):
     assert c.delivery.source.served_chunks == 2 * (SIZE // CHUNK)  # the learner fed two seeds, not four workers
     t_q, t_all = c.t_bcast(1)
     assert 0 < t_q <= t_all < 20
+
+
+def test_relays_with_and_without_tls_mix_in_one_chain(fleet):
+    """The learner's relay and c's speak TLS (pinned by their children), a's and b's do not (--relay-plaintext):
+    each child learns which from the sealed plan, and every chunk is still verified."""
+    start, state = fleet
+    c = start(_chain(n_chains=1), ["a", "b", "c", "d"], extra={"a": ["--relay-plaintext"], "b": ["--relay-plaintext"]})
+    assert c.workers["a"].relay_fingerprint == b"" and len(c.workers["c"].relay_fingerprint) == 32
+    c.publish(1, os.urandom(SIZE))
+    assert _wait(lambda: c.t_bcast(1)[1] is not None), _logs(state)
+    reports = _reports(c, 1)
+    assert {w: r["parent"] for w, r in reports.items()} == {"a": SOURCE, "b": "a", "c": "b", "d": "c"}
+    assert all(r["ok"] and not r["repairs"] and not r["bad_chunks"] for r in reports.values())
 
 
 @pytest.mark.parametrize("fault", ["kill", "stall"])

@@ -46,7 +46,8 @@ from echo2sdk.runtime.relay import FetchReport
 from echo2sdk.runtime.wire import digest
 
 KEY = b"k" * 32
-MAC = b"m" * 32
+NONCE = b"n" * 32
+FP = b"f" * 32
 MANIFEST = build_manifest(os.urandom(3 * (4 << 10)), 7, 4 << 10, Signer()).to_wire()
 TASK = {"id": "toy-0-1", "messages": [{"role": "user", "content": "Say echo."}], "answer": "echo", "info": {"k": 1}}
 RECORD = {"prompt": "p", "response": "r", "reward": 1.0, "version": 0,
@@ -66,7 +67,8 @@ TRAINER_CONFIG = {  # what echo2sdk.runtime.trainer builds
 #: one valid instance of every message, as its fields
 SAMPLES: dict[type[WireMessage], dict] = {
     Challenge: {"nonce": os.urandom(32)},
-    Hello: {"mac": MAC, "worker_id": "w-1", "session": "ab12", "price_per_hour": 0.35, "relay_port": 4242,
+    Hello: {"nonce": NONCE, "worker_id": "w-1", "session": "ab12", "price_per_hour": 0.35, "relay_port": 4242,
+            "relay_fingerprint": FP,
             "version": 3},
     Refused: {"reason": "authentication failed: wrong token"},
     Welcome: {"worker_id": "w-1", "config": {**TRAINER_CONFIG, "heartbeat_s": 0.2, "staleness": 2}, "version": 5,
@@ -77,12 +79,12 @@ SAMPLES: dict[type[WireMessage], dict] = {
     Ack: {"rid": 10, "accepted": 2, "rejected": ["schema"], "duplicate": False},
     Heartbeat: {"version": 3, "rollouts": 120, "rollouts_per_s": 4.5},
     Snapshot: {"version": 4, "nbytes": 3, "sha256": digest(b"abc")},
-    SnapshotPlan: {"manifest": MANIFEST, "upstream": [["a", "127.0.0.1", 4242], ["learner", "0.0.0.0", 1]]},
+    SnapshotPlan: {"manifest": MANIFEST, "upstream": [["a", "127.0.0.1", 4242, FP], ["learner", "0.0.0.0", 1, b""]]},
     Received: REPORT,
     Installed: {"version": 4, "install_s": 0.8},
     SnapshotRejected: {"version": None, "reason": "bad signature"},
     Shutdown: {},
-    Fetch: {"node_id": "b", "mac": MAC, "version": 7, "start": 2},
+    Fetch: {"node_id": "b", "nonce": NONCE, "version": 7, "start": 2},
     Unavailable: {"version": 7},
     Wait: {},
     Chunk: {"i": 2},
@@ -140,7 +142,7 @@ def test_nested_values_survive_the_round_trip():
     assert welcome.config.adapter_options == {"split": "train"} and welcome.broadcast.public_key == KEY
     plan = parse(unpack(pack(_header(SnapshotPlan))), (SnapshotPlan,))
     assert plan.manifest.model_dump() == {**MANIFEST, "chunks": tuple(MANIFEST["chunks"])}
-    assert plan.upstream[0] == ("a", "127.0.0.1", 4242)
+    assert plan.upstream[0] == ("a", "127.0.0.1", 4242, FP) and plan.upstream[1][3] == b""
     report = parse(unpack(pack(_header(Received))), (Received,))
     assert report.repairs[0].repair_s == 0.25 and report.repairs[1].repair_s is None
     assert report.model_dump(exclude_none=True)["repairs"][1] == {"parent": "c", "reason": "refused", "chunk": 0}
@@ -149,7 +151,9 @@ def test_nested_values_survive_the_round_trip():
 BOUNDS = [
     (Challenge, "nonce", b"n" * 31),
     (Challenge, "nonce", b"n" * 33),
-    (Hello, "mac", b""),
+    (Hello, "nonce", b""),
+    (Hello, "relay_fingerprint", b"f" * 31),
+    (Hello, "relay_fingerprint", b"f" * 33),
     (Hello, "worker_id", "w" * 129),
     (Hello, "session", "s" * 129),
     (Hello, "price_per_hour", -0.01),
@@ -196,7 +200,8 @@ BOUNDS = [
     (Snapshot, "sha256", "0" * 63),
     (Snapshot, "sha256", "A" * 64),
     (SnapshotPlan, "upstream", []),
-    (SnapshotPlan, "upstream", [["a", "h", 1]] * 4097),
+    (SnapshotPlan, "upstream", [["a", "h", 1, b""]] * 4097),
+    (SnapshotPlan, "upstream.0.3", b"f" * 16),
     (SnapshotPlan, "upstream.0.2", 0),
     (SnapshotPlan, "upstream.0.0", "n" * 129),
     (SnapshotPlan, "upstream.0.1", "h" * 256),
@@ -220,7 +225,7 @@ BOUNDS = [
     (SnapshotRejected, "version", -1),
     (SnapshotRejected, "reason", "r" * 1025),
     (Fetch, "node_id", "n" * 129),
-    (Fetch, "mac", b"m" * 16),
+    (Fetch, "nonce", b"n" * 16),
     (Fetch, "version", -1),
     (Fetch, "start", -1),
     (Fetch, "start", MAX_CHUNKS + 1),
@@ -245,7 +250,8 @@ WRONG_TYPES = [
     (Hello, "version", "3"),
     (Hello, "version", 3.0),
     (Hello, "version", True),
-    (Hello, "mac", "m" * 32),
+    (Hello, "nonce", "n" * 32),
+    (Hello, "relay_fingerprint", "f" * 32),
     (Hello, "relay_port", "4242"),
     (Refused, "reason", b"bytes"),
     (Welcome, "config", "cfg"),
@@ -277,7 +283,7 @@ def test_unknown_keys_are_rejected(cls):
 
 
 def test_missing_fields_unknown_types_and_non_maps_are_protocol_errors():
-    with pytest.raises(ProtocolError, match="hello message: field 'mac' missing"):
+    with pytest.raises(ProtocolError, match="hello message: field 'nonce' missing"):
         parse({"type": "hello"}, ALL)
     with pytest.raises(ProtocolError, match=r"unexpected message type 'hello' \(expected challenge\)"):
         parse(_header(Hello), (Challenge,))

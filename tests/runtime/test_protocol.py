@@ -13,8 +13,11 @@ import time
 import pytest
 
 from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.runtime import session
 from echo2sdk.runtime.coordinator import Coordinator
-from echo2sdk.runtime.wire import auth_mac, read_frame, write_frame
+from echo2sdk.runtime.messages import Hello, Welcome, parse
+from echo2sdk.runtime.tls import Identity, client_context, server_context
+from echo2sdk.runtime.wire import MAX_HEADER, read_frame, write_frame
 from echo2sdk.testing import ToyAdapter, safetensors_blob
 
 pytestmark = pytest.mark.integration
@@ -61,8 +64,9 @@ def coord():
 
 def _spawn(port: int, token: str, wid: str) -> subprocess.Popen:
     env = dict(os.environ, ECHO2_TOKEN=token)
-    return subprocess.Popen(
-        [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"127.0.0.1:{port}", "--id", wid],
+    return subprocess.Popen(  # the backend is registered ("mock"); the toy adapter is allowed by its operator
+        [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"127.0.0.1:{port}", "--id", wid,
+         "--allow-plugin", "echo2sdk.testing:ToyAdapter"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -126,18 +130,45 @@ def test_wrong_token_is_refused_and_logged(coord, caplog):
     assert coord.refused == 1 and "intruder" not in coord.workers
 
 
+class _Client:
+    """A hand-driven worker connection: TLS, the token handshake, then sealed frames."""
+
+    def __init__(self, reader, writer, keys, answer):
+        self.reader, self.writer, self.keys, self.answer = reader, writer, keys, answer
+
+    @classmethod
+    async def join(cls, port: int, token: str = "s3cret", **hello) -> _Client:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context())
+        fields = {"type": "hello", "nonce": session.new_nonce(), **hello}
+        keys, answer = await session.client_handshake(reader, writer, token, fields)
+        return cls(reader, writer, keys, answer)
+
+    async def send(self, header: dict) -> None:
+        await write_frame(self.writer, header, key=self.keys.send)
+
+    async def recv(self) -> dict:
+        return (await read_frame(self.reader, 0, key=self.keys.recv, max_header=MAX_HEADER))[0]
+
+    async def until(self, kind: str) -> dict:
+        while (h := await self.recv())["type"] != kind:
+            pass
+        return h
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:  # let the TLS transport finish closing, or its finalizer warns
+            await asyncio.wait_for(self.writer.wait_closed(), 5)
+        except (OSError, TimeoutError):
+            pass
+
+
 async def _raw_client(port: int, token: str, groups: list) -> dict:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    ch, _ = await read_frame(reader)
-    await write_frame(writer, {"type": "hello", "worker_id": "raw", "mac": auth_mac(token, ch["nonce"])})
-    welcome, _ = await read_frame(reader)
-    assert welcome["type"] == "welcome"
-    await write_frame(writer, {"type": "trajectories", "rid": 7, "groups": groups})
-    while True:
-        h, _ = await read_frame(reader)
-        if h["type"] == "ack":
-            writer.close()
-            return h
+    c = await _Client.join(port, token, worker_id="raw")
+    assert c.answer["type"] == "welcome"
+    await c.send({"type": "trajectories", "rid": 7, "groups": groups})
+    ack = await c.until("ack")
+    await c.close()
+    return ack
 
 
 def _record(**over):
@@ -218,27 +249,23 @@ def test_a_worker_dropped_while_frozen_rejoins_with_its_id_model_and_version(coo
     assert "re-joined" in out and "lost the coordinator" in out
 
 
-async def _hello(port: int, worker_id: str, session: str):
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    ch, _ = await read_frame(reader)
-    await write_frame(writer, {"type": "hello", "worker_id": worker_id, "session": session,
-                               "mac": auth_mac("s3cret", ch["nonce"])})
-    welcome, _ = await read_frame(reader)
-    return reader, writer, welcome["worker_id"]
+async def _hello(port: int, worker_id: str, sess: str) -> tuple[_Client, str]:
+    c = await _Client.join(port, worker_id=worker_id, session=sess)
+    return c, c.answer["worker_id"]
 
 
 def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
     async def scenario():
-        r1, w1, id1 = await _hello(coord.port, "gpu-1", "aaaa")
-        r2, w2, id2 = await _hello(coord.port, "gpu-1", "bbbb")  # a namesake: another process
-        r3, w3, id3 = await _hello(coord.port, "gpu-1", "aaaa")  # the first process again
+        c1, id1 = await _hello(coord.port, "gpu-1", "aaaa")
+        c2, id2 = await _hello(coord.port, "gpu-1", "bbbb")  # a namesake: another process
+        c3, id3 = await _hello(coord.port, "gpu-1", "aaaa")  # the first process again
         try:
-            first_closed = await asyncio.wait_for(r1.read(), 5) == b""  # its old connection is dropped
+            first_closed = await asyncio.wait_for(c1.reader.read(), 5) == b""  # its old connection is dropped
             await asyncio.sleep(0.5)  # the old connection's handler has finished its clean-up by now
             still_registered = coord.workers["gpu-1"].alive and "gpu-1" in {p.worker_id for p in coord._conns.values()}
         finally:
-            for w in (w1, w2, w3):
-                w.close()
+            for c in (c1, c2, c3):
+                await c.close()
         return id1, id2, id3, first_closed, still_registered
 
     id1, id2, id3, first_closed, still_registered = asyncio.run(scenario())
@@ -249,19 +276,17 @@ def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
 
 def test_malformed_messages_are_refused_or_counted_never_a_crash(coord, caplog):
     async def scenario():
-        reader, writer = await asyncio.open_connection("127.0.0.1", coord.port)
-        await read_frame(reader)
-        await write_frame(writer, {"type": "hello", "worker_id": "odd", "mac": b"short"})  # a 5-byte MAC
-        refused, _ = await read_frame(reader)
-        writer.close()
-        reader, writer, _ = await _hello(coord.port, "w-bad", "dddd")
-        await write_frame(writer, {"type": "get_tasks", "rid": 1, "n": 0})  # out of range, after authentication
-        closed = await asyncio.wait_for(reader.read(), 5) == b""
-        writer.close()
-        reader, writer, _ = await _hello(coord.port, "w-good", "eeee")  # the coordinator serves on
-        await write_frame(writer, {"type": "get_tasks", "rid": 2, "n": 1})
-        tasks, _ = await read_frame(reader)
-        writer.close()
+        odd = await _Client.join(coord.port, worker_id="odd", price_per_hour="cheap")  # the right MAC, a bad field
+        refused = odd.answer
+        await odd.close()
+        bad, _ = await _hello(coord.port, "w-bad", "dddd")
+        await bad.send({"type": "get_tasks", "rid": 1, "n": 0})  # out of range, after authentication
+        closed = await asyncio.wait_for(bad.reader.read(), 5) == b""
+        await bad.close()
+        good, _ = await _hello(coord.port, "w-good", "eeee")  # the coordinator serves on
+        await good.send({"type": "get_tasks", "rid": 2, "n": 1})
+        tasks = await good.until("tasks")
+        await good.close()
         return refused, closed, tasks
 
     refused, closed, tasks = asyncio.run(scenario())
@@ -277,17 +302,13 @@ def test_a_resent_batch_is_acknowledged_but_admitted_once(coord):
     knows its id and does not admit the groups twice."""
 
     async def scenario():
-        reader, writer, _ = await _hello(coord.port, "w-x", "cccc")
+        c, _ = await _hello(coord.port, "w-x", "cccc")
         group = [_record(meta={"group_id": "g1"}) for _ in range(GROUP)]
         acks = []
         for rid in (1, 2):
-            await write_frame(writer, {"type": "trajectories", "rid": rid, "batch": "cccc:0", "groups": [group]})
-            while True:
-                h, _ = await read_frame(reader)
-                if h["type"] == "ack":
-                    acks.append(h)
-                    break
-        writer.close()
+            await c.send({"type": "trajectories", "rid": rid, "batch": "cccc:0", "groups": [group]})
+            acks.append(await c.until("ack"))
+        await c.close()
         return acks
 
     first, second = asyncio.run(scenario())
@@ -364,15 +385,18 @@ def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s(
 
     async def scenario():
         joined = asyncio.Event()
+        identity = Identity.generate()
 
-        async def handle(reader, writer):
-            await write_frame(writer, {"type": "challenge", "nonce": os.urandom(32)})
-            hello, _ = await read_frame(reader)
-            await write_frame(writer, {"type": "welcome", "worker_id": hello["worker_id"], "config": {"heartbeat_s": 0.2}})
+        async def handle(reader, writer):  # knows the token "t": a real coordinator, briefly
+            nonce, frame = await session.server_hello(reader, writer, "t", fingerprint=identity.fingerprint)
+            hello = parse(frame.header, (Hello,))
+            keys = session.derive("t", session.CONTROL, nonce, hello.nonce, identity.fingerprint, frame.raw, server=True)
+            welcome = Welcome(worker_id=hello.worker_id, config={"heartbeat_s": 0.2})
+            await write_frame(writer, welcome.model_dump(), key=keys.send)
             joined.set()
             writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_context(identity))
         port = server.sockets[0].getsockname()[1]
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"127.0.0.1:{port}", "--relay-only",

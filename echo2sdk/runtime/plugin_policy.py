@@ -1,0 +1,98 @@
+"""What a rollout worker may load because a coordinator's welcome names it.
+
+A welcome names the task adapter and the inference backend a worker loads, with their options. Names
+that came over the wire are never imported as such: a worker loads
+
+- a plug-in registered on *this* machine through entry points (groups echo2sdk.adapters,
+  echo2sdk.backends; an env URL "scheme://id" needs its scheme registered in echo2sdk.envs), also when
+  named by the exact "pkg.mod:Attr" value it is registered under;
+- any other "pkg.mod:Attr" reference only when the worker's operator allowed it, by that exact string,
+  with `echo2 worker --allow-plugin pkg.mod:Attr` (repeatable).
+
+The same holds for reference-like strings anywhere in the options (a sandbox adapter resolves its
+serializer, renderer and specs from such strings). Options themselves go to the plug-in, which validates
+them: a factory that rejects them (TypeError) is a clean refusal, not a crash.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterator
+from typing import Any
+
+from echo2sdk.errors import ConfigError
+from echo2sdk.plugins import ADAPTERS, BACKENDS, ENVS, SANDBOX, registered
+from echo2sdk.runtime.messages import WorkerConfig, shown
+
+__all__ = ["check_plugins", "allowances", "REFERENCE"]
+
+REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # what plugins.import_reference would import
+_MAX_WALK = 100_000  # option values inspected (the welcome's size bounds them anyway)
+
+
+def check_plugins(cfg: WorkerConfig, allowed: Collection[str] = ()) -> None:
+    """ConfigError naming the first plug-in or option of `cfg` this worker must not load; None when all are
+    registered here or allowed by the operator."""
+    allowed = frozenset(allowed)
+    _check_name(ADAPTERS, "adapter", cfg.adapter, allowed)
+    _check_name(BACKENDS, "backend", cfg.backend, allowed)
+    for field in ("adapter_options", "backend_options"):
+        for ref in _references(getattr(cfg, field)):
+            if ref not in allowed:
+                raise ConfigError(
+                    f"the coordinator's {field} name {shown(ref)}, an import reference; this worker imports "
+                    f"one only when started with  --allow-plugin {shown(ref)[1:-1]}"
+                )
+
+
+def allowances(cfg: WorkerConfig | Any) -> list[str]:
+    """The `--allow-plugin` values a worker needs for `cfg` (a WorkerConfig or the trainer's mapping): what the
+    learner's operator configured, for the workers the learner starts itself. Sorted, no duplicates."""
+    cfg = cfg if isinstance(cfg, WorkerConfig) else WorkerConfig.from_mapping(cfg)
+    out = set()
+    for group, name in ((ADAPTERS, cfg.adapter), (BACKENDS, cfg.backend)):
+        try:
+            _check_name(group, "plug-in", name, frozenset())
+        except ConfigError:
+            if "://" not in name:
+                out.add(name)
+    for field in ("adapter_options", "backend_options"):
+        out.update(_references(getattr(cfg, field)))
+    return sorted(out)
+
+
+def _check_name(group: str, kind: str, name: str, allowed: frozenset[str]) -> None:
+    if "://" in name and group == ADAPTERS:
+        scheme = name.partition("://")[0]
+        if scheme not in registered(ENVS) or SANDBOX not in registered(ADAPTERS):
+            known = ", ".join(sorted(registered(ENVS))) or "none"
+            raise ConfigError(
+                f"the coordinator's adapter {shown(name)} needs env scheme {shown(scheme)}, which is not "
+                f"registered in group {ENVS!r} on this worker (registered: {known})"
+            )
+        return
+    eps = registered(group)
+    if ":" not in name or name in allowed or name in eps or name in {ep.value for ep in eps.values()}:
+        return  # a plain name is looked up among the entry points only, never imported as such
+    raise ConfigError(
+        f"the coordinator named {kind} {shown(name)}, which is not registered in group {group!r} on this worker; "
+        f"a 'pkg.mod:Attr' {kind} is imported only when the worker is started with  --allow-plugin {shown(name)[1:-1]}"
+    )
+
+
+def _references(options: Any) -> Iterator[str]:
+    """Every string in `options` (keys and values, nested) that an import would resolve."""
+    stack, seen = [options], 0
+    while stack and seen < _MAX_WALK:
+        obj = stack.pop()
+        seen += 1
+        if isinstance(obj, str):
+            if REFERENCE.fullmatch(obj):
+                yield obj
+        elif isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    if stack:
+        raise ConfigError(f"the coordinator's options hold more than {_MAX_WALK} values; refusing them")

@@ -1,0 +1,177 @@
+"""Before authentication every size is small and bounded: a huge claimed header costs no memory, idle
+connections cost no threads and cannot keep a real worker out, failed logins are rate limited."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from _peers import TOKEN, Client, finish, make_coordinator, spawn_worker, wait
+
+from echo2sdk.core.broadcast.manifest import Signer, build_manifest
+from echo2sdk.core.broadcast.planner import SOURCE
+from echo2sdk.errors import AuthError
+from echo2sdk.runtime.relay import RelayNode, Upstream
+from echo2sdk.runtime.tls import client_context
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+
+_SERVERS = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from _peers import make_coordinator
+from echo2sdk.runtime.relay import RelayNode
+c = make_coordinator()
+r = RelayNode("%s", node_id="relay")
+print(json.dumps({"coordinator": c.port, "relay": r.port}), flush=True)
+time.sleep(600)
+""" % TOKEN
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+
+
+def _huge_header_attack(port: int, sealed: bool) -> None:
+    """TLS, then a frame whose prefix claims a 4 MiB header, and 4 MiB of msgpack empty maps after it."""
+    body = b"\xdd" + (4 * MiB - 5).to_bytes(4, "big") + b"\x80" * (4 * MiB - 5)  # an array of 4M empty maps
+    prefix = (b"E2S1" if sealed else b"E2F1") + len(body).to_bytes(4, "big") + (0).to_bytes(8, "big")
+    try:
+        with client_context().wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10)) as s:
+            s.sendall(prefix + (b"\0" * 32 if sealed else b"") + body)
+            s.recv(1 << 16)
+    except (OSError, ssl.SSLError):
+        pass  # the server hung up on us, as it should
+
+
+def test_a_4_mib_preauth_header_grows_neither_the_coordinator_nor_a_relay(tmp_path):
+    """The claimed length is checked against the few-KiB pre-auth limit before anything is read or allocated."""
+    here = os.path.dirname(__file__)
+    p = subprocess.Popen([sys.executable, "-c", _SERVERS, here], stdout=subprocess.PIPE, text=True)
+    try:
+        ports = json.loads(p.stdout.readline())
+        time.sleep(0.5)
+        before = _rss_kib(p.pid)
+        for target in ("coordinator", "relay"):
+            threads = [threading.Thread(target=_huge_header_attack, args=(ports[target], sealed))
+                       for sealed in (False, True) for _ in range(5)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        time.sleep(0.5)
+        growth_mib = (_rss_kib(p.pid) - before) / 1024
+        print(json.dumps({"measure": "preauth_rss_growth_mib", "attacks": 20, "header_mib": 4,
+                          "value": round(growth_mib, 2)}))
+        assert growth_mib < 10
+        assert p.poll() is None  # still serving
+    finally:
+        p.kill()
+        p.communicate(timeout=10)
+
+
+def test_1000_bad_logins_are_refused_and_rate_limited():
+    coord = make_coordinator()
+    outcomes = {"refused": 0, "closed": 0}
+
+    async def attempt():
+        try:
+            c = await Client.join(coord.port, "a-wrong-token", local="127.0.0.2", worker_id="intruder")
+            outcomes["refused" if c.answer["type"] == "refused" else "welcome"] = 1 + outcomes.get(c.answer["type"], 0)
+            await c.close()
+        except (OSError, asyncio.IncompleteReadError, ssl.SSLError, AuthError):
+            outcomes["closed"] += 1  # closed at accept: rate-limited
+
+    async def attack():  # 50 bursts of 20 concurrent attempts over ~5 s: the sustained rate shows
+        for _ in range(50):
+            await asyncio.gather(*(attempt() for _ in range(20)))
+            await asyncio.sleep(0.1)
+
+    try:
+        t0 = time.monotonic()
+        asyncio.run(attack())
+        elapsed = time.monotonic() - t0
+        stats = coord.stats()
+        handshakes = coord.refused  # attempts that got as far as a challenge and a checked hello
+        print(json.dumps({"measure": "bad_logins", "attempts": 1000, "elapsed_s": round(elapsed, 2),
+                          "full_handshakes": handshakes, "rate_limited": stats["rate_limited"],
+                          "handshakes_per_s": round(handshakes / elapsed, 2)}))
+        assert outcomes.get("welcome", 0) == 0 and not coord.workers
+        assert outcomes["refused"] + outcomes["closed"] == 1000
+        assert handshakes + stats["rate_limited"] >= 1000 - 20  # every attempt accounted for (bar the last few)
+        # the burst (10), what was in flight when it ran out (at most 16 pending per IP), then fail_per_s (1/s)
+        assert handshakes <= 10 + 16 + 1.0 * elapsed + 2
+        # a real worker elsewhere is not locked out by someone else's failures
+        good = asyncio.run(_join_and_close(coord.port))
+        assert good == "welcome"
+    finally:
+        coord.stop()
+
+
+async def _join_and_close(port: int) -> str:
+    c = await Client.join(port, worker_id="good", local="127.0.0.1")
+    await c.close()
+    return c.answer["type"]
+
+
+def _idle(port: int, n: int) -> list[socket.socket]:
+    out = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        out.append(s)
+    return out
+
+
+def test_500_idle_connections_cost_no_threads_and_a_real_worker_still_joins():
+    coord = make_coordinator()
+    src = RelayNode(TOKEN, node_id=SOURCE)
+    data = os.urandom(8 * (64 << 10))
+    m = build_manifest(data, 1, 64 << 10, Signer())
+    src.publish(m, data)
+    idle: list[socket.socket] = []
+    p = None
+    try:
+        time.sleep(0.2)
+        threads_before = threading.active_count()
+        idle = _idle(coord.port, 500) + _idle(src.port, 500)
+        time.sleep(2.0)  # accepted, admitted, evicted by one another
+        assert threading.active_count() <= threads_before + 1
+        assert coord.admission.pending() <= coord.admission.max_pending and src._gate.pending() <= 128
+        t0 = time.monotonic()
+        p = spawn_worker(coord.port, TOKEN, "--relay-only")
+        assert wait(lambda: "w-real" in coord.workers, 60), finish(p, 1)[1]
+        join_s = time.monotonic() - t0
+        child = RelayNode(TOKEN, node_id="child")
+        try:
+            t1 = time.monotonic()
+            report = child.fetch(m, [Upstream(SOURCE, src.host, src.port, src.fingerprint)])
+            fetch_s = time.monotonic() - t1
+            assert report.ok and bytes(child.assembly(1).view) == data
+        finally:
+            child.close()
+        print(json.dumps({"measure": "idle_flood", "idle_connections": 1000, "worker_join_s": round(join_s, 2),
+                          "relay_fetch_s": round(fetch_s, 2),
+                          "threads_added": threading.active_count() - threads_before,
+                          "coordinator_evicted": coord.admission.evicted, "relay_evicted": src.admission.evicted}))
+        assert threading.active_count() <= threads_before + 4  # the child's gate, a finished stream, ...
+    finally:
+        for s in idle:
+            s.close()
+        if p is not None:
+            p.kill()
+            finish(p, 10)
+        src.close()
+        coord.stop()

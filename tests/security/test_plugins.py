@@ -1,0 +1,109 @@
+"""A coordinator - an impostor, or one that knows the token - can make a worker import nothing but the
+plug-ins registered on the worker's machine or allowed by its operator (`echo2 worker --allow-plugin`)."""
+
+from __future__ import annotations
+
+import pytest
+from _peers import TOKEN, LoopThread, fake_coordinator, finish, spawn_worker
+
+from echo2sdk.errors import ConfigError
+from echo2sdk.runtime.messages import WorkerConfig
+from echo2sdk.runtime.plugin_policy import check_plugins
+
+pytestmark = pytest.mark.integration
+
+
+def _run(loop: LoopThread, token: str, welcome: dict, *args: str, sealed: bool = True) -> tuple[int, str, list]:
+    server, port, seen = loop.run(fake_coordinator(token, welcome, sealed=sealed))
+    try:
+        rc, out = finish(spawn_worker(port, TOKEN, "--reconnect-s", "0", *args), timeout=90)
+    finally:
+        server.close()
+    return rc, out, seen
+
+
+def _popen_welcome(marker) -> dict:
+    return {"config": {"adapter": "subprocess:Popen", "adapter_options": {"args": ["touch", str(marker)]},
+                       "backend": "os:system", "model": f"touch {marker}"}}
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed-with-a-wrong-token", "unsealed"])
+def test_an_impostor_coordinator_runs_nothing_and_is_named(loop, tmp_path, sealed):
+    marker = tmp_path / "pwned"
+    rc, out, seen = _run(loop, "not-the-token", _popen_welcome(marker), sealed=sealed)
+    assert seen, out  # the worker did talk to it
+    assert rc == 2 and not marker.exists(), out
+    assert "failed authentication" in out if sealed else "unsealed 'welcome' frame" in out
+    assert "Traceback" not in out
+
+
+def test_a_coordinator_that_knows_the_token_cannot_name_an_import(loop, tmp_path):
+    marker = tmp_path / "pwned"
+    rc, out, _ = _run(loop, TOKEN, _popen_welcome(marker))
+    assert rc == 2 and not marker.exists(), out
+    assert "refusing the coordinator's worker config" in out
+    assert "adapter 'subprocess:Popen', which is not registered in group 'echo2sdk.adapters'" in out
+    assert "--allow-plugin subprocess:Popen" in out and "Traceback" not in out
+
+
+def test_a_backend_or_an_option_naming_an_import_is_refused_too(loop, tmp_path):
+    marker = tmp_path / "pwned"
+    welcome = {"config": {"adapter": "math", "backend": "os:system", "model": f"touch {marker}"}}
+    rc, out, _ = _run(loop, TOKEN, welcome)
+    assert rc == 2 and not marker.exists() and "backend 'os:system'" in out, out
+    welcome = {"config": {"adapter": "gym://FrozenLake-v1", "adapter_options": {"serializer": "os:system"},
+                          "backend": "mock"}}
+    rc, out, _ = _run(loop, TOKEN, welcome)
+    assert rc == 2 and "adapter_options name 'os:system'" in out, out
+
+
+def test_options_an_allowed_plugin_rejects_are_a_clean_refusal(loop):
+    welcome = {"config": {"adapter": "echo2sdk.testing:ToyAdapter", "adapter_options": {"bogus": 1},
+                          "backend": "mock"}}
+    rc, out, _ = _run(loop, TOKEN, welcome)  # registered as `toy`: no --allow-plugin needed
+    assert rc == 2 and "rejected options" in out and "bogus" in out and "Traceback" not in out, out
+
+
+# -- the policy itself ------------------------------------------------------------------------------------
+def _cfg(**kw) -> WorkerConfig:
+    return WorkerConfig(**kw)
+
+
+def test_registered_names_and_their_entry_point_values_load_without_a_flag():
+    check_plugins(_cfg(adapter="math", backend="mock"))
+    check_plugins(_cfg(adapter="sandbox", backend="echo2sdk.testing:MockBackend"))  # the value "mock" is registered as
+    check_plugins(_cfg(adapter="gym://FrozenLake-v1", adapter_options={"serializer": "text"}, backend="hf"))
+    check_plugins(_cfg(adapter="", backend="unregistered-plain-name"))  # looked up, never imported: NameNotFound later
+
+
+@pytest.mark.parametrize(
+    "cfg,match",
+    [
+        (dict(adapter="echo2sdk.testing:CheckResult"), "adapter 'echo2sdk.testing:CheckResult'"),
+        (dict(backend="builtins:eval"), "backend 'builtins:eval'"),
+        (dict(adapter="nosuch://x"), "env scheme 'nosuch'"),
+        (dict(adapter="math", adapter_options={"a": [{"b": ("x", "os.path:join")}]}), "'os.path:join'"),
+        (dict(backend_options={"factory": "pkg.mod:Outer.Inner"}), "'pkg.mod:Outer.Inner'"),
+    ],
+)
+def test_unregistered_references_need_the_operators_allowance(cfg, match):
+    with pytest.raises(ConfigError, match=match):
+        check_plugins(_cfg(**cfg))
+    refs = [v for v in (cfg.get("adapter"), cfg.get("backend")) if v and ":" in v and "://" not in v]
+    refs += ["os.path:join", "pkg.mod:Outer.Inner"]
+    if "nosuch" not in str(cfg):
+        check_plugins(_cfg(**cfg), allowed=refs)  # allowed by exact string: fine
+
+
+def test_ordinary_option_strings_are_not_mistaken_for_imports():
+    check_plugins(_cfg(adapter="math", adapter_options={"url": "http://x:8000/v1", "t": "12:30", "role": "a : b"}))
+
+
+def test_allowances_name_exactly_what_a_config_needs():
+    from echo2sdk.runtime.plugin_policy import allowances
+
+    cfg = {"adapter": "echo2sdk.testing:CheckResult", "backend": "echo2sdk.testing:MockBackend",
+           "adapter_options": {"serializer": "my.pkg:Ser", "n": 3}, "backend_options": {}}
+    assert allowances(cfg) == ["echo2sdk.testing:CheckResult", "my.pkg:Ser"]  # MockBackend, ToyAdapter are registered
+    check_plugins(WorkerConfig.from_mapping(cfg), allowances(cfg))
+    assert allowances({"adapter": "math", "backend": "hf"}) == []

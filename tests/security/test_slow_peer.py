@@ -1,0 +1,58 @@
+"""A worker that stops reading (here: SIGSTOP) while a snapshot is pushed to it delays no other worker, and is
+dropped and reported at its write deadline."""
+
+from __future__ import annotations
+
+import json
+import signal
+import struct
+import time
+
+import pytest
+from _peers import TOKEN, finish, spawn_worker, wait
+
+from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.runtime.coordinator import Coordinator
+from echo2sdk.testing import ToyAdapter
+
+pytestmark = pytest.mark.integration
+
+CONFIG = {"model": "mock", "adapter": "echo2sdk.testing:ToyAdapter", "backend": "mock", "group_size": 2,
+          "tasks_per_request": 1, "sampling": {"max_new_tokens": 8}}
+WRITE_TIMEOUT_S = 20.0
+
+
+def _blob(mib: int) -> bytes:
+    header = json.dumps({"w": {"dtype": "F32", "shape": [mib << 18], "data_offsets": [0, mib << 20]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + bytes(mib << 20)
+
+
+def test_a_worker_that_stops_reading_delays_no_other_and_is_dropped(caplog):
+    c = Coordinator(buffer=StalenessBuffer(staleness=4, group_size=2), tasks=ToyAdapter().tasks(0),
+                    worker_config=CONFIG, vocab_size=256, max_len=512, token=TOKEN, heartbeat_s=0.2,
+                    worker_timeout_s=300.0, write_timeout_s=WRITE_TIMEOUT_S)
+    c.start()
+    allow = ("--allow-plugin", "echo2sdk.testing:ToyAdapter")
+    procs = {w: spawn_worker(c.port, TOKEN, *allow, wid=w) for w in ("stuck", "a", "b")}
+    try:
+        assert wait(lambda: set(c.workers) == set(procs), 60), [finish(p, 1)[1] for p in procs.values()]
+        procs["stuck"].send_signal(signal.SIGSTOP)
+        c.buffer.set_version(1)
+        t0 = time.monotonic()
+        c.publish(1, _blob(48))  # far more than the socket buffers hold
+        assert wait(lambda: c.workers["a"].version == 1 and c.workers["b"].version == 1, 60)
+        healthy_s = time.monotonic() - t0
+        assert c.workers["stuck"].alive and c.stats()["write_timeouts"] == 0  # they did not wait for it
+        assert wait(lambda: not c.workers["stuck"].alive, WRITE_TIMEOUT_S + 40)
+        dropped_s = time.monotonic() - t0
+        print(json.dumps({"measure": "stalled_peer", "snapshot_mib": 48, "healthy_installed_s": round(healthy_s, 2),
+                          "stalled_dropped_s": round(dropped_s, 2), "write_timeout_s": WRITE_TIMEOUT_S}))
+        assert c.stats()["write_timeouts"] == 1 and "worker stuck took no data for 20 s" in caplog.text
+        assert c.workers["a"].alive and c.workers["b"].alive
+    finally:
+        procs["stuck"].send_signal(signal.SIGCONT)
+        for p in procs.values():
+            p.kill()
+            finish(p, 10)
+        c.stop()
