@@ -4,6 +4,8 @@
     echo.set(dataset="math", staleness=3)
     echo.warmup()
     echo.run()
+
+    Echo2.from_config("run.toml", resume="runs/run").run()   # continue from the newest checkpoint
 """
 
 from __future__ import annotations
@@ -46,10 +48,15 @@ class Echo2:
         self.config = validate_config(data, "Echo2(...)")
         self._adapter = None
         self._trainer = None
+        self.resume: str | None = None  # a run folder or checkpoint folder to continue from (run())
 
     @classmethod
-    def from_config(cls, path: str, overrides: list[str] | tuple[str, ...] = ()) -> Echo2:
-        return cls(config=load_config(path, overrides))
+    def from_config(cls, path: str, overrides: list[str] | tuple[str, ...] = (), resume: str | None = None) -> Echo2:
+        """The run `path` describes; with `resume` (a run folder or one of its checkpoints) it continues from
+        that checkpoint: step, version sequence, optimizer and RNG states, metrics.jsonl appended."""
+        echo = cls(config=load_config(path, overrides))
+        echo.resume = resume
+        return echo
 
     def set(self, **values: Any) -> Echo2:
         """Set run options: `dataset=` (adapter name or adapter stream), short names such as
@@ -87,7 +94,7 @@ class Echo2:
         from echo2sdk.runtime.trainer import Trainer
 
         if self._trainer is None or self._trainer.cfg != self.config:
-            self._trainer = Trainer(self.config, adapter=self._adapter)
+            self._trainer = Trainer(self.config, adapter=self._adapter, resume=self.resume)
         return self._trainer
 
     def warmup(self, calibrate: bool | None = None) -> dict[str, Any]:
@@ -100,6 +107,8 @@ class Echo2:
         tr = self._trainer_()
         t0 = time.perf_counter()
         tr.setup()
+        if not tr.topo.leader:  # a torchrun rank other than 0 holds a learner shard only
+            return {}
         deadline = time.monotonic() + 300
         while len(tr.coordinator.alive_workers()) < self.config.rollout.workers and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -7,6 +7,13 @@ sampling against the (possibly stale) sampler. Reads like the objective in DESIG
     L        = -mean_t[ w_t * min(r_t A, clip(r_t, 1-eps, 1+eps) A) ] + beta * KL(pi_theta || pi_ref)
 
 The mean runs over every response token of the batch that carries loss (token-level average).
+
+With `distributed=True` (a torch.distributed process group is up: torchrun, see runtime/distributed.py)
+the policy is sharded with FSDP2 (`fully_shard` on every decoder layer and on the forward below). Every
+rank holds the whole batch; the units (rows sharing a prompt, at most `micro_batch` of them) are dealt
+round-robin to the ranks, each rank scales its partial token sum by the world size so that FSDP's mean
+reduce-scatter yields the same gradient as one process, and a rank with fewer units runs zero-weight
+dummy units so that every rank issues the same collectives.
 """
 
 from __future__ import annotations
@@ -18,25 +25,20 @@ import time
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from echo2sdk.core import isa
 from echo2sdk.core.records import Trajectory
 
-__all__ = ["group_advantages", "StepStats", "Learner", "bf16_is_fast"]
+__all__ = ["group_advantages", "StepStats", "Learner", "bf16_is_fast", "unit_plan"]
 
 
 def bf16_is_fast() -> bool:
     """True on CUDA, and on CPUs with native bf16 matmul (AVX512-BF16 or AMX); elsewhere bf16 autocast
     runs emulated kernels (measured on an AVX2 EPYC: 16x100-token step 289 s bf16 vs 14 s fp32)."""
-    if torch.cuda.is_available():
-        return True
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+    return torch.cuda.is_available() or isa.native_bf16(isa.cpu_flags())
 
 
 def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
@@ -71,6 +73,52 @@ class _Row:
     off_policy: bool = False  # replayed from a log: no sampler log-probs, w_t = 1
 
 
+def unit_plan(rows: Sequence[_Row], micro_batch: int, rank: int = 0, world: int = 1) -> list[list[int] | None]:
+    """This rank's units: lists of row indices that share a prompt (at most `micro_batch` rows each),
+    dealt round-robin over `world` ranks and padded with None (a zero-weight dummy unit) to the same
+    count on every rank. Rows without a loss-carrying token are left out."""
+    buckets: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        if any(r.mask):
+            buckets.setdefault(tuple(r.ids[: r.start]), []).append(i)
+    units = [idx[j : j + micro_batch] for idx in buckets.values() for j in range(0, len(idx), micro_batch)]
+    mine: list[list[int] | None] = list(units[rank::world])
+    return mine + [None] * (-(-len(units) // world) - len(mine))
+
+
+class _Forward(torch.nn.Module):
+    """The policy's forward for one unit (rows sharing a prompt): logits at the selected response positions.
+
+    A module of its own so that, under FSDP, the root's hooks wrap the whole computation (the all-gather of
+    embeddings, final norm and head, and the reduce-scatter of their gradients). With `shared_prefix` the
+    decoder runs the prompt once, keeps its KV cache with gradients, repeats it over the unit's rows and runs
+    the responses on top (on the math task this cuts the tokens through the model by ~2.4x: n = 4, 74-token
+    prompts, ~22-token responses); without it (gradient checkpointing, which cannot keep a cache) every row
+    runs prompt + response in one pass. Either way the decoder runs the same number of times for any unit,
+    so every FSDP rank issues the same collectives. Only selected positions go through the output head."""
+
+    def __init__(self, model: torch.nn.Module, shared_prefix: bool = True):
+        super().__init__()
+        self.model, self.shared_prefix = model, shared_prefix
+
+    def forward(self, prompt: torch.Tensor, resp_in: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor):
+        """`prompt` (1, P) ids; `resp_in` (n, W) the responses' input ids (each response but its last token,
+        right-padded, W >= 1); position t of row b predicts response token t; returns logits at (b_idx, t_idx)."""
+        decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
+        (n, W), P = resp_in.shape, prompt.shape[1]
+        if self.shared_prefix:
+            pre = decoder(input_ids=prompt, use_cache=True)
+            cache = pre.past_key_values
+            cache.batch_repeat_interleave(n)
+            pos = torch.arange(P, P + W, device=prompt.device).expand(n, -1)
+            out = decoder(input_ids=resp_in, past_key_values=cache, position_ids=pos, use_cache=True)
+            h = torch.cat([pre.last_hidden_state[:, -1:].expand(n, 1, -1), out.last_hidden_state], dim=1)
+        else:
+            out = decoder(input_ids=torch.cat([prompt.expand(n, -1), resp_in], dim=1), use_cache=False)
+            h = out.last_hidden_state[:, P - 1 :]
+        return head(h[b_idx, t_idx])  # right padding: causal attention never lets it reach a real position
+
+
 class Learner:
     """Holds pi_theta (trainable), pi_ref (frozen, only when beta > 0) and the optimizer."""
 
@@ -91,25 +139,47 @@ class Learner:
         reference: bool = True,
         threads: int | None = None,
         seed: int = 0,
+        weights_from: str | None = None,
+        distributed: bool = False,
+        gradient_checkpointing: bool = False,
+        device: str | None = None,
     ):
+        """`model_path`: the initial policy (and the KL reference); `weights_from`: a Hugging Face folder whose
+        weights the policy starts from instead (a checkpoint being resumed). `distributed`: shard with FSDP2
+        over the process group that is up (torchrun). `gradient_checkpointing`: recompute activations in the
+        backward pass (less memory, ~1/3 more compute; the prompt is then run once per row). `device`:
+        default the current CUDA device when there is one, else the CPU."""
         from transformers import AutoModelForCausalLM
 
         if threads:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
+        self.distributed = distributed
+        self.rank, self.world = _rank_world(distributed)
+        cuda = torch.cuda.is_available() and device in (None, "cuda")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device(device or "cpu")
+        load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).to(self.device)  # noqa: E731
+        self.model = load(weights_from or model_path)
         self.model.train()
         self.model.config.use_cache = False
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref = None
         if beta > 0 and reference:
-            self.ref = copy.deepcopy(self.model).eval()
+            self.ref = (load(model_path) if weights_from else copy.deepcopy(self.model)).eval()
             self.ref.requires_grad_(False)
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self._aliases = _tied_aliases(self.model)  # e.g. lm_head.weight, the same tensor as the embeddings
+        self._fwd = _Forward(self.model, shared_prefix=not gradient_checkpointing)
+        self._ref_fwd = _Forward(self.ref) if self.ref is not None else None
+        if distributed:
+            _shard(self._fwd, self.model)
+            if self._ref_fwd is not None:
+                _shard(self._ref_fwd, self.ref)
         self.beta, self.clip_eps, self.is_cap, self.adv_eps = beta, clip_eps, is_cap, adv_eps
         self.grad_clip, self.micro_batch, self.temperature = grad_clip, micro_batch, temperature
         self.autocast = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
-        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
 
     # -- batch building ---------------------------------------------------------------------------
     def _rows(self, groups: Sequence[Sequence[Trajectory]]) -> list[_Row]:
@@ -132,111 +202,125 @@ class Learner:
                 rows.append(_Row(ids, len(m.prompt_ids), mask, list(m.logprobs), a, m.off_policy))
         return rows
 
-    def _token_logprobs(self, model: torch.nn.Module, rows: Sequence[_Row]) -> torch.Tensor:
-        """log pi(y_t | x, y_<t) for every response token of `rows`, flattened in row order.
-
-        Rows that share a prompt (a GRPO group: n responses to one x) run the prompt once: its KV cache
-        is computed with gradients, repeated across the group, and the responses run on top of it. On
-        the math task this cuts the tokens through the model by ~2.4x (n = 4, 74-token prompts,
-        ~22-token responses). Only response positions that carry loss go through the output head (in a
-        multi-turn episode the user turns inside the response do not); the others read 0.0, constant.
-        """
-        buckets: dict[tuple[int, ...], list[int]] = {}
-        per_row: list[torch.Tensor | None] = [None] * len(rows)
-        for i, r in enumerate(rows):
-            if any(r.mask):
-                buckets.setdefault(tuple(r.ids[: r.start]), []).append(i)
-            else:  # nothing to learn from this row (a failed episode): skip the model entirely
-                per_row[i] = torch.zeros(len(r.mask), device=self.device)
-        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row]) -> torch.Tensor:
+        """log pi(y_t | x, y_<t) for every response token of `rows` (one unit: they share a prompt),
+        flattened in row order. Positions that carry no loss (user turns inside a multi-turn response)
+        skip the output head and read 0.0, constant."""
+        P = rows[0].start
+        resp = [r.ids[P:] for r in rows]
+        ids = torch.zeros(len(rows), max(max(len(x) for x in resp) - 1, 1), dtype=torch.long)
+        for b, x in enumerate(resp):
+            ids[b, : len(x) - 1] = torch.tensor(x[:-1])
+        sel = [(b, t) for b, x in enumerate(resp) for t in range(len(x)) if rows[b].mask[t] > 0]
+        b_idx = torch.tensor([b for b, _ in sel], device=self.device)
+        t_idx = torch.tensor([t for _, t in sel], device=self.device)
         ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
-        for prompt, idx in buckets.items():
-            P, n = len(prompt), len(idx)
-            resp = [rows[i].ids[P:] for i in idx]
-            Lr = max(len(x) for x in resp)
-            with ctx:
-                pre = decoder(input_ids=torch.tensor([prompt], device=self.device), use_cache=True)
-                h = pre.last_hidden_state[:, -1:].expand(n, 1, -1)  # predicts each response's first token
-                if Lr > 1:
-                    cache = pre.past_key_values
-                    cache.batch_repeat_interleave(n)
-                    ids = torch.zeros(n, Lr - 1, dtype=torch.long)
-                    for b, x in enumerate(resp):  # right padding: causal attention never sees it
-                        ids[b, : len(x) - 1] = torch.tensor(x[:-1])
-                    pos = torch.arange(P, P + Lr - 1, device=self.device).expand(n, -1)
-                    out = decoder(input_ids=ids.to(self.device), past_key_values=cache, position_ids=pos, use_cache=True)
-                    h = torch.cat([h, out.last_hidden_state], dim=1)
-                sel = [(b, t) for b, x in enumerate(resp) for t in range(len(x)) if rows[idx[b]].mask[t] > 0]
-                b_idx = torch.tensor([b for b, _ in sel], device=self.device)
-                t_idx = torch.tensor([t for _, t in sel], device=self.device)
-                logits = head(h[b_idx, t_idx])
-            logits = logits.float() / self.temperature
-            tgt = torch.tensor([resp[b][t] for b, t in sel], device=self.device)
-            logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-            if len(sel) < sum(len(x) for x in resp):  # scatter back; unselected positions stay 0.0
-                offsets = [0]
-                for x in resp[:-1]:
-                    offsets.append(offsets[-1] + len(x))
-                flat = torch.tensor([offsets[b] + t for b, t in sel], device=self.device)
-                logp = torch.zeros(offsets[-1] + len(resp[-1]), device=self.device, dtype=logp.dtype).index_put((flat,), logp)
-            for b, part in enumerate(torch.split(logp, [len(x) for x in resp])):
-                per_row[idx[b]] = part
-        return torch.cat(per_row)  # type: ignore[arg-type]
+        with ctx:
+            logits = fwd(torch.tensor([rows[0].ids[:P]], device=self.device), ids.to(self.device), b_idx, t_idx)
+        logits = logits.float() / self.temperature
+        tgt = torch.tensor([resp[b][t] for b, t in sel], device=self.device)
+        logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        total = sum(len(x) for x in resp)
+        if len(sel) == total:
+            return logp
+        offsets = [0]
+        for x in resp[:-1]:
+            offsets.append(offsets[-1] + len(x))
+        flat = torch.tensor([offsets[b] + t for b, t in sel], device=self.device, dtype=torch.long)
+        return torch.zeros(total, device=self.device, dtype=logp.dtype).index_put((flat,), logp)
+
+    def _token_logprobs(self, rows: Sequence[_Row], reference: bool = False) -> torch.Tensor:
+        """log pi (or log pi_ref) for every response token of `rows`, flattened in row order; 0.0 for rows
+        without a loss-carrying token. One process only (it runs every unit here)."""
+        per_row: list[torch.Tensor] = [torch.zeros(len(r.mask), device=self.device) for r in rows]
+        fwd = self._ref_fwd if reference else self._fwd
+        for unit in unit_plan(rows, self.micro_batch):
+            assert unit is not None
+            parts = torch.split(self._unit_logprobs(fwd, [rows[i] for i in unit]), [len(rows[i].mask) for i in unit])
+            for i, part in zip(unit, parts):
+                per_row[i] = part
+        return torch.cat(per_row)
 
     # -- the update -------------------------------------------------------------------------------
+    def _unit_loss(self, mb: Sequence[_Row], n_tok: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unit's share of L (its token sum over the batch's n_tok loss tokens) and its sums of
+        (loss, kl, clipped, w, truncated) for the step's statistics."""
+        logp = self._unit_logprobs(self._fwd, mb)
+        mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
+        adv = torch.tensor([r.advantage for r in mb for _ in r.mask], device=self.device)
+        sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
+        logp_old = logp.detach()  # pi_old: one update per batch, so pi_old = pi_theta at batch start
+        if any(r.off_policy for r in mb):  # logged responses have no sampler: take pi_sampler = pi_old
+            off = torch.tensor([r.off_policy for r in mb for _ in r.mask], device=self.device)
+            sampler = torch.where(off, logp_old, sampler)
+        ratio = torch.exp(logp - logp_old)  # r_t (== 1 in value, carries the gradient)
+        w = torch.exp(logp_old - sampler).clamp(max=self.is_cap)  # w_t = min(pi_old / pi_sampler, C)
+        surr = torch.minimum(ratio * adv, ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps) * adv)
+        per_tok = -w * surr
+        kl = torch.zeros_like(logp)
+        if self._ref_fwd is not None:
+            with torch.no_grad():
+                ref_logp = self._unit_logprobs(self._ref_fwd, mb)
+            d = ref_logp - logp
+            kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi_theta || pi_ref), >= 0
+            per_tok = per_tok + self.beta * kl
+        loss = (per_tok * mask).sum() / n_tok
+        with torch.no_grad():
+            clipped = ((ratio - 1).abs() > self.clip_eps).float()
+            truncated = (torch.exp(logp_old - sampler) > self.is_cap).float()
+            sums = torch.stack([loss.detach() * n_tok, *((x * mask).sum() for x in (kl, clipped, w, truncated))])
+        return loss, sums.double().cpu()
+
+    def _dummy_loss(self) -> torch.Tensor:
+        """A zero-weight unit: the same forward and backward collectives, in the same order, as a real one
+        (the policy, then the reference), and no gradient."""
+        one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        zero = torch.zeros(1, dtype=torch.long, device=self.device)
+        loss = self._fwd(one, one, zero, zero).float().sum() * 0.0
+        if self._ref_fwd is not None:
+            with torch.no_grad():
+                self._ref_fwd(one, one, zero, zero)
+        return loss
+
     def step(self, groups: Sequence[Sequence[Trajectory]]) -> StepStats:
+        """One GRPO update on `groups` (under `distributed`, every rank passes the same whole batch)."""
         t0 = time.perf_counter()
         rows = self._rows(groups)
         n_tok = sum(sum(r.mask) for r in rows)
         if n_tok <= 0:
             raise ValueError("batch has no response token that carries loss")
         t_fwd = t_bwd = 0.0
-        sums = dict(loss=0.0, kl=0.0, clip=0.0, w=0.0, trunc=0.0)
+        sums = torch.zeros(5, dtype=torch.float64)
         self.opt.zero_grad(set_to_none=True)
-        for i in range(0, len(rows), self.micro_batch):
-            mb = rows[i : i + self.micro_batch]
+        for unit in unit_plan(rows, self.micro_batch, self.rank, self.world):
             ta = time.perf_counter()
-            logp = self._token_logprobs(self.model, mb)
-            mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
-            adv = torch.tensor([r.advantage for r in mb for _ in r.mask], device=self.device)
-            sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
-            logp_old = logp.detach()  # pi_old: one update per batch, so pi_old = pi_theta at batch start
-            if any(r.off_policy for r in mb):  # logged responses have no sampler: take pi_sampler = pi_old
-                off = torch.tensor([r.off_policy for r in mb for _ in r.mask], device=self.device)
-                sampler = torch.where(off, logp_old, sampler)
-            ratio = torch.exp(logp - logp_old)  # r_t (== 1 in value, carries the gradient)
-            w = torch.exp(logp_old - sampler).clamp(max=self.is_cap)  # w_t = min(pi_old / pi_sampler, C)
-            surr = torch.minimum(ratio * adv, ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps) * adv)
-            per_tok = -w * surr
-            kl = torch.zeros_like(logp)
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref_logp = self._token_logprobs(self.ref, mb)
-                d = ref_logp - logp
-                kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi_theta || pi_ref), >= 0
-                per_tok = per_tok + self.beta * kl
-            loss = (per_tok * mask).sum() / n_tok
+            if unit is None:
+                loss = self._dummy_loss()
+            else:
+                loss, part = self._unit_loss([rows[i] for i in unit], n_tok)
+                sums += part
             tb = time.perf_counter()
-            loss.backward()
+            (loss * self.world).backward()  # FSDP's reduce-scatter averages over ranks; the sum is wanted
             t_fwd += tb - ta
             t_bwd += time.perf_counter() - tb
-            with torch.no_grad():
-                sums["loss"] += loss.item()
-                sums["kl"] += float((kl * mask).sum())
-                sums["clip"] += float((((ratio - 1).abs() > self.clip_eps).float() * mask).sum())
-                sums["w"] += float((w * mask).sum())
-                sums["trunc"] += float(((torch.exp(logp_old - sampler) > self.is_cap).float() * mask).sum())
+        if self.distributed:
+            import torch.distributed as dist
+
+            total = sums.to(self.device)  # NCCL reduces GPU tensors only
+            dist.all_reduce(total)
+            sums = total.cpu()
         tc = time.perf_counter()
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.opt.step()
         t_opt = time.perf_counter() - tc
-        g = float(gnorm)
+        g = float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm)
+        s = sums.tolist()
         return StepStats(
-            loss=sums["loss"],
-            kl=sums["kl"] / n_tok,
-            clip_frac=sums["clip"] / n_tok,
-            is_weight_mean=sums["w"] / n_tok,
-            is_truncated_frac=sums["trunc"] / n_tok,
+            loss=s[0] / n_tok,
+            kl=s[1] / n_tok,
+            clip_frac=s[2] / n_tok,
+            is_weight_mean=s[3] / n_tok,
+            is_truncated_frac=s[4] / n_tok,
             tokens=int(n_tok),
             t_train_s=time.perf_counter() - t0,
             t_forward_s=t_fwd,
@@ -246,16 +330,78 @@ class Learner:
         )
 
     # -- publication and checkpoints --------------------------------------------------------------
+    def model_state(self) -> dict[str, Any]:
+        """A copy of the full policy state dict on the CPU (tied aliases left out). Distributed: a collective;
+        rank 0 gets the gathered tensors, the other ranks an empty dict."""
+        if not self.distributed:
+            state = self.model.state_dict()
+            return {k: v.detach().to("cpu", copy=True) for k, v in state.items() if k not in self._aliases}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v for k, v in full.items() if k not in self._aliases}
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's full state keyed by parameter name: {"state": {name: {key: tensor}}, "param_groups":
+        [...]} (a collective when distributed: rank 0 gets it, the others an empty dict)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore what optimizer_state returned (every rank passes the whole of it)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.opt, state, options=StateDictOptions(full_state_dict=True))
+
     def snapshot_state(self, dtype: str = "bfloat16") -> dict:
-        """A copy of the weights for publication; serialize it off the learner thread (snapshot_bytes)."""
+        """A copy of the weights for publication; serialize it off the learner thread (snapshot_bytes).
+        Distributed: a collective; rank 0 gets the gathered copy, the other ranks an empty dict."""
         from echo2sdk.core.snapshot import snapshot_state
 
-        return snapshot_state(self.model, dtype=dtype)
+        if not self.distributed:
+            return snapshot_state(self.model, dtype=dtype)
+        state = self.model_state()
+        return snapshot_state(state, dtype=dtype) if state else {}
 
-    def save(self, folder: str, tokenizer_from: str | None = None) -> None:
-        """Hugging Face format: loadable by transformers and vLLM as it is."""
-        self.model.save_pretrained(folder)
+    def save(self, folder: str, tokenizer_from: str | None = None, state: dict[str, Any] | None = None) -> None:
+        """Hugging Face format: loadable by transformers and vLLM as it is. Distributed: pass `state` (the
+        gathered model_state) and call on rank 0 only."""
+        if self.distributed and state is None:
+            raise ValueError("a sharded learner saves a gathered state: save(folder, state=learner.model_state())")
+        self.model.save_pretrained(folder, state_dict=state)
         if tokenizer_from:
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)
+
+
+def _rank_world(distributed: bool) -> tuple[int, int]:
+    if not distributed:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("Learner(distributed=True) needs a torch.distributed process group (start under torchrun)")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _tied_aliases(model: torch.nn.Module) -> set[str]:
+    """State-dict names that are the same tensor as an earlier name (tied weights), e.g. lm_head.weight."""
+    seen: set[int] = set()
+    aliases = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            aliases.add(name)
+        seen.add(id(p))
+    return aliases
+
+
+def _shard(fwd: _Forward, model: torch.nn.Module) -> None:
+    """FSDP2: every decoder layer is its own unit; the forward module holds the rest (embeddings, final norm,
+    head; tied weights stay in one unit)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.get_decoder().layers:
+        fully_shard(layer)
+    fully_shard(fwd)

@@ -46,7 +46,7 @@ def test_records_hold_exactly_the_tokens_the_sampler_saw(backend, tiny):
     learner = Learner(tiny, lr=1e-4, precision="fp32")
     rows = learner._rows(groups)
     with torch.no_grad():
-        logp = learner._token_logprobs(learner.model, rows).tolist()
+        logp = learner._token_logprobs(rows).tolist()
     i = 0
     for g, task in zip(groups, tasks):
         for r in g:
@@ -166,7 +166,7 @@ def test_multi_turn_update_moves_the_rewarded_episode_up(tiny, backend):
 
     def score(t):
         with torch.no_grad():
-            lp = learner._token_logprobs(learner.model, learner._rows([[t, t]]))
+            lp = learner._token_logprobs(learner._rows([[t, t]]))
         return float(lp[: len(t.meta.response_ids)].sum())
 
     before = score(g[0]), score(g[1])

@@ -36,7 +36,7 @@ def _group(gid, responses, rewards, sampler_lp=None):
 def _logp(learner, responses):
     rows = learner._rows([_group("g", responses, [0.0] * len(responses))])
     with torch.no_grad():
-        flat = learner._token_logprobs(learner.model, rows).tolist()
+        flat = learner._token_logprobs(rows).tolist()
     out, i = [], 0
     for r in responses:
         out.append(sum(flat[i : i + len(r)]))
@@ -81,7 +81,7 @@ def test_importance_weight_is_truncated_at_C(tiny):
 def _logp_tokens(learner, responses):
     rows = learner._rows([_group("g", responses, [0.0] * len(responses))])
     with torch.no_grad():
-        flat = learner._token_logprobs(learner.model, rows).tolist()
+        flat = learner._token_logprobs(rows).tolist()
     out, i = {}, 0
     for r in responses:
         out[tuple(r)] = [min(x, 0.0) for x in flat[i : i + len(r)]]
@@ -117,9 +117,37 @@ def test_shared_prompt_logprobs_match_per_row_forward(tiny):
     responses = [[11, 12, 13, 2], [14], [15, 16], [17, 18, 19, 20, 21]]
     rows = lr._rows([_group("g", responses, [1.0, 0.0, 1.0, 0.0])])
     with torch.no_grad():
-        got = lr._token_logprobs(lr.model, rows).tolist()
+        got = lr._token_logprobs(rows).tolist()
         want = []
         for r in responses:
             logits = lr.model(torch.tensor([[5, 6, 7] + r])).logits[0].float()
             want += [torch.log_softmax(logits[2 + i], -1)[t].item() for i, t in enumerate(r)]
     assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_gradient_checkpointing_runs_every_row_and_agrees(tiny):
+    """Without a KV cache (gradient checkpointing) each row runs prompt + response in one pass: same log-probs,
+    same update."""
+    responses = [[11, 12, 13, 2], [14], [15, 16], [17, 18, 19, 20, 21]]
+    shared = Learner(tiny, lr=1e-3, precision="fp32")
+    full = Learner(tiny, lr=1e-3, precision="fp32", gradient_checkpointing=True)
+    rows = shared._rows([_group("g", responses, [1.0, 0.0, 1.0, 0.0])])
+    with torch.no_grad():
+        assert full._token_logprobs(rows).tolist() == pytest.approx(shared._token_logprobs(rows).tolist(), abs=1e-4)
+    a = shared.step([_group("g", responses, [1.0, 0.0, 1.0, 0.0])])
+    b = full.step([_group("g", responses, [1.0, 0.0, 1.0, 0.0])])
+    assert b.loss == pytest.approx(a.loss, abs=1e-6) and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
+
+
+def test_unit_plan_deals_prompt_units_round_robin_and_pads():
+    from echo2sdk.core.learner import _Row, unit_plan
+
+    def row(prompt, live=True):
+        return _Row(ids=[*prompt, 9, 9], start=len(prompt), mask=[1.0 if live else 0.0] * 2, sampler_logprobs=[-1.0] * 2,
+                    advantage=0.0)
+
+    rows = [row((1,)), row((1,)), row((1,)), row((2,)), row((2,), live=False), row((3,))]
+    assert unit_plan(rows, micro_batch=2) == [[0, 1], [2], [3], [5]]  # row 4 carries no loss
+    assert unit_plan(rows, micro_batch=2, rank=0, world=3) == [[0, 1], [5]]
+    assert unit_plan(rows, micro_batch=2, rank=2, world=3) == [[3], None]  # a zero-weight unit keeps step
+    assert unit_plan([], micro_batch=2, rank=1, world=2) == []

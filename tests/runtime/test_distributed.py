@@ -1,0 +1,168 @@
+"""The distributed learner: FSDP2 over gloo ranks on loopback (torchrun), driven the way the trainer drives
+it (rank 0 announces each collective call through `Lockstep`, the others `follow`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from echo2sdk.core.learner import Learner  # noqa: E402
+from echo2sdk.runtime import distributed  # noqa: E402
+from echo2sdk.weights import resolve_model  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))  # test_checkpoint (CONFIG), as the rank script does
+
+pytestmark = pytest.mark.integration
+
+#: Runs on every rank: rank 0 steps through Lockstep (the batch reaches rank 1 as msgpack bytes) and gathers
+#: the policy and the optimizer state while rank 1 follows; then both gather the gradients.
+RANK_SCRIPT = textwrap.dedent('''
+    import json, sys, time
+    import torch
+    from safetensors.torch import save_file
+    sys.path.insert(0, sys.argv[2])
+    from test_distributed import KW, batch
+    from echo2sdk.core.learner import Learner
+    from echo2sdk.runtime import distributed
+    from echo2sdk.weights import resolve_model
+
+    topo = distributed.from_env()
+    distributed.init(topo)
+    learner = Learner(resolve_model("tiny-random"), distributed=True, gradient_checkpointing=sys.argv[3] == "1", **KW)
+    if topo.leader:
+        ops = distributed.Lockstep(learner, topo.world)
+        t0 = time.perf_counter()
+        st = ops.step(batch())
+        step_s = time.perf_counter() - t0
+        params = ops.model_state()
+        opt = ops.optimizer_state()
+        ops.stop()
+        grads = {n: p.grad.full_tensor() for n, p in learner.model.named_parameters() if p.grad is not None}
+        out = sys.argv[1]
+        save_file({k: v.contiguous() for k, v in params.items()}, out + "/params.safetensors")
+        save_file({k: v.contiguous() for k, v in grads.items()}, out + "/grads.safetensors")
+        json.dump({"loss": st.loss, "kl": st.kl, "grad_norm": st.grad_norm, "tokens": st.tokens, "step_s": step_s,
+                   "opt_params": sorted(opt["state"])}, open(out + "/stats.json", "w"))
+    else:
+        assert distributed.follow(learner) == 1  # the step, the gathered model and optimizer states, stop
+        grads = [p.grad.full_tensor() for p in learner.model.parameters() if p.grad is not None]  # as rank 0
+    distributed.shutdown()
+''')
+
+KW = dict(lr=1e-3, precision="fp32", beta=0.1, micro_batch=3, threads=1, device="cpu")  # gloo ranks: CPU
+
+
+def batch() -> list:
+    """Four GRPO groups of four with ragged responses (1-5 tokens): five units of at most 3 rows, which two
+    ranks split 3 + 2 (rank 1 runs one zero-weight unit)."""
+    import random
+
+    from echo2sdk.core.records import Meta, Trajectory
+
+    rnd = random.Random(0)
+    out = []
+    for g in range(4):
+        prompt = tuple(rnd.randrange(10, 2000) for _ in range(5 + g))
+        group = []
+        for _ in range(4 if g else 3):
+            resp = tuple(rnd.randrange(10, 2000) for _ in range(1 + rnd.randrange(5)))
+            meta = Meta(group_id=f"g{g}", prompt_ids=prompt, response_ids=resp, logprobs=(-3.0,) * len(resp))
+            group.append(Trajectory(prompt="p", response="y", reward=rnd.random(), version=0, meta=meta))
+        out.append(group)
+    return out
+
+
+def _torchrun(tmp_path: Path, checkpointing: bool) -> dict:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path), CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+           str(tmp_path), str(Path(__file__).parent), "1" if checkpointing else "0"]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    stats["wall_s"] = time.perf_counter() - t0
+    return stats
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["shared-prefix", "gradient-checkpointing"])
+def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointing):
+    from safetensors.torch import load_file
+
+    one = Learner(resolve_model("tiny-random"), gradient_checkpointing=checkpointing, **KW)
+    t0 = time.perf_counter()
+    want = one.step(batch())
+    one_s = time.perf_counter() - t0
+    got = _torchrun(tmp_path, checkpointing)
+
+    assert got["tokens"] == want.tokens
+    assert got["loss"] == pytest.approx(want.loss, rel=1e-6, abs=1e-9)
+    assert got["kl"] == pytest.approx(want.kl, rel=1e-5, abs=1e-9)
+    assert got["grad_norm"] == pytest.approx(want.grad_norm, rel=1e-5)
+    grads = load_file(str(tmp_path / "grads.safetensors"))
+    scale = max(p.grad.abs().max().item() for p in one.model.parameters())
+    for name, p in one.model.named_parameters():
+        assert (grads[name] - p.grad).abs().max().item() <= 1e-5 * scale, name
+    params, mine = load_file(str(tmp_path / "params.safetensors")), one.model_state()
+    assert set(params) == set(mine) and "lm_head.weight" not in params  # the tied head is stored once
+    diff = max((params[k] - mine[k]).abs().max().item() for k in mine)
+    assert diff < 1e-5
+    assert got["opt_params"] == sorted(one.optimizer_state()["state"])
+    print(json.dumps({"max_abs_param_diff": diff, "step_s_1rank": round(one_s, 3),
+                      "step_s_2rank": round(got["step_s"], 3), "checkpointing": checkpointing}))
+
+
+def test_launch_argv_reexecutes_the_cli_under_torchrun():
+    argv = distributed.launch_argv(4, ["run", "c.toml", "--out", "o"])
+    assert argv[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "echo2sdk.cli",
+                        "run", "c.toml", "--out", "o"]
+    from echo2sdk.cli import _run_argv, build_parser
+
+    args = build_parser().parse_args(["run", "c.toml", "--nproc-per-node", "2", "--set", "a.b=1", "--resume", "d"])
+    assert _run_argv(args) == ["run", "c.toml", "--set", "a.b=1", "--resume", "d"]
+
+
+def test_topology_from_the_torchrun_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    topo = distributed.from_env()
+    assert (topo.rank, topo.world, topo.local_rank, topo.leader) == (2, 4, 0, False)
+    monkeypatch.setenv("RANK", "4")
+    from echo2sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="RANK=4"):
+        distributed.from_env()
+
+
+def test_echo2_run_on_two_ranks_and_its_checkpoint_on_one(tmp_path):
+    """`echo2 run --nproc-per-node 2`: rank 0 runs the coordinator, a local worker and the metrics; the
+    checkpoint it gathers is a plain one that a single process resumes from."""
+    from echo2sdk.runtime import checkpoint
+    from test_checkpoint import CONFIG
+
+    cfg, out = tmp_path / "tiny.toml", tmp_path / "run"
+    cfg.write_text(CONFIG.format(steps=3).replace('precision = "fp32"', 'precision = "fp32"\nbeta = 0.05'))
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")  # gloo here; NCCL: bench/gpu_check.sh
+    done = subprocess.run([sys.executable, "-m", "echo2sdk.cli", "run", str(cfg), "--out", str(out), "--nproc-per-node",
+                           "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+                          start_new_session=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["version"] for r in rows] == [1, 2, 3]
+    assert json.loads((out / "summary.json").read_text())["learner_ranks"] == 2
+    ckpt = checkpoint.load(out)
+    assert ckpt.step == 3 and ckpt.state["world_size"] == 2
+    one = Learner(resolve_model("tiny-random"), weights_from=str(ckpt.path), **KW)
+    one.load_optimizer_state(ckpt.optimizer())
+    assert one.step(batch()).tokens > 0
