@@ -1,0 +1,349 @@
+"""`echo2 plot RUN_DIR`: PNGs of a run from the files it wrote (metrics.jsonl, and summary.json, config.json,
+tables.jsonl, histograms.jsonl where they exist), so a crashed or running run can be plotted too.
+
+    reward.png        reward (mean, +-1 std) and accuracy vs learner step and vs wall time
+    staleness.png     trajectories per staleness Delta = v_t - v, and the batch's mean and max Delta per step
+    learner_time.png  each step's T_train, learner wait and publication share; the bubble ratio so far
+    t_bcast.png       T_bcast per published snapshot version (q = 1/gamma of the workers, and all of them)
+    workers.png       workers alive vs wall time; trajectories delivered per worker
+    cost.png          worker cost so far vs wall time (only when the run's workers have prices)
+
+A figure whose data the run lacks is skipped with a line saying why. Needs matplotlib (the `plot` extra);
+drawn on matplotlib's Agg canvas without pyplot, so it changes no global state.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from echo2sdk.errors import DependencyNotInstalled, Echo2Error
+
+__all__ = ["Run", "Plots", "load_run", "plot_run"]
+
+_DPI = 110
+
+
+@dataclass
+class Run:
+    """What a run folder holds: metrics rows, and whatever else it wrote ({} / [] when absent)."""
+
+    dir: Path
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, list[tuple[int, list[dict[str, Any]]]]] = field(default_factory=dict)
+    histograms: dict[str, dict[int, dict[int, int]]] = field(default_factory=dict)
+
+    @property
+    def S(self) -> int | None:
+        return self.summary.get("S", self.config.get("learner", {}).get("staleness"))
+
+
+@dataclass
+class Plots:
+    """The PNGs written and, per figure skipped, why."""
+
+    written: list[Path] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read a run folder. Raises Echo2Error when it has no metrics rows to plot."""
+    d = Path(run_dir)
+    path = d / "metrics.jsonl"
+    if not path.is_file():
+        raise Echo2Error(f"{path} does not exist: echo2 plot takes the folder of a run (run.out / --out)")
+    rows = _jsonl(path)
+    if not rows:
+        raise Echo2Error(f"{path} has no rows yet: nothing to plot")
+    summary = _json(d / "summary.json")
+    config = _json(d / "config.json") or summary.get("config", {})
+    tables: dict[str, list[tuple[int, list[dict[str, Any]]]]] = {}
+    for t in _jsonl(d / "tables.jsonl"):
+        tables.setdefault(t["name"], []).append((t["step"], t["rows"]))
+    histograms: dict[str, dict[int, dict[int, int]]] = {}
+    for h in _jsonl(d / "histograms.jsonl"):  # a resumed run logs re-done steps again: the last one counts
+        histograms.setdefault(h["name"], {})[h["step"]] = {int(k): v for k, v in h["counts"].items()}
+    return Run(d, rows, summary, config, tables, histograms)
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Plots:
+    """Write the run's PNGs to `out` (default RUN_DIR/plots); see the module for what each shows."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise DependencyNotInstalled("matplotlib", "plot") from None
+    run = load_run(run_dir)
+    out = Path(out) if out is not None else run.dir / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    result = Plots()
+    for name, draw in _FIGURES.items():
+        fig = Figure(layout="constrained")
+        why = draw(fig, run)
+        if why:
+            result.skipped[name] = why
+            continue
+        fig.savefig(out / name, dpi=_DPI)
+        result.written.append(out / name)
+    return result
+
+
+# -- figures: each draws on `fig` and returns None, or the reason it has nothing to show -------------------
+def _reward(fig: Any, run: Run) -> str | None:
+    rows = run.rows
+    has_acc = any(r.get("accuracy") is not None for r in rows)
+    fig.set_size_inches(10, 6.4 if has_acc else 3.6)
+    axes = fig.subplots(2 if has_acc else 1, 2, squeeze=False)
+    steps = [r["step"] for r in rows]
+    scale, unit = _time_unit(rows)
+    times = [r["time_s"] / scale for r in rows]
+    mean = [r["reward_mean"] for r in rows]
+    std = [r.get("reward_std") or 0.0 for r in rows]
+    for ax, xs, xlabel in ((axes[0][0], steps, "learner step"), (axes[0][1], times, f"wall time ({unit})")):
+        ax.plot(xs, mean, **_line(rows), label="mean reward of the batch")
+        ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
+                        label="+-1 std")
+        ax.set(xlabel=xlabel, ylabel="reward", title=f"Reward vs {xlabel.split(' (')[0]}")
+        if xs is steps:
+            _integer_ticks(ax)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+    if has_acc:
+        acc = [100 * r["accuracy"] if r.get("accuracy") is not None else None for r in rows]
+        for ax, xs, xlabel in ((axes[1][0], steps, "learner step"), (axes[1][1], times, f"wall time ({unit})")):
+            ax.plot(xs, acc, **_line(rows), color="tab:green")
+            ax.set(xlabel=xlabel, ylabel="accuracy (% of batch correct)", ylim=(-3, 103),
+                   title=f"Accuracy vs {xlabel.split(' (')[0]}")
+            if xs is steps:
+                _integer_ticks(ax)
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"{run.dir.name}: reward and accuracy ({len(rows)} steps)")
+    return None
+
+
+def _staleness(fig: Any, run: Run) -> str | None:
+    rows, S = run.rows, run.S
+    counts, source = _staleness_counts(run)
+    fig.set_size_inches(10, 3.8)
+    left, right = fig.subplots(1, 2)
+    if counts:
+        ks = sorted(counts)
+        left.bar(ks, [counts[k] for k in ks], width=0.7, color="tab:purple")
+        left.set_ylim(0, 1.2 * max(counts.values()))  # room for the legend
+        left.set_xticks(range(min(ks), max(max(ks), S or 0) + 1))
+        left.set(title=f"Staleness of trained trajectories ({source})")
+    else:
+        left.text(0.5, 0.5, "no staleness histogram recorded\n(no summary.json or histograms.jsonl)",
+                  ha="center", va="center", transform=left.transAxes)
+        left.set(title="Staleness of trained trajectories")
+    left.set(xlabel="staleness Delta = v_t - v (versions)", ylabel="trajectories")
+    steps = [r["step"] for r in rows]
+    right.plot(steps, [r["staleness_max"] for r in rows], **_line(rows, "s"), color="tab:orange", linewidth=3,
+               alpha=0.6, label="max Delta of the batch")
+    right.plot(steps, [r["staleness_mean"] for r in rows], **_line(rows), color="tab:blue", label="mean Delta of the batch")
+    right.set_ylim(-0.2, max(S or 0, max(r["staleness_max"] for r in rows)) + 1)
+    _integer_ticks(right, "xy")
+    _integer_ticks(left, "y")
+    right.set(xlabel="learner step", ylabel="staleness Delta (versions)", title="Batch staleness per step")
+    if S is not None:
+        budget = dict(color="tab:red", linestyle="--", linewidth=1, label=f"budget S = {S}")
+        left.axvline(S, **budget)
+        right.axhline(S, **budget)
+    if S is not None and counts:
+        left.legend(fontsize=8, loc="upper left")
+    right.legend(fontsize=8, loc="upper left")
+    right.grid(alpha=0.3)
+    fig.suptitle(f"{run.dir.name}: staleness (the buffer admits v >= v_t - S)")
+    return None
+
+
+def _learner_time(fig: Any, run: Run) -> str | None:
+    rows = run.rows
+    fig.set_size_inches(10, 6)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    steps = [r["step"] for r in rows]
+    train = [r["t_train_s"] for r in rows]
+    wait = [r["learner_wait_s"] for r in rows]
+    pub = [r.get("t_publish_s") or 0.0 for r in rows]
+    top.bar(steps, train, label="T_train (forward, backward, optimizer)", color="tab:blue")
+    top.bar(steps, wait, bottom=train, label="learner wait (no admissible batch yet)", color="tab:orange")
+    top.bar(steps, pub, bottom=[a + b for a, b in zip(train, wait)], label="publication (learner's share)",
+            color="tab:gray")
+    top.set(ylabel="seconds", title="Where each learner step's time went")
+    top.legend(fontsize=8)
+    top.grid(alpha=0.3, axis="y")
+    ratio, sw, st = [], 0.0, 0.0
+    for w, t in zip(wait, train):
+        sw, st = sw + w, st + t
+        ratio.append(100 * sw / (sw + st) if sw + st > 0 else 0.0)
+    bottom.plot(steps, ratio, **_line(rows), color="tab:orange")
+    bottom.set(xlabel="learner step", ylabel="bubble ratio so far (%)", ylim=(0, max(5.0, 1.15 * max(ratio))),
+               title="Bubble ratio = total wait / (total wait + total T_train), up to each step")
+    _integer_ticks(bottom)
+    bottom.grid(alpha=0.3)
+    final = run.summary.get("bubble_ratio")
+    note = f"; summary.json: {100 * final:.1f} %" if isinstance(final, (int, float)) else ""
+    fig.suptitle(f"{run.dir.name}: learner time (median T_train {statistics.median(train):.1f} s{note})")
+    return None
+
+
+def _t_bcast(fig: Any, run: Run) -> str | None:
+    per_version, source = _bcast_per_version(run)
+    if not per_version:
+        return "no snapshot installation was measured (t_bcast_s is null in every row)"
+    fig.set_size_inches(8, 3.8)
+    ax = fig.subplots()
+    vs = sorted(per_version)
+    x = list(range(len(vs)))
+    q = [per_version[v][0] for v in vs]
+    a = [per_version[v][1] if per_version[v][1] is not None else 0.0 for v in vs]
+    ax.bar([i - 0.2 for i in x], q, width=0.4, label="T_bcast: installed on q = 1/gamma of the workers")
+    ax.bar([i + 0.2 for i in x], a, width=0.4, label="installed on all workers")
+    for i, v in enumerate(vs):
+        if per_version[v][1] is None:
+            ax.text(i + 0.2, 0, "not on all", ha="center", va="bottom", fontsize=8, rotation=90)
+    ax.set_xticks(x, [f"v{v}" for v in vs])
+    ax.set_ylim(0, 1.3 * max(q + a))  # room for the legend
+    ax.set(xlabel=f"snapshot version ({source})", ylabel="seconds from publication",
+           title=f"{run.dir.name}: snapshot broadcast time per version")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    return None
+
+
+def _workers(fig: Any, run: Run) -> str | None:
+    rows = run.rows
+    workers = run.summary.get("workers") or []
+    fig.set_size_inches(10 if workers else 6, 3.6)
+    axes = fig.subplots(1, 2 if workers else 1, squeeze=False)[0]
+    scale, unit = _time_unit(rows)
+    times = [r["time_s"] / scale for r in rows]
+    ax = axes[0]
+    ax.step(times, [r["workers_alive"] for r in rows], where="post", marker="o" if len(rows) <= 50 else None)
+    top = max(r["workers_alive"] for r in rows)
+    ax.set(xlabel=f"wall time ({unit})", ylabel="workers alive", ylim=(-0.2, top + 1), title="Rollout workers alive")
+    _integer_ticks(ax, "y")
+    ax.grid(alpha=0.3)
+    if workers:
+        ids = [w["worker_id"] for w in workers]
+        axes[1].barh(ids, [w.get("trajectories", 0) for w in workers], color="tab:green")
+        axes[1].set(xlabel="trajectories accepted", title="Trajectories per worker (summary.json)")
+        axes[1].invert_yaxis()
+    fig.suptitle(f"{run.dir.name}: rollout pool")
+    return None
+
+
+def _cost(fig: Any, run: Run) -> str | None:
+    workers = run.summary.get("workers") or []
+    if not workers:
+        return "no summary.json worker table (the run has not finished): prices and join times unknown"
+    prices = (run.config.get("scheduler") or {}).get("prices") or {}
+    spans = _billed_spans(workers, run.rows[-1]["time_s"])
+    billed = [(prices.get(w["worker_id"], w.get("price_per_hour") or 0.0), a, b) for w, (a, b) in zip(workers, spans)]
+    if not any(p > 0 for p, _, _ in billed):
+        return "no prices in this run (every worker's price_per_hour is 0 and scheduler.prices is empty)"
+    scale, unit = _time_unit(run.rows)
+    end = run.rows[-1]["time_s"]
+    ts = [end * i / 200 for i in range(201)]
+    cost = [sum(p * max(0.0, min(t, b) - a) for p, a, b in billed) / 3600 for t in ts]
+    fig.set_size_inches(8, 3.8)
+    ax = fig.subplots()
+    ax.plot([t / scale for t in ts], cost, color="tab:red")
+    rate = sum(p for p, _, _ in billed)
+    ax.set(xlabel=f"wall time ({unit})", ylabel="worker cost so far ($)",
+           title=f"{run.dir.name}: rollout worker cost, ${cost[-1]:.4g} in all "
+                 f"({rate:.3g} $/h for {len(billed)} workers, ${cost[-1] / len(run.rows):.3g} per step)")
+    ax.grid(alpha=0.3)
+    return None
+
+
+_FIGURES = {
+    "reward.png": _reward,
+    "staleness.png": _staleness,
+    "learner_time.png": _learner_time,
+    "t_bcast.png": _t_bcast,
+    "workers.png": _workers,
+    "cost.png": _cost,
+}
+
+
+# -- data helpers ------------------------------------------------------------------------------------------
+def _staleness_counts(run: Run) -> tuple[dict[int, int], str]:
+    """Trajectories per Delta over the run: summary.json's buffer counter, else the summed per-step
+    histograms of histograms.jsonl; ({}, "") when the run has neither."""
+    hist = (run.summary.get("buffer") or {}).get("staleness_hist")
+    if hist:
+        return {int(k): int(v) for k, v in hist.items()}, "all sampled, summary.json"
+    per_step = run.histograms.get("staleness") or {}
+    total: dict[int, int] = {}
+    for counts in per_step.values():
+        for k, v in counts.items():
+            total[k] = total.get(k, 0) + v
+    return total, f"{len(per_step)} steps, histograms.jsonl"
+
+
+def _bcast_per_version(run: Run) -> tuple[dict[int, tuple[float, float | None]], str]:
+    """T_bcast (q, all) per version: the trainer's last `t_bcast` table when it logged one; else read off the
+    rows, where a new t_bcast_s value belongs to the newest version published by then (every kappa-th)."""
+    if run.tables.get("t_bcast"):
+        rows = run.tables["t_bcast"][-1][1]
+        return {r["version"]: (r["t_bcast_s"], r.get("t_bcast_all_s")) for r in rows if r.get("t_bcast_s") is not None}, \
+            "tables.jsonl"
+    kappa = run.summary.get("kappa") or run.config.get("learner", {}).get("kappa") or 1
+    out: dict[int, tuple[float, float | None]] = {}
+    last = None
+    for r in run.rows:
+        value = (r.get("t_bcast_s"), r.get("t_bcast_all_s"))
+        if value[0] is not None and value != last:
+            out[r["version"] - r["version"] % kappa] = value
+        last = value
+    return out, f"newest published when measured, kappa = {kappa}"
+
+
+def _billed_spans(workers: list[dict[str, Any]], end_s: float) -> list[tuple[float, float]]:
+    """Each worker's [join, last heartbeat] on the run's clock (seconds from the first step's start), the
+    newest heartbeat aligned with the last step's end: summary.json keeps monotonic clock readings."""
+    ref = max(w.get("last_seen", 0.0) for w in workers)
+    return [(w.get("joined_at", ref) - ref + end_s, w.get("last_seen", ref) - ref + end_s) for w in workers]
+
+
+def _integer_ticks(ax: Any, which: str = "x") -> None:
+    """Whole-number ticks (steps, versions, counts) on the axes `which` names ("x", "y" or "xy")."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in which:
+        getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def _time_unit(rows: list[dict[str, Any]]) -> tuple[float, str]:
+    longest = max(r["time_s"] for r in rows)
+    return (1.0, "s") if longest < 300 else (60.0, "min") if longest < 3 * 3600 else (3600.0, "h")
+
+
+def _line(rows: list[dict[str, Any]], marker: str = "o") -> dict[str, Any]:
+    return {"marker": marker if len(rows) <= 50 else None, "markersize": 4}
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The lines of a JSON-lines file; a last line cut off by a crash is left out."""
+    if not path.is_file():
+        return []
+    out = []
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise Echo2Error(f"{path}:{i + 1} is not JSON: {line[:80]!r}") from None
+    return out

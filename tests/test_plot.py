@@ -1,0 +1,125 @@
+"""`echo2 plot RUN_DIR`: PNGs from a run folder. The data is a real 4-step SmolLM2-135M run (2 workers,
+S = 3, kappa = 2) recorded in tests/data/smollm2_4step (metrics.jsonl and summary.json as the trainer wrote
+them); variants add what other runs have (prices, sink files) or lack (summary.json, after a crash)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from echo2sdk.errors import Echo2Error
+
+pytest.importorskip("matplotlib")
+from PIL import Image  # noqa: E402 - matplotlib's own dependency
+
+from echo2sdk.plot import load_run, plot_run  # noqa: E402
+
+RECORDED = Path(__file__).parent / "data" / "smollm2_4step"
+ALL = ["reward.png", "staleness.png", "learner_time.png", "t_bcast.png", "workers.png", "cost.png"]
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    d = tmp_path / "math_smollm2"
+    shutil.copytree(RECORDED, d)
+    return d
+
+
+def _check_png(path: Path) -> tuple[int, int]:
+    """A real, non-blank PNG of figure size: returns (width, height) in pixels."""
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 10_000 < path.stat().st_size < 1_000_000, path
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(path) as im:
+        w, h = im.size
+        lo, hi = im.convert("L").getextrema()
+    assert 600 <= w <= 1400 and 300 <= h <= 900, (path.name, w, h)
+    assert hi - lo > 100, f"{path.name} is blank"  # text and lines on a white figure
+    return w, h
+
+
+def test_recorded_run_gives_every_png_but_cost_which_says_why(run_dir):
+    result = plot_run(run_dir)
+    assert [p.name for p in result.written] == ALL[:-1]
+    assert all(p.parent == run_dir / "plots" for p in result.written)
+    for p in result.written:
+        _check_png(p)
+    assert result.skipped == {"cost.png": "no prices in this run (every worker's price_per_hour is 0 and "
+                                          "scheduler.prices is empty)"}
+
+
+def test_prices_sink_files_and_per_version_t_bcast_are_used_when_present(run_dir, tmp_path):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["workers"][0]["price_per_hour"] = 0.55
+    summary["config"]["scheduler"]["prices"] = {"local-0": 0.12}
+    del summary["buffer"]  # staleness then comes from the sink's per-step histograms
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    from echo2sdk.runtime.sinks import load_sinks
+
+    sinks = load_sinks(["jsonl"], tmp_path / "sinks", summary["config"])
+    for step in (1, 2, 3, 4):
+        sinks.log_histogram(step, "staleness", {step - 1: 16})
+    sinks.log_table(4, "t_bcast", [{"version": 2, "t_bcast_s": 79.3, "t_bcast_all_s": 80.1},
+                                   {"version": 4, "t_bcast_s": 12.0, "t_bcast_all_s": None}])
+    sinks.close()
+    for name in ("histograms.jsonl", "tables.jsonl", "config.json"):
+        shutil.copy(tmp_path / "sinks" / name, run_dir / name)
+    run = load_run(run_dir)
+    assert run.histograms["staleness"][4] == {3: 16} and run.tables["t_bcast"][0][0] == 4
+    result = plot_run(run_dir, tmp_path / "pngs")
+    assert [p.name for p in result.written] == ALL and result.skipped == {}
+    for p in result.written:
+        _check_png(p)
+
+
+def test_a_crashed_run_plots_from_metrics_alone(run_dir):
+    (run_dir / "summary.json").unlink()
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write('{"step": 5, "version": 5, "time_s": 41')  # the line a kill cut off
+    run = load_run(run_dir)
+    assert len(run.rows) == 4 and run.summary == {}
+    result = plot_run(run_dir)
+    assert [p.name for p in result.written] == ALL[:-1]
+    assert "has not finished" in result.skipped["cost.png"]
+    for p in result.written:
+        _check_png(p)
+
+
+def test_a_folder_without_rows_is_an_error_that_says_so(tmp_path):
+    with pytest.raises(Echo2Error, match="metrics.jsonl does not exist: echo2 plot takes the folder of a run"):
+        plot_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(Echo2Error, match="has no rows yet"):
+        plot_run(tmp_path)
+
+
+def _echo2(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "echo2sdk.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_plot_prints_the_pngs_and_the_skipped_ones(run_dir, tmp_path):
+    r = _echo2("plot", str(run_dir), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:5] == [str(tmp_path / "out" / name) for name in ALL[:-1]]
+    assert lines[5].startswith("cost.png: skipped: no prices in this run")
+    r = _echo2("plot", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "echo2: error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_version_and_console_flags():
+    r = _echo2("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"echo2 {version('echo2sdk')}"
+    r = _echo2("-q", "-v", "plot", "x")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
+    from echo2sdk.cli import build_parser
+
+    args = build_parser().parse_args(["--quiet", "plot", "x"])
+    assert args.quiet and not args.verbose and args.command == "plot"
