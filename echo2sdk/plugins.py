@@ -73,7 +73,8 @@ def load_adapter(name: str, options: dict[str, Any] | None = None) -> TaskAdapte
         if "env" in options and options["env"] != name:
             raise AdapterError(f"adapter {name!r}: options.env = {options['env']!r} contradicts the adapter URL")
         options["env"] = name
-        name = SANDBOX
+        scheme = name.split("://", 1)[0]
+        name = scheme if scheme in registered(ADAPTERS) else SANDBOX  # verifiers://ENV is the `verifiers` adapter
     factory = load_object(ADAPTERS, name)
     try:
         adapter = factory(**options)
