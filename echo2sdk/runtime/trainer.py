@@ -8,18 +8,28 @@ training overlap because workers keep generating under their installed version m
 The configuration stays out of the classes: the builders below (`learner_args`, `buffer_args`,
 `worker_config`, `coordinator_args`, `worker_command`) turn a `Config` into the flat arguments each part
 takes, and `metrics_row` assembles one line of metrics.jsonl.
+
+Checkpoints (runtime/checkpoint.py) are written every run.save_every steps, after the last step and on
+SIGTERM/SIGINT; `Trainer(cfg, resume=DIR)` continues from one. Under torchrun the learner is sharded over
+the ranks (runtime/distributed.py): rank 0 runs this recipe, the other ranks follow it.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import itertools
 import json
 import logging
 import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -27,10 +37,14 @@ from typing import IO, TYPE_CHECKING, Any
 from echo2sdk.config import Config
 from echo2sdk.core import capacity
 from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.runtime import checkpoint, distributed
 from echo2sdk.runtime.coordinator import Coordinator
 from echo2sdk.runtime.delivery import DirectPush
+from echo2sdk.runtime.plugin_policy import allowances
+from echo2sdk.runtime.sinks import Sinks, load_sinks, sample_rows
+from echo2sdk.runtime.sinks.jsonl import reset_run_files
 from echo2sdk.core.contracts import TaskAdapter
-from echo2sdk.errors import CapacityError, Echo2Error
+from echo2sdk.errors import CapacityError, ConfigError, Echo2Error
 
 if TYPE_CHECKING:
     from echo2sdk.core.learner import StepStats
@@ -58,6 +72,7 @@ def learner_args(cfg: Config) -> dict[str, Any]:
         reference=cfg.model.reference,
         threads=L.threads,
         seed=cfg.run.seed,
+        gradient_checkpointing=L.gradient_checkpointing,
     )
 
 
@@ -83,9 +98,9 @@ def worker_config(cfg: Config, model_path: str) -> dict[str, Any]:
     }
 
 
-def coordinator_args(cfg: Config, token: str) -> dict[str, Any]:
+def coordinator_args(cfg: Config, token: str, signing_key: Any = None) -> dict[str, Any]:
     """The Coordinator's address, liveness and delivery arguments (setup adds buffer, tasks and the model's
-    facts)."""
+    facts). `signing_key`: the Ed25519 private key of the chain broadcast's manifests (default: a new one)."""
     run = cfg.run
     return dict(
         max_len=cfg.learner.max_len,
@@ -94,13 +109,16 @@ def coordinator_args(cfg: Config, token: str) -> dict[str, Any]:
         port=run.port,
         heartbeat_s=run.heartbeat_s,
         worker_timeout_s=run.worker_timeout_s,
-        delivery=_delivery(cfg, token),
+        delivery=_delivery(cfg, token, signing_key),
     )
 
 
-def worker_command(host: str, port: int, worker_id: str, nice: int) -> list[str]:
-    """The command line of one local rollout worker (the token travels in its environment: ps shows argv)."""
+def worker_command(host: str, port: int, worker_id: str, nice: int, allow: Sequence[str] = ()) -> list[str]:
+    """The command line of one local rollout worker (the token travels in its environment: ps shows argv).
+    `allow`: the "pkg.mod:Attr" plug-ins the run's own config names (workers import no other unregistered name)."""
     cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{port}", "--id", worker_id]
+    for ref in allow:
+        cmd += ["--allow-plugin", ref]
     return cmd + ["--nice", str(nice)]
 
 
@@ -182,23 +200,57 @@ def decide(
     return {**measured, "prices": prices, "plan": plan.to_dict(), "decision": format_plan(plan)}
 
 
-class Trainer:
-    """The recipe: `setup` (learner, buffer, coordinator, local workers), `run` (learner.steps updates,
-    then `save` and summary.json), `close` (cleanup). `calibrate` is the optional warm-up between setup
-    and run."""
+class _Stopped(Exception):
+    """SIGTERM or SIGINT arrived while the learner waited for data."""
 
-    def __init__(self, cfg: Config, adapter: TaskAdapter | None = None):
+
+class _Counted(Iterator):
+    """The task stream, counting what it hands out (a resumed run skips what was handed out before)."""
+
+    def __init__(self, tasks: Iterable, skip: int = 0):
+        self._it = iter(tasks)
+        collections.deque(itertools.islice(self._it, skip), maxlen=0)
+        self.issued = skip
+
+    def __next__(self):
+        item = next(self._it)
+        self.issued += 1
+        return item
+
+
+class Trainer:
+    """The recipe: `setup` (learner, buffer, coordinator, local workers), `run` (learner.steps updates with a
+    checkpoint every run.save_every, then `save` and summary.json), `close` (cleanup). `calibrate` is the
+    optional warm-up between setup and run. `resume`: a run folder or a checkpoint folder to continue from."""
+
+    def __init__(self, cfg: Config, adapter: TaskAdapter | None = None, resume: str | os.PathLike[str] | None = None):
         self.cfg = cfg
         self.out = Path(cfg.run.out)
         self._adapter = adapter
+        self.resume = resume
+        self.topo = distributed.from_env()
+        if self.topo.world > 1 and cfg.scheduler.enabled:
+            raise ConfigError("scheduler.enabled: warm-up calibration runs on one learner process; "
+                              "start without --nproc-per-node, or set scheduler.enabled = false")
         self.procs: list[subprocess.Popen] = []
         self.coordinator: Coordinator | None = None
         self.learner = None
+        self.ops: distributed.Lockstep | None = None  # the learner calls that are collectives under torchrun
+        self.step = 0  # updates done (the metrics' step), across resumes
         self.version = 0  # v_t
         self.rows: list[dict[str, Any]] = []
         self.last_batch: list = []
+        self.last_checkpoint: dict[str, Any] | None = None
         self._published: list[int] = []  # versions published, oldest first
-        self._ready = False
+        self._metrics_bytes = 0  # length of metrics.jsonl after the last row (a checkpoint records it)
+        self._stop_signal: int | None = None
+        self._signing_key: Any = None
+        self._drawn_token = False
+        self._tasks: _Counted | None = None
+        self._rows_at_setup = 0  # rows restored by a resume (calibrate runs before this process trains)
+        self.sinks: Sinks | None = None  # run.log_to, opened in setup (rank 0)
+        self._held = contextlib.ExitStack()  # process-wide settings undone by close()
+        self._ready = self._stopped_followers = False
 
     # -- setup -------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -206,57 +258,172 @@ class Trainer:
             return
         from echo2sdk.core.learner import Learner
         from echo2sdk.weights import resolve_model
+
+        cfg = self.cfg
+        distributed.init(self.topo)
+        ckpt = self._checkpoint_to_resume()
+        if self.topo.leader:
+            self.out.mkdir(parents=True, exist_ok=True)
+            _log_to(self.out / "run.log")
+            self._open_sinks(fresh=ckpt is None)
+        self._held.enter_context(_library_bars_off())  # the console keeps one bar, echo2's
+        with _one_line(cfg.model.policy, show=self.topo.leader and cfg.run.progress):  # not three bars
+            self.model_path = resolve_model(cfg.model.policy)
+        self.learner = Learner(self.model_path, **learner_args(cfg), weights_from=str(ckpt.path) if ckpt else None,
+                               distributed=self.topo.world > 1)
+        self.ops = distributed.Lockstep(self.learner, self.topo.world)
+        if ckpt is not None:
+            self.learner.load_optimizer_state(ckpt.optimizer())
+            ckpt.restore_rng()
+            self.step = ckpt.step
+        if self.topo.leader:
+            self._setup_leader(ckpt)
+        self._rows_at_setup = len(self.rows)
+        self._ready = True
+
+    def _setup_leader(self, ckpt: checkpoint.Checkpoint | None) -> None:
+        """Rank 0: the buffer, the coordinator (with the checkpoint's signing key, certificate and token when
+        resuming), the resumed publication, the local workers."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
         from echo2sdk.plugins import load_adapter
 
         cfg, L = self.cfg, self.cfg.learner
-        self.out.mkdir(parents=True, exist_ok=True)
-        _log_to(self.out / "run.log")
-        self.model_path = resolve_model(cfg.model.policy)
         adapter = self._adapter or load_adapter(cfg.task.adapter, cfg.task.options)
-        self.learner = Learner(self.model_path, **learner_args(cfg))
         self.buffer = StalenessBuffer(**buffer_args(cfg))
-        token = cfg.run.token or os.environ.get("ECHO2_TOKEN") or secrets.token_urlsafe(24)
+        kept = ckpt.secrets() if ckpt is not None else {}
+        given = cfg.run.token or os.environ.get("ECHO2_TOKEN")
+        token = given or kept.get("token", b"").decode() or secrets.token_urlsafe(24)
+        self._drawn_token = not given
+        if cfg.broadcast.topology != "direct":
+            raw = kept.get("signing.key")
+            self._signing_key = Ed25519PrivateKey.from_private_bytes(raw) if raw else Ed25519PrivateKey.generate()
+        self._tasks = _Counted(adapter.tasks(cfg.run.seed), skip=ckpt.state.get("tasks_issued", 0) if ckpt else 0)
         self.coordinator = Coordinator(
             buffer=self.buffer,
-            tasks=adapter.tasks(cfg.run.seed),
+            tasks=self._tasks,
             worker_config=worker_config(cfg, self.model_path),
             vocab_size=self.learner.vocab_size,
-            **coordinator_args(cfg, token),
+            **coordinator_args(cfg, token, self._signing_key),
+            **_kept_identity(kept),
         )
         host, port = self.coordinator.start()
-        log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d); learner %s (precision=%s)", host, port,
+        log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d); learner %s (precision=%s) on %d rank(s)", host, port,
                  L.trajectories_per_step, L.staleness, cfg.kappa, "bf16 autocast" if self.learner.autocast else "fp32",
-                 L.precision)
-        self._start_local_workers(host, port)
-        self._ready = True
+                 L.precision, self.topo.world)
+        if ckpt is not None:
+            self._resume_publication(ckpt)
+        self._start_local_workers(host, port, append=ckpt is not None)
 
-    def _start_local_workers(self, host: str, port: int) -> None:
+    def _checkpoint_to_resume(self) -> checkpoint.Checkpoint | None:
+        """The checkpoint `resume` names; None for a fresh run. A fresh run refuses a folder whose newest
+        checkpoint is of an unfinished run (resume it, or delete it), and clears a finished run's."""
+        root = self.out / "checkpoints"
+        if self.resume is not None:
+            return checkpoint.load(self.resume)
+        last = checkpoint.latest(root) if self.topo.leader else None
+        if last is not None and last.step < last.state.get("steps_planned", 0):
+            raise Echo2Error(
+                f"{self.out} holds an unfinished run (checkpoint at step {last.step} of {last.state['steps_planned']}): "
+                f"continue it with  echo2 run CONFIG --resume {self.out}  or delete {root} to start over"
+            )
+        if last is not None:
+            import shutil
+
+            log.info("a fresh run in %s: removing the finished run's checkpoints", self.out)
+            shutil.rmtree(root)
+            (self.out / "published.json").unlink(missing_ok=True)
+        return None
+
+    def _resume_publication(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Continue the version sequence above everything ever published, cut metrics.jsonl back to the
+        checkpoint's step and publish the resumed weights before any worker joins."""
+        # the mark of the folder the checkpoint came from too: resuming into another --out must not reuse numbers
+        published = max(checkpoint.published_mark(self.out), checkpoint.published_mark(checkpoint.run_folder(ckpt.path)),
+                         ckpt.state.get("published", 0))
+        self.version = checkpoint.resume_version(ckpt.version, published)
+        self.buffer.set_version(self.version)
+        self.rows = self._restore_metrics(ckpt.state.get("metrics_bytes", 0))
+        state = self.ops.snapshot_state(self.cfg.learner.snapshot_dtype)
+        checkpoint.record_published(self.out, self.version)
+        self._publish(self.version, state)
+        self._published.append(self.version)
+        log.info("resumed from %s: step %d, version %d (checkpoint v%d, published up to v%d); buffer starts empty",
+                 ckpt.path, self.step, self.version, ckpt.version, published)
+
+    def _restore_metrics(self, length: int) -> list[dict[str, Any]]:
+        """metrics.jsonl as it was at the checkpoint: rows written after it (updates the crash lost) move to
+        metrics.discarded.jsonl; returns the kept rows."""
+        path = self.out / "metrics.jsonl"
+        data = path.read_bytes() if path.exists() else b""
+        kept, lost = data[:length], data[length:]
+        if lost:
+            with open(self.out / "metrics.discarded.jsonl", "ab") as fh:
+                fh.write(lost)
+            os.truncate(path, len(kept))
+            log.info("metrics.jsonl: %d row(s) after the checkpoint moved to metrics.discarded.jsonl",
+                     len(lost.splitlines()))
+        self._metrics_bytes = len(kept)
+        return [json.loads(line) for line in kept.splitlines() if line.strip()]
+
+    def _start_local_workers(self, host: str, port: int, append: bool = False) -> None:
         ro = self.cfg.rollout
         logs = self.out / "workers"
         logs.mkdir(exist_ok=True)
         env = worker_env(self.coordinator.token, ro.threads)
         for i in range(ro.workers):
-            with open(logs / f"local-{i}.log", "w") as fh:
-                cmd = worker_command(host, port, f"local-{i}", ro.nice)
+            if not append:
+                (logs / f"local-{i}.log").write_text("")
+            # O_APPEND: a worker orphaned by a killed learner may still write here while its successor does
+            with open(logs / f"local-{i}.log", "a") as fh:
+                cmd = worker_command(host, port, f"local-{i}", ro.nice, allowances(self.coordinator.worker_config))
                 self.procs.append(subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT))
 
     # -- run ---------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """setup, learner.steps updates (one metrics.jsonl row each), save, summary.json; returns the summary."""
+        """setup, the remaining of learner.steps updates (one metrics.jsonl row each; a checkpoint every
+        run.save_every and after the last), save, summary.json; returns the summary. SIGTERM/SIGINT end the
+        run after the current update with a checkpoint ("stopped" in the summary). Under torchrun the ranks
+        other than 0 follow rank 0's learner calls and return {}."""
         self.setup()
+        if not self.topo.leader:
+            with _signals(lambda signum: None):  # rank 0 decides when to stop; torchrun forwards signals to all
+                distributed.follow(self.learner)
+            return {}
         steps = self.cfg.learner.steps
+        t_start = time.perf_counter() - (self.rows[-1]["time_s"] if self.rows else 0.0)  # time_s goes on across resumes
         with (
-            open(self.out / "metrics.jsonl", "w") as metrics,
-            _progress(steps, self.cfg.run.progress) as bar,
+            _progress(steps, self.cfg.run.progress, initial=self.step) as bar,
+            _log_above(bar),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="echo2-publish") as publisher,
+            _signals(self._on_signal),
         ):
-            t_start = time.perf_counter()
-            for step in range(1, steps + 1):
-                self._record(self.train_step(step, publisher, t_start), metrics, bar)
-        self.save()
+            try:
+                for step in range(self.step + 1, steps + 1):
+                    self._record(self.train_step(step, publisher, t_start), bar)
+                    self.step = step
+                    if self._stop_signal is None and self._checkpoint_due(step):
+                        self.save_checkpoint()
+                    if self._stop_signal is not None:
+                        break
+            except _Stopped:
+                pass
+            self.save_checkpoint()  # the last step's, or where a signal stopped the run (kept if it exists)
+        self._log_run_end()
+        if self._stop_signal is None:
+            self.save()
         summary = self.summary(time.perf_counter() - t_start)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def _on_signal(self, signum: int) -> None:
+        self._stop_signal = signum
+        log.warning("%s: stopping after the current update with a checkpoint (send it again to stop at once)",
+                    signal.Signals(signum).name)
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.cfg.run.save_every
+        return every > 0 and step % every == 0 and step < self.cfg.learner.steps
 
     def train_step(self, step: int, publisher: Executor, t_start: float) -> dict[str, Any]:
         """One update: wait for k = R/n admissible groups, step the learner, advance v_t, publish every
@@ -267,14 +434,30 @@ class Trainer:
         groups = self.last_batch = self.buffer.sample(k)
         records = [t for g in groups for t in g]
         deltas = [self.version - t.version for t in records]  # Delta = v_t - v, <= S by admission
-        st = self.learner.step(groups)
+        st = self.ops.step(groups)
         self.version += 1
         self.buffer.set_version(self.version)
         t_pub = self._publish_if_due(publisher)
         t_bcast = self._last_bcast()
         now = time.perf_counter()
+        self._log_batch(step, records, deltas)
         return metrics_row(step, self.version, records, deltas, st, time_s=now - t_start, wall_s=now - t0 + t_wait,
                            wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, **self._pool_counters())
+
+    def _log_batch(self, step: int, records: list, deltas: list[int]) -> None:
+        """The batch's staleness histogram every step, a table of its completions every run.log_samples_every."""
+        self.sinks.log_histogram(step, "staleness", collections.Counter(deltas))
+        every = self.cfg.run.log_samples_every
+        if every and step % every == 0:
+            self.sinks.log_table(step, "samples", sample_rows(records, self.cfg.run.log_samples))
+
+    def _log_run_end(self) -> None:
+        """What is known only at the end: T_bcast of every published version, and the staleness of everything
+        the learner sampled (the buffer's histogram)."""
+        bcast = [{"version": v, "t_bcast_s": q, "t_bcast_all_s": a}
+                 for v in self._published for q, a in [self.coordinator.t_bcast(v)]]
+        self.sinks.log_table(self.step, "t_bcast", bcast)
+        self.sinks.log_histogram(self.step, "staleness_total", self.buffer.stats()["staleness_hist"])
 
     def _groups_per_step(self) -> int:
         return self.cfg.learner.trajectories_per_step // self.cfg.rollout.group_size  # k = R / n
@@ -285,7 +468,8 @@ class Trainer:
         if self.version % self.cfg.kappa:
             return 0.0
         t0 = time.perf_counter()
-        state = self.learner.snapshot_state(self.cfg.learner.snapshot_dtype)  # copy now; serialize off-thread
+        state = self.ops.snapshot_state(self.cfg.learner.snapshot_dtype)  # copy now; serialize off-thread
+        checkpoint.record_published(self.out, self.version)  # before the version leaves the learner
         publisher.submit(self._publish, self.version, state)
         self._published.append(self.version)
         return time.perf_counter() - t0
@@ -298,10 +482,10 @@ class Trainer:
             "broadcast_repairs": len(self.coordinator.broadcast_repairs),
         }
 
-    def _record(self, row: dict[str, Any], metrics: IO[str], bar: Any) -> None:
+    def _record(self, row: dict[str, Any], bar: Any) -> None:
         self.rows.append(row)
-        metrics.write(json.dumps(row) + "\n")
-        metrics.flush()
+        self.sinks.log(row["step"], row)
+        self._metrics_bytes = self.sinks["jsonl"].tell()
         bar.update(1)
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row['accuracy'] or 0:.2f}",
                         wait=f"{row['learner_wait_s']:.1f}s")
@@ -321,6 +505,8 @@ class Trainer:
         last_progress = t0
         have = self.buffer.ready_groups()
         while not self.buffer.wait_for(k, timeout=1.0):
+            if self._stop_signal is not None:
+                raise _Stopped()
             now = time.perf_counter()
             if self.buffer.ready_groups() != have:
                 have, last_progress = self.buffer.ready_groups(), now
@@ -347,13 +533,51 @@ class Trainer:
 
     # -- save / summarize --------------------------------------------------------------------------
     def save(self) -> None:
-        self.learner.save(str(self.out / "checkpoint"), tokenizer_from=self.model_path)
+        """The final policy as a plain Hugging Face folder, DIR/checkpoint."""
+        state = self.ops.model_state() if self.topo.world > 1 else None
+        self.learner.save(str(self.out / "checkpoint"), tokenizer_from=self.model_path, state=state)
+
+    def save_checkpoint(self) -> Path:
+        """Write DIR/checkpoints/step-N (runtime/checkpoint.py): the policy, the optimizer state, RNG states,
+        step and version, the version high-water mark, the tasks handed out, the length of metrics.jsonl and
+        the run's secrets (the manifest signing key, the coordinator's certificate, a drawn token)."""
+        t0 = time.perf_counter()
+        model = self.ops.model_state() if self.topo.world > 1 else None
+        optimizer = self.ops.optimizer_state()
+        state = {
+            "version": self.version,
+            "published": max(self._published, default=0),
+            "tasks_issued": self._tasks.issued if self._tasks is not None else 0,
+            "metrics_bytes": self._metrics_bytes,
+            "steps_planned": self.cfg.learner.steps,
+            "world_size": self.topo.world,
+        }
+        path = checkpoint.save(
+            self.out / "checkpoints", self.step, keep=self.cfg.run.keep_checkpoints, optimizer=optimizer, state=state,
+            write_model=lambda d: self.learner.save(str(d), tokenizer_from=self.model_path, state=model),
+            secrets=self._secrets(),
+        )
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        self.last_checkpoint = {"path": str(path), "step": self.step, "bytes": size, "save_s": time.perf_counter() - t0}
+        log.info("checkpoint %s: %.1f MB in %.2f s", path, size / 1e6, self.last_checkpoint["save_s"])
+        return path
+
+    def _secrets(self) -> dict[str, bytes]:
+        out = {}
+        if self._signing_key is not None:
+            out["signing.key"] = self._signing_key.private_bytes_raw()
+        identity = getattr(self.coordinator, "identity", None)
+        if identity is not None:
+            out["tls-cert.pem"], out["tls-key.pem"] = identity.cert_pem, identity.key_pem
+        if self._drawn_token and self.coordinator is not None:
+            out["token"] = self.coordinator.token.encode()
+        return out
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         rows, cfg = self.rows, self.cfg
         head, tail = rows[:5], rows[-5:]
         mean = lambda rs, key: statistics.fmean(r[key] for r in rs) if rs else None  # noqa: E731
-        t_train = statistics.median(r["t_train_s"] for r in rows)
+        t_train = statistics.median(r["t_train_s"] for r in rows) if rows else 0.0  # rows: none if stopped at once
         bcasts = [r["t_bcast_s"] for r in rows if r["t_bcast_s"] is not None]
         t_bcast = statistics.median(bcasts) if bcasts else 0.0
         rates = [w.rollouts_per_s for w in self.coordinator.workers.values() if w.rollouts_per_s > 0]
@@ -372,7 +596,7 @@ class Trainer:
             "reward_last5": mean(tail, "reward_mean"),
             "accuracy_first5": mean(head, "accuracy"),
             "accuracy_last5": mean(tail, "accuracy"),
-            "staleness_max": max(r["staleness_max"] for r in rows),
+            "staleness_max": max((r["staleness_max"] for r in rows), default=0),
             "S": cfg.learner.staleness,
             "kappa": kappa,
             "R": R,
@@ -384,7 +608,10 @@ class Trainer:
             "buffer": self.buffer.stats(),
             "coordinator": self.coordinator.stats(),
             "workers": self.coordinator.worker_table(),
-            "checkpoint": str(self.out / "checkpoint"),
+            "checkpoint": str(self.out / "checkpoint") if self._stop_signal is None else self.last_checkpoint["path"],
+            "last_checkpoint": self.last_checkpoint,
+            "stopped": signal.Signals(self._stop_signal).name if self._stop_signal is not None else None,
+            "learner_ranks": self.topo.world,
             "config": cfg.model_dump(),
         }
 
@@ -397,14 +624,15 @@ class Trainer:
           runs the offline steps and the publication below (its own generation rate if it delivered none);
         - T_train: median of `steps` offline learner steps on that batch: real forward, backward and
           optimizer steps at learning rate 0, the optimizer state restored after, so the policy is unchanged;
-        - T_bcast: one real publication of the unchanged policy as version 1 (an update at learning rate 0),
+        - T_bcast: one real publication of the unchanged policy as the next version (1; after a resume, one
+          above the resumed version: a new number for the same weights),
           timed to its installation on q = 1/gamma of the workers.
 
         With scheduler.enabled the numbers go to a Scheduler: the cheapest-rho workers reaching mu_target
         stay active, the others are deactivated (registered, idle), and a LiveLoop keeps mu_pool near the
         target during run(). Writes DIR/calibration.json; returns the numbers and the decision text."""
         self.setup()
-        if self.version != 0:
+        if len(self.rows) > self._rows_at_setup:
             raise Echo2Error(f"calibrate() runs before training (learner at version {self.version})")
         cfg, L, sc = self.cfg, self.cfg.learner, self.cfg.scheduler
         measured = self.measure(steps, join_timeout_s)
@@ -452,17 +680,19 @@ class Trainer:
             opt.load_state_dict(saved)  # learning rates and moments as they were
 
     def _time_publication(self, timeout_s: float) -> float:
-        """T_bcast: publish the unchanged policy as version 1 and wait for its installation time."""
-        self.version = 1  # the unchanged policy, published once to time the real path
+        """T_bcast: publish the unchanged policy as the next version and wait for its installation time."""
+        self.version += 1  # the unchanged policy, published once to time the real path
         self.buffer.set_version(self.version)
-        self._publish(self.version, self.learner.snapshot_state(self.cfg.learner.snapshot_dtype))
+        checkpoint.record_published(self.out, self.version)
+        self._publish(self.version, self.ops.snapshot_state(self.cfg.learner.snapshot_dtype))
+        self._published.append(self.version)
         t_bcast = None
         deadline = time.monotonic() + timeout_s
         while t_bcast is None and time.monotonic() < deadline:
             time.sleep(0.1)
             t_bcast = self.coordinator.t_bcast(self.version)[0]
         if t_bcast is None:
-            raise Echo2Error(f"T_bcast calibration: snapshot v1 not installed within {timeout_s:g} s")
+            raise Echo2Error(f"T_bcast calibration: snapshot v{self.version} not installed within {timeout_s:g} s")
         return t_bcast
 
     def _delivered_rates(self, span: float, got_a: dict[str, int], own: dict[str, float]) -> dict[str, float]:
@@ -554,8 +784,22 @@ class Trainer:
         events.close()
         self._provisioning = None
 
+    def _open_sinks(self, fresh: bool) -> None:
+        """The sinks of run.log_to, opened before the model loads so that config.json exists if anything fails.
+        A fresh run starts metrics.jsonl (and the jsonl sink's other files) empty; a resumed one appends."""
+        if fresh:
+            reset_run_files(self.out)
+        self.sinks = load_sinks(self.cfg.run.log_to, self.out, self.cfg.model_dump(mode="json"))
+
     def close(self) -> None:
         self._stop_scheduler()
+        if self.sinks is not None:
+            sinks, self.sinks = self.sinks, None
+            sinks.close()
+        self._held.close()
+        if self.ops is not None and self.topo.leader and not self._stopped_followers:
+            self._stopped_followers = True
+            self.ops.stop()  # the other ranks leave distributed.follow
         if self.coordinator is not None:
             self.coordinator.stop()
         for p in self.procs:
@@ -569,13 +813,16 @@ class Trainer:
                     p.kill()
                     p.wait()
         self.procs.clear()
+        if self.topo.world > 1:
+            distributed.shutdown()
 
 
-def _delivery(cfg: Config, token: str):
+def _delivery(cfg: Config, token: str, signing_key: Any = None):
     """The snapshot delivery the config asks for (paper §4.2)."""
     b = cfg.broadcast
     if b.topology == "direct":
         return DirectPush()
+    from echo2sdk.core.broadcast.manifest import Signer
     from echo2sdk.runtime.chain_broadcast import ChainBroadcast
 
     uplink = b.uplink_mbps * 1e6 / 8 if b.shape_uplink and b.uplink_mbps else None
@@ -587,6 +834,7 @@ def _delivery(cfg: Config, token: str):
         host=cfg.run.host,
         uplink_bps=uplink,
         stall_timeout_s=b.stall_timeout_s,
+        signer=Signer(signing_key) if signing_key is not None else None,
     )
 
 
@@ -612,10 +860,97 @@ def _extra_means(records: list) -> dict[str, float]:
     return {k: round(statistics.fmean(v), 4) for k, v in sorted(sums.items())}
 
 
-def _progress(total: int, enabled: bool):
+@contextlib.contextmanager
+def _log_above(bar: Any) -> Iterator[None]:
+    """While the bar runs, console log lines go through tqdm.write (printed above the bar, which stays whole)
+    at the console handler's level (WARNING under `echo2 run`): INFO goes to DIR/run.log only."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    root = logging.getLogger()
+    console = [h for h in root.handlers if type(h) is logging.StreamHandler and h.stream in (sys.stdout, sys.stderr)]
+    if bar.disable or not console:
+        yield
+        return
+    before = set(root.handlers)
+    with logging_redirect_tqdm(loggers=[root]):
+        for h in set(root.handlers) - before:
+            h.setLevel(max(c.level for c in console))  # logging_redirect_tqdm does not copy the level
+        yield
+
+
+@contextlib.contextmanager
+def _one_line(model: str, show: bool) -> Iterator[None]:
+    """Resolve `model` with stderr held back: when that took a while (a first use converts or fetches it), one
+    line says so (if `show`) instead of the converter's progress bars; on an error all that was held is shown."""
+    import io
+
+    held, t0 = io.StringIO(), time.perf_counter()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException:
+        sys.stderr.write(held.getvalue())
+        raise
+    took = time.perf_counter() - t0
+    if took > 2.0:
+        log.info("model %r prepared in %.1f s (converted or fetched once into the model cache)", model, took)
+        if show:
+            print(f"echo2: model {model!r} prepared once in {took:.0f} s; later runs load it from the cache",
+                  file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _library_bars_off() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights", "Writing model shards") off: the learner process's
+    console shows echo2's bar only."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def _progress(total: int, enabled: bool, initial: int = 0):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="echo2 steps", unit="step", disable=not enabled, dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, desc="echo2 steps", unit="step", disable=not enabled, dynamic_ncols=True)
+
+
+@contextlib.contextmanager
+def _signals(on_signal: Any) -> Iterator[None]:
+    """Route the first SIGTERM/SIGINT to `on_signal(signum)`; the handlers in place before come back at once,
+    so a second signal acts as it would have. Only the main thread can set handlers; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame: Any) -> None:
+        for s, h in before.items():
+            signal.signal(s, h)
+        on_signal(signum)
+
+    for s in before:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+
+
+def _kept_identity(kept: dict[str, bytes]) -> dict[str, Any]:
+    """The Coordinator's `tls` argument when a checkpoint kept the run's certificate (workers that pinned it
+    re-join the resumed run); empty otherwise."""
+    if "tls-key.pem" not in kept or "tls-cert.pem" not in kept:
+        return {}
+    from echo2sdk.runtime.tls import Identity
+
+    return {"tls": Identity(kept["tls-cert.pem"], kept["tls-key.pem"])}
 
 
 def _log_to(path: Path) -> None:

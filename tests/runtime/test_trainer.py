@@ -149,3 +149,29 @@ def test_builders_fit_the_constructors(tmp_path):
     inspect.signature(StalenessBuffer).bind(**buffer_args(cfg))
     inspect.signature(Coordinator).bind(buffer=None, tasks=iter(()), worker_config=worker_config(cfg, "folder"),
                                         vocab_size=8, **coordinator_args(cfg, "token"))
+
+
+def test_model_policy_accepts_a_hub_id_from_the_local_cache(tmp_path):
+    """A hub id resolves from the Hugging Face cache with the hub offline; one that is not cached is a
+    ConfigError naming the cache and the command that fills it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from echo2sdk.weights import resolve_model
+
+    snapshot = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / ("0" * 40)
+    shutil.copytree(resolve_model("tiny-random"), snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1")
+    code = ("import sys\nfrom echo2sdk.config import load_config\nfrom echo2sdk.weights import resolve_model\n"
+            "from echo2sdk.errors import ConfigError\n"
+            "cfg = load_config(None, ['model.policy=\"acme/tiny\"'])\nprint(resolve_model(cfg.model.policy))\n"
+            "try:\n    resolve_model('acme/absent@v2')\nexcept ConfigError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found, error = done.stdout.splitlines()[:2]
+    assert found == str(snapshot)
+    assert "acme/absent@v2" in error and str(tmp_path / "hub") in error and "hf download acme/absent" in error
