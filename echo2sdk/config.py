@@ -139,8 +139,8 @@ class SchedulerConfig(_Section):
     """Cost-aware closed-loop activation (paper §3.4, §4.3, C.2.1): echo2sdk.core.scheduler."""
 
     enabled: bool = Field(
-        False, description="calibrate at warm-up (T_train, T_bcast, mu_i), activate the cheapest-rho workers "
-        "that reach mu_target, then keep mu_pool near it: replace failed workers, release surplus ones"
+        False, description="calibrate at warm-up (T_train, T_bcast, mu_i), activate the cheapest workers "
+        "that reach mu_target (provisioning.solver), then keep mu_pool near it: replace failed workers, release surplus ones"
     )
     gamma: float = Field(1.1, ge=1.0, description="safety factor: mu_target = gamma * mu_min(kappa)")
     window_s: float = Field(20.0, gt=0, description="sliding window of heartbeat statistics (mu_i, a_i)")

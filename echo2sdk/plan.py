@@ -336,7 +336,7 @@ def format_plan(plan: Plan) -> str:
     cons = "n/a" if plan.delta_max_conservative is None else plan.delta_max_conservative
     out.append(f"staleness Delta_max <= {cons} (conservative, eq. 7), <= {plan.delta_max_tightened} (under overlap, B.3)")
     if plan.chosen:
-        out.append(f"workers   {plan.workers} chosen, mu_pool = {plan.mu_pool:.4g} rollouts/s (cheapest rho = $/h per rollout/s first)")
+        out.append(f"workers   {plan.workers} chosen, mu_pool = {plan.mu_pool:.4g} rollouts/s (listed by rho = $/h per rollout/s)")
         for c in plan.chosen:
             out.append(f"          {c['count']:>3} x {c['name']:<16} ${c['price_per_hour']:<7g}/h  mu {c['mu']:<8g} rho {c['rho']:.4g}")
         out.append(
@@ -346,8 +346,8 @@ def format_plan(plan: Plan) -> str:
         exact, greedy = plan.cost_per_hour_workers_exact, plan.cost_per_hour_workers_greedy
         saving = 1 - exact / greedy if greedy > 0 else 0.0
         out.append(
-            f"solver    exact ${exact:.4g}/h vs greedy ${greedy:.4g}/h: saves {100 * saving:.1f}% "
-            f"(workers; this plan uses {plan.solver})"
+            f"solver    exact ${exact:.4g}/h vs greedy ${greedy:.4g}/h for the workers: exact saves {100 * saving:.1f}% "
+            f"(this plan uses {plan.solver})"
         )
     out.append(
         f"learner   predicted idle share {100 * plan.idle_share:.1f}% (eq. 1: no rollouts while a snapshot "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from echo2sdk.core import capacity
 from echo2sdk.errors import DependencyNotInstalled, Echo2Error
 
 __all__ = ["Run", "Plots", "load_run", "plot_run"]
@@ -293,7 +294,10 @@ def _bcast_per_version(run: Run) -> tuple[dict[int, tuple[float, float | None]],
         rows = run.tables["t_bcast"][-1][1]
         return {r["version"]: (r["t_bcast_s"], r.get("t_bcast_all_s")) for r in rows if r.get("t_bcast_s") is not None}, \
             "tables.jsonl"
-    kappa = run.summary.get("kappa") or run.config.get("learner", {}).get("kappa") or 1
+    learner = run.config.get("learner", {})
+    kappa = run.summary.get("kappa") or (
+        capacity.publication_period(learner["staleness"], learner.get("kappa")) if "staleness" in learner else 1
+    )
     out: dict[int, tuple[float, float | None]] = {}
     last = None
     for r in run.rows:

@@ -8,6 +8,8 @@ TYPE_CHECKING, relative imports and ``importlib.import_module("...")`` with a li
     adapters  data plane                 + nothing from runtime, sim, config, plan, api, cli
     backends  inference engines          + nothing from runtime, sim, adapters, config, plan, api, cli
     runtime   processes and sockets      + nothing from api, cli
+    plugins, weights (beside adapters/backends)  + nothing from the layers above them
+core also imports none of socket, ssl, asyncio, selectors, subprocess, multiprocessing.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ RULES: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
     "echo2sdk.adapters": (None, tuple(f"echo2sdk.{m}" for m in _TOP if m != "adapters" and m != "backends")),
     "echo2sdk.backends": (None, tuple(f"echo2sdk.{m}" for m in _TOP if m != "backends")),
     "echo2sdk.runtime": (None, ("echo2sdk.api", "echo2sdk.cli")),
+    "echo2sdk.plugins": (None, tuple(f"echo2sdk.{m}" for m in _TOP)),
+    "echo2sdk.weights": (None, tuple(f"echo2sdk.{m}" for m in _TOP)),
 }
+#: What makes code impure (sockets, processes, event loops): core imports none of these.
+CORE_FORBIDDEN_STDLIB = ("socket", "ssl", "asyncio", "selectors", "subprocess", "multiprocessing")
 
 
 def _module_name(root: Path, path: Path) -> str:
@@ -54,8 +60,8 @@ def imported_names(source: str, module: str, is_package: bool) -> list[tuple[int
                     for a in node.names]
         elif (
             isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "import_module"
+            and (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+                 or isinstance(node.func, ast.Name) and node.func.id == "import_module")
             and node.args
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
@@ -78,6 +84,10 @@ def violations(root: Path = PACKAGE) -> list[str]:
             continue
         allowed, forbidden = RULES[layer]
         for line, name in imported_names(path.read_text(), module, path.name == "__init__.py"):
+            if layer == "echo2sdk.core" and any(_matches(name, m) for m in CORE_FORBIDDEN_STDLIB):
+                found.append(f"{path.relative_to(root.parent)}:{line}: {module} imports {name} (core opens no sockets, "
+                             "processes or event loops)")
+                continue
             if not _matches(name, "echo2sdk"):
                 continue  # third-party and standard library: not a layer question
             if allowed is not None and not any(_matches(name, a) for a in allowed):
@@ -110,6 +120,8 @@ def test_contract_catches_upward_imports(tmp_path):
         "core/lazy.py": "def f():\n    from echo2sdk.config import Config\n",
         "core/relative.py": "from ..backends import hf\n",
         "core/dynamic.py": "import importlib\nimportlib.import_module('echo2sdk.cli')\n",
+        "core/dynamic2.py": "from importlib import import_module\nimport_module('echo2sdk.runtime')\n",
+        "core/sockets.py": "import socket\n",
         "core/package.py": "from echo2sdk import plan\n",
         "backends/hf.py": "from echo2sdk.runtime import worker\n",
         "runtime/worker.py": "from echo2sdk.core import records\nfrom echo2sdk.backends import hf\n",
@@ -118,6 +130,7 @@ def test_contract_catches_upward_imports(tmp_path):
     flagged = sorted(line.split(":")[0] for line in found)
     assert flagged == sorted([
         "echo2sdk/core/top.py", "echo2sdk/core/lazy.py", "echo2sdk/core/relative.py",
-        "echo2sdk/core/dynamic.py", "echo2sdk/core/package.py", "echo2sdk/backends/hf.py",
+        "echo2sdk/core/dynamic.py", "echo2sdk/core/dynamic2.py", "echo2sdk/core/sockets.py",
+        "echo2sdk/core/package.py", "echo2sdk/backends/hf.py",
     ]), found
     assert any("echo2sdk.core.top imports echo2sdk.runtime.trainer" in f for f in found)

@@ -81,7 +81,7 @@ def test_plan_reports_both_solvers_and_uses_the_chosen_one():
         assert p.cost_per_hour_workers_greedy == pytest.approx(0.55)
     assert exact.solver == "exact" and exact.cost_per_hour_workers == pytest.approx(0.12)
     assert greedy.cost_per_hour_workers == pytest.approx(0.55)
-    assert "solver    exact $0.12/h vs greedy $0.55/h: saves 78.2% (workers; this plan uses exact)" in format_plan(exact)
+    assert "solver    exact $0.12/h vs greedy $0.55/h for the workers: exact saves 78.2% (this plan uses exact)" in format_plan(exact)
 
 
 def test_t_bcast_is_estimated_with_the_simulators_chain_model():

@@ -26,7 +26,6 @@ the network (NLTK corpus downloads, LLM judges or game masters over OpenRouter) 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import random
 import re
@@ -37,6 +36,7 @@ from typing import Any
 from echo2sdk.adapters.contracts import Observation, ParsedAction, Transition
 from echo2sdk.core import checks
 from echo2sdk.errors import ConfigError, DependencyNotInstalled, NameNotFound
+from echo2sdk.plugins import import_reference
 
 __all__ = ["TextArenaPlugin", "TextArenaSandbox", "TextArenaSerializer", "BracketMoveRenderer", "GAMES", "NEEDS_NETWORK"]
 
@@ -297,12 +297,11 @@ class TextArenaPlugin:
         if opponent is not None and opponent not in OPPONENTS:
             raise ConfigError(f"{where}.opponent = {opponent!r} must be one of {OPPONENTS}")
         spec = _textarena().envs.registration.ENV_REGISTRY[env_id]
-        module, _, name = spec.entry_point.partition(":")
-        cls = getattr(importlib.import_module(module), name)
+        cls = import_reference(spec.entry_point)
         try:
             inspect.signature(cls).bind(**{**spec.kwargs, **opts})
         except TypeError as e:
-            raise ConfigError(f"{where} = {opts!r} do not fit {name}{inspect.signature(cls)}: {e}") from None
+            raise ConfigError(f"{where} = {opts!r} do not fit {cls.__name__}{inspect.signature(cls)}: {e}") from None
 
     def make(self, env_id: str, options: Mapping[str, Any]) -> TextArenaSandbox:
         return TextArenaSandbox(env_id, options)

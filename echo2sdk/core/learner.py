@@ -1,5 +1,5 @@
 """Learning plane: one GRPO update per call, with KL to a frozen reference and truncated importance
-sampling against the (possibly stale) sampler. Reads like the objective in DESIGN.md:
+sampling against the (possibly stale) sampler. Reads like the objective in docs/architecture.md (and the paper):
 
     A_i      = (R_i - mean_G) / (std_G + eps)                      group-normalized advantage
     r_t      = pi_theta / pi_old                                    (pi_old = pi_theta at batch start)

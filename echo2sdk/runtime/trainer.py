@@ -628,8 +628,8 @@ class Trainer:
           above the resumed version: a new number for the same weights),
           timed to its installation on q = 1/gamma of the workers.
 
-        With scheduler.enabled the numbers go to a Scheduler: the cheapest-rho workers reaching mu_target
-        stay active, the others are deactivated (registered, idle), and a LiveLoop keeps mu_pool near the
+        With scheduler.enabled the numbers go to a Scheduler: the cheapest workers reaching mu_target
+        (provisioning.solver) stay active, the others are deactivated (registered, idle), and a LiveLoop keeps mu_pool near the
         target during run(). Writes DIR/calibration.json; returns the numbers and the decision text."""
         self.setup()
         if len(self.rows) > self._rows_at_setup:

@@ -740,8 +740,7 @@ class Simulation:
         for v, p in sorted(self.published.items()):
             exp = p["expected"]
             got = sorted(t - p["t0"] for n, t in p["installed"].items() if n in exp)
-            need = max(1, math.ceil(len(exp) * q - 1e-9)) if exp else 0
-            b_q = got[need - 1] if exp and len(got) >= need else None
+            b_q = capacity.t_bcast_quantile(got, len(exp), q) if exp else None
             b_all = got[-1] if exp and len(got) == len(exp) else None
             if b_q is not None:
                 tq.append(b_q)
