@@ -182,6 +182,7 @@ class Coordinator:
         self._bcast: dict[int, dict[str, Any]] = {}  # version -> {t0, expected, installed: {id: t}}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
+        self._stopping = False  # set by stop(): a worker leaving then is the end of the run
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
 
@@ -223,6 +224,7 @@ class Coordinator:
 
     async def _shutdown(self) -> None:
         assert self._server is not None
+        self._stopping = True  # workers leaving now are the run's end, not a loss
         self._server.close()
         conns = list(self._conns.values())
         await asyncio.gather(*(asyncio.wait_for(c.send(Shutdown()), 2) for c in conns), return_exceptions=True)
@@ -319,6 +321,8 @@ class Coordinator:
                 await self._dispatch(conn, header)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass  # peer went away
+        except asyncio.CancelledError:
+            pass  # the coordinator is shutting down (asyncio would log a re-raised cancellation as an error)
         except ProtocolError as e:  # AuthError included: a frame whose MAC fails after the handshake
             self.protocol_errors += 1
             log.warning("protocol error from %s: %s; closing the connection", address, e)
@@ -468,7 +472,11 @@ class Coordinator:
     def _drop(self, conn: _Conn, why: str) -> None:
         if conn.info.alive:
             conn.info.alive = False
-            log.warning("worker %s %s; training continues with %d worker(s)", conn.worker_id, why, len(self.alive_workers()))
+            if self._stopping:
+                log.info("worker %s %s at shutdown", conn.worker_id, why)
+            else:
+                log.warning("worker %s %s; training continues with %d worker(s)", conn.worker_id, why,
+                            len(self.alive_workers()))
         if self._conns.get(conn.worker_id) is conn:  # not the connection a re-join registered under the same id
             del self._conns[conn.worker_id]
 
