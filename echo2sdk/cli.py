@@ -78,6 +78,7 @@ def _worker(args: argparse.Namespace) -> int:
         tls=not args.plaintext,
         coordinator_fingerprint=pin,
         relay_tls=False if args.relay_plaintext else None,
+        model=args.model,
     )
 
 
@@ -225,6 +226,8 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--connect", required=True, metavar="HOST:PORT")
     w.add_argument("--token", help="shared token (default: $ECHO2_TOKEN)")
     w.add_argument("--id", help="worker id (default: hostname-pid)")
+    w.add_argument("--model", help="local model folder, built-in name or Hugging Face hub id to serve "
+                   "(default: what the coordinator names)")
     w.add_argument("--price", type=float, default=0.0, help="$/h of this machine, for cost-aware activation")
     w.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by N (0-19)")
     w.add_argument("--no-relay", action="store_true", help="do not serve snapshot chunks to peers (behind a NAT)")

@@ -97,14 +97,18 @@ class RolloutWorker:
         tls: bool = True,
         coordinator_fingerprint: bytes | None = None,
         relay_tls: bool | None = None,
+        model: str | None = None,
     ):
         """`allow_plugins`: "pkg.mod:Attr" references this worker may import when a welcome names them (besides
         the plug-ins registered here). `tls`: False only against a coordinator started with TLS off.
         `coordinator_fingerprint`: the SHA-256 of the coordinator's certificate, pinned (`echo2 keys`).
         `relay_tls`: whether this worker's relay port speaks TLS (default: as `tls`); chunks stay verified and
-        frame headers MACed without it, only the weights travel in clear."""
+        frame headers MACed without it, only the weights travel in clear.
+        `model`: the model folder, built-in name or hub id to serve, instead of what the coordinator names
+        (the learner's path, or its model name, which this machine may not have)."""
         self.host, self.port = parse_address(connect)
         self.token = token
+        self.model = model
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         if len(self.worker_id) > MAX_ID:
             raise ConfigError(f"worker id {self.worker_id!r} is longer than {MAX_ID} characters")
@@ -270,7 +274,7 @@ class RolloutWorker:
 
         check_plugins(cfg, self.allow_plugins)
         self.adapter = load_adapter(cfg.adapter, cfg.adapter_options)
-        model = cfg.model_path if cfg.model_path and os.path.isdir(cfg.model_path) else cfg.model
+        model = self.model or (cfg.model_path if cfg.model_path and os.path.isdir(cfg.model_path) else cfg.model)
         backend_cls = load_backend_class(cfg.backend)
         try:
             self.backend = backend_cls(model, **cfg.backend_options)

@@ -414,3 +414,18 @@ def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s(
     assert rc == 1, out
     assert "lost the coordinator" in out and "could not re-join" in out and "giving up" in out
     assert 1.5 < waited < 15
+
+
+def test_worker_model_override_serves_its_own_model_not_the_learners_path():
+    """`echo2 worker --model`: a worker on another machine serves the folder (or name) it is given, not the
+    learner's absolute path or model name from the welcome."""
+    from echo2sdk.runtime.messages import WorkerConfig
+    from echo2sdk.runtime.worker import RolloutWorker
+
+    cfg = WorkerConfig(model="smollm2-135m", model_path="/nonexistent/learner/path", adapter="toy", backend="mock")
+    default = RolloutWorker("127.0.0.1:1", "tok")
+    default._setup(cfg)
+    assert default.backend.model == "smollm2-135m"  # the learner's path is not a folder here: its model name
+    own = RolloutWorker("127.0.0.1:1", "tok", model="my-local-copy")
+    own._setup(cfg)
+    assert own.backend.model == "my-local-copy"
