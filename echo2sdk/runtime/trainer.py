@@ -41,7 +41,7 @@ from echo2sdk.runtime import checkpoint, distributed
 from echo2sdk.runtime.coordinator import Coordinator
 from echo2sdk.runtime.delivery import DirectPush
 from echo2sdk.runtime.plugin_policy import allowances
-from echo2sdk.runtime.sinks import Sinks, load_sinks, sample_rows
+from echo2sdk.runtime.sinks import Sinks, load_sinks, redact, sample_rows
 from echo2sdk.runtime.sinks.jsonl import reset_run_files
 from echo2sdk.core.contracts import TaskAdapter
 from echo2sdk.errors import CapacityError, ConfigError, Echo2Error
@@ -612,7 +612,7 @@ class Trainer:
             "last_checkpoint": self.last_checkpoint,
             "stopped": signal.Signals(self._stop_signal).name if self._stop_signal is not None else None,
             "learner_ranks": self.topo.world,
-            "config": cfg.model_dump(),
+            "config": redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         }
 
     # -- cost-aware provisioning (paper §4.3): warm-up calibration and the live scheduler loop --------

@@ -58,8 +58,11 @@ def _cfg(tmp_path, steps=6, workers=2, S=2, extra=()):
     )
 
 
+TOKEN = "tok-7f3a9c1e5b2d4f6a8c0e1b3d5f7a9c2e"  # given in the config: it must appear in no file of the run
+
+
 def test_run_writes_metrics_summary_and_checkpoint(tmp_path):
-    tr = Trainer(_cfg(tmp_path))
+    tr = Trainer(_cfg(tmp_path, extra=(f'run.token="{TOKEN}"',)))
     try:
         summary = tr.run()
     finally:
@@ -76,6 +79,8 @@ def test_run_writes_metrics_summary_and_checkpoint(tmp_path):
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint")
     assert all(p.poll() is not None for p in tr.procs) or not tr.procs
+    leaked = [str(p) for p in tmp_path.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
+    assert leaked == [], leaked
 
 
 def test_killing_a_worker_does_not_stop_training(tmp_path):
