@@ -23,6 +23,7 @@ from echo2sdk.core import checks
 from echo2sdk.errors import CapacityError
 
 __all__ = [
+    "quantity",
     "kappa_for",
     "publication_period",
     "mu_min",
@@ -49,8 +50,9 @@ def _floor(x: float) -> int:
     return math.floor(x + _EPS * max(1.0, abs(x)))
 
 
-def _real(name: str, value: object, *, allow_zero: bool = False) -> float:
-    """`value` as a finite float > 0 (or >= 0 with allow_zero); CapacityError naming it otherwise."""
+def quantity(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """`value` as a finite float > 0 (or >= 0 with allow_zero); CapacityError naming it otherwise. The check
+    every number of the capacity rule, the provisioning and the scheduler goes through."""
     return checks.real(name, value, lo=0, open_lo=not allow_zero, error=CapacityError)
 
 
@@ -88,9 +90,9 @@ def mu_min(T_train: float, T_bcast: float, R: float, kappa: int) -> float:
     Raises CapacityError when an input is non-finite or non-positive (T_bcast may be 0), and when
     kappa * T_train <= T_bcast: then no finite pool can hide the broadcast.
     """
-    T_train = _real("T_train", T_train)
-    T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
-    R = _real("R", R)
+    T_train = quantity("T_train", T_train)
+    T_bcast = quantity("T_bcast", T_bcast, allow_zero=True)
+    R = quantity("R", R)
     kappa = _kappa(kappa)
     slack = kappa * T_train - T_bcast  # time per publication period left for rollout generation
     if slack <= 0:
@@ -110,9 +112,9 @@ def overlap_ok(T_train: float, T_bcast: float, R: float, kappa: int, mu_pool: fl
     broadcast and trained on. An empty or idle pool (mu_pool <= 0) never satisfies it. Equality is
     judged with a relative tolerance, so ``overlap_ok(..., mu_min(...))`` is True.
     """
-    T_train = _real("T_train", T_train)
-    T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
-    R = _real("R", R)
+    T_train = quantity("T_train", T_train)
+    T_bcast = quantity("T_bcast", T_bcast, allow_zero=True)
+    R = quantity("R", R)
     kappa = _kappa(kappa)
     if checks.real("mu_pool", mu_pool, error=CapacityError) <= 0:
         return False
@@ -126,11 +128,11 @@ def delta_max_conservative(T_train: float, T_bcast: float, R: float, kappa: int,
 
         Delta_max^cons = kappa + ceil((T_bcast + R / mu_pool) / T_train) - 1
     """
-    T_train = _real("T_train", T_train)
-    T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
-    R = _real("R", R)
+    T_train = quantity("T_train", T_train)
+    T_bcast = quantity("T_bcast", T_bcast, allow_zero=True)
+    R = quantity("R", R)
     kappa = _kappa(kappa)
-    mu_pool = _real("mu_pool", mu_pool)
+    mu_pool = quantity("mu_pool", mu_pool)
     return kappa + _ceil((T_bcast + R / mu_pool) / T_train) - 1
 
 
@@ -141,8 +143,8 @@ def delta_max_tightened(T_train: float, T_bcast: float, kappa: int) -> int:
 
     Valid when eq. (1) holds; it no longer depends on mu_pool.
     """
-    T_train = _real("T_train", T_train)
-    T_bcast = _real("T_bcast", T_bcast, allow_zero=True)
+    T_train = quantity("T_train", T_train)
+    T_bcast = quantity("T_bcast", T_bcast, allow_zero=True)
     kappa = _kappa(kappa)
     return kappa + _ceil((1.0 - 1.0 / kappa) * T_bcast / T_train)
 
@@ -153,8 +155,8 @@ def num_chains(B0: float, Bw: float) -> int:
     Raises CapacityError when a bandwidth is non-positive or non-finite, or when B0 < Bw (the
     learner uplink cannot feed even one chain at line rate).
     """
-    B0 = _real("B0", B0)
-    Bw = _real("Bw", Bw)
+    B0 = quantity("B0", B0)
+    Bw = quantity("Bw", Bw)
     n = _floor(B0 / Bw)
     if n < 1:
         raise CapacityError(
@@ -169,8 +171,8 @@ def mu_target(mu_min: float, gamma: float = 1.1) -> float:
 
     Raises CapacityError when mu_min is not finite and > 0, or gamma is not finite and >= 1.
     """
-    mu_min = _real("mu_min", mu_min)
-    gamma = _real("gamma", gamma)
+    mu_min = quantity("mu_min", mu_min)
+    gamma = quantity("gamma", gamma)
     if gamma < 1.0:
         raise CapacityError(f"safety factor gamma must be >= 1 (gamma < 1 under-provisions), got gamma={gamma!r}")
     return gamma * mu_min

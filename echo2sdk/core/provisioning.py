@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from echo2sdk.core import capacity, checks
+from echo2sdk.core import capacity
 from echo2sdk.errors import CapacityError
 
 __all__ = [
@@ -62,13 +62,9 @@ _REL = 1e-9  # relative tolerance when comparing a capacity against the target
 _ROUNDS = 12  # fixed-point rounds of provision() at most
 
 
-def _number(name: str, value: object, *, positive: bool = True) -> float:
-    return checks.real(name, value, lo=0, open_lo=positive, error=CapacityError)
-
-
 def unit_cost(price_per_hour: float, mu: float) -> float:
     """rho_i = c_i / mu_i, in $/h per (rollout/s)."""
-    return _number("price_per_hour", price_per_hour, positive=False) / _number("mu", mu)
+    return capacity.quantity("price_per_hour", price_per_hour, allow_zero=True) / capacity.quantity("mu", mu)
 
 
 @dataclass(frozen=True)
@@ -82,8 +78,8 @@ class WorkerOffer:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise CapacityError(f"worker name must be a non-empty string, got name={self.name!r}")
-        _number(f"price_per_hour of worker {self.name!r}", self.price_per_hour, positive=False)
-        _number(f"mu of worker {self.name!r}", self.mu)
+        capacity.quantity(f"price_per_hour of worker {self.name!r}", self.price_per_hour, allow_zero=True)
+        capacity.quantity(f"mu of worker {self.name!r}", self.mu)
 
     @property
     def rho(self) -> float:
@@ -128,7 +124,7 @@ def _selection(chosen: Sequence[WorkerOffer], mu_target: float) -> Selection:
 
 
 def _prefix(ordered: Sequence[WorkerOffer], mu_target: float) -> Selection:
-    mu_target = _number("mu_target", mu_target)
+    mu_target = capacity.quantity("mu_target", mu_target)
     pool, n = 0.0, 0
     for o in ordered:
         if pool >= mu_target * (1 - _REL):
@@ -170,8 +166,8 @@ def select_exact(offers: Iterable[WorkerOffer], mu_target: float, *, time_limit_
     at ``time_limit_s`` without a cheaper answer, or finds none cheaper.
     """
     offers = _distinct(offers)
-    mu_target = _number("mu_target", mu_target)
-    time_limit_s = _number("time_limit_s", time_limit_s)
+    mu_target = capacity.quantity("mu_target", mu_target)
+    time_limit_s = capacity.quantity("time_limit_s", time_limit_s)
     greedy = select_cheapest(offers, mu_target)
     if not greedy.feasible or greedy.cost_per_hour == 0:
         return greedy
@@ -325,7 +321,7 @@ def provision(
     rng = rng or random.Random(0)
     chosen, seen = offers, set()
     for rounds in range(1, _ROUNDS + 1):
-        T_bcast = _number("T_bcast", t_bcast if estimate_t_bcast is None else estimate_t_bcast(chosen), positive=False)
+        T_bcast = capacity.quantity("T_bcast", t_bcast if estimate_t_bcast is None else estimate_t_bcast(chosen), allow_zero=True)
         if kappa * T_train <= T_bcast:  # eq. (1) cannot hold: the whole catalog is the best there is
             return Provision(_selection(offers, math.inf), T_bcast, None, rounds)
         mu_min = capacity.mu_min(T_train, T_bcast, R, kappa)

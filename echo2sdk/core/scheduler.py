@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from echo2sdk.core import capacity, checks
+from echo2sdk.core import capacity
 from echo2sdk.core.provisioning import Solver, WorkerOffer, check_solver, select
 from echo2sdk.errors import CapacityError
 
@@ -52,10 +52,6 @@ __all__ = [
 STANDBY, ACTIVE, FAILED = "standby", "active", "failed"
 
 _REL = 1e-9  # relative tolerance when comparing a capacity against the target
-
-
-def _number(name: str, value: object, *, positive: bool = True) -> float:
-    return checks.real(name, value, lo=0, open_lo=positive, error=CapacityError)
 
 
 @dataclass(frozen=True)
@@ -119,17 +115,17 @@ class Scheduler:
         seed: int = 0,
         solver: Solver = "exact",
     ) -> None:
-        self.gamma = _number("gamma", gamma)
+        self.gamma = capacity.quantity("gamma", gamma)
         if self.gamma < 1.0:
             raise CapacityError(f"safety factor gamma must be >= 1, got gamma={gamma!r}")
-        self.window_s = _number("window_s", window_s)
-        self.heartbeat_s = _number("heartbeat_s", heartbeat_s)
-        self.sustain_s = _number("sustain_s", sustain_s, positive=False)
-        self.release_margin = _number("release_margin", release_margin, positive=False)
-        self.cooldown_s = self.sustain_s if cooldown_s is None else _number("cooldown_s", cooldown_s, positive=False)
+        self.window_s = capacity.quantity("window_s", window_s)
+        self.heartbeat_s = capacity.quantity("heartbeat_s", heartbeat_s)
+        self.sustain_s = capacity.quantity("sustain_s", sustain_s, allow_zero=True)
+        self.release_margin = capacity.quantity("release_margin", release_margin, allow_zero=True)
+        self.cooldown_s = self.sustain_s if cooldown_s is None else capacity.quantity("cooldown_s", cooldown_s, allow_zero=True)
         default_fail = max(5 * self.heartbeat_s, self.window_s / 2)
-        self.fail_after_s = default_fail if fail_after_s is None else _number("fail_after_s", fail_after_s)
-        self.boot_timeout_s = _number("boot_timeout_s", boot_timeout_s)
+        self.fail_after_s = default_fail if fail_after_s is None else capacity.quantity("fail_after_s", fail_after_s)
+        self.boot_timeout_s = capacity.quantity("boot_timeout_s", boot_timeout_s)
         if order not in ("rho", "random"):
             raise CapacityError(f"order must be 'rho' or 'random', got order={order!r}")
         self.order = order
@@ -163,7 +159,7 @@ class Scheduler:
 
     def set_target(self, mu_target: float) -> None:
         """Set mu_target directly (for a target computed elsewhere)."""
-        self.mu_target = _number("mu_target", mu_target)
+        self.mu_target = capacity.quantity("mu_target", mu_target)
 
     @property
     def recalibration_due(self) -> bool:
@@ -191,7 +187,7 @@ class Scheduler:
 
     def set_prior(self, name: str, mu: float) -> None:
         """Replace a worker's prior throughput (e.g. after a warm-up measurement)."""
-        self._get(name).mu_prior = _number(f"mu of worker {name!r}", mu)
+        self._get(name).mu_prior = capacity.quantity(f"mu of worker {name!r}", mu)
 
     def mark_active(self, name: str, now: float) -> None:
         """Record that a worker is active without a decision of ours (e.g. it joined already working)."""

@@ -296,16 +296,8 @@ def test_sample_rows_take_one_per_group_first_with_the_task_fields():
     assert rows[1]["correct"] is False and rows[1]["version"] == 3 and len(sample_rows(records, limit=20)) == 8
 
 
-# -- the trainer's use (active once config.py has run.log_to) ---------------------------------------------
-def _needs_log_to() -> None:
-    from echo2sdk.config import RunConfig
-
-    if "log_to" not in RunConfig.model_fields:
-        pytest.skip("run.log_to is not in config.py yet")
-
-
+# -- the trainer's use -----------------------------------------------------------------------------------
 def test_run_log_to_must_start_with_jsonl():
-    _needs_log_to()
     from echo2sdk.config import load_config
     from echo2sdk.errors import ConfigError
 
@@ -317,7 +309,6 @@ def test_run_log_to_must_start_with_jsonl():
 
 @pytest.mark.integration
 def test_a_tiny_run_logs_config_steps_samples_and_staleness_to_its_sinks(offline):
-    _needs_log_to()
     pytest.importorskip("torch")
     pytest.importorskip("echo2_math")
     pytest.importorskip("tensorboard")
