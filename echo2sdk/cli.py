@@ -28,6 +28,14 @@ def _run(args: argparse.Namespace) -> int:
         out = str(run_folder(args.resume))
     if out:
         overrides.append(f"run.out={json.dumps(out)}")
+    if args.token_file:
+        overrides.append(f"run.token_file={json.dumps(args.token_file)}")
+    if any(item.partition("=")[0].strip() == "run.token" for item in args.set or []):
+        from echo2sdk.runtime.credentials import ARGV_WARNING
+
+        print(f"echo2 run: warning: --set run.token: {ARGV_WARNING} (or run.token_file)", file=sys.stderr)
+    if args.status_port is not None:
+        overrides.append(f"run.status_port={args.status_port}")
     echo = Echo2.from_config(args.config, overrides, resume=args.resume)
     summary = echo.run()
     if not summary:  # a torchrun rank other than 0
@@ -44,19 +52,32 @@ def _run_argv(args: argparse.Namespace) -> list[str]:
     argv = ["run", args.config]
     for item in args.set or []:
         argv += ["--set", item]
-    for flag, value in (("--out", args.out), ("--resume", args.resume)):
-        if value:
-            argv += [flag, value]
+    for flag, value in (("--out", args.out), ("--resume", args.resume), ("--status-port", args.status_port),
+                        ("--token-file", args.token_file)):
+        if value is not None:
+            argv += [flag, str(value)]
     return argv
 
 
 def _worker(args: argparse.Namespace) -> int:
     from echo2sdk.runtime.worker import run_worker
 
-    token = args.token or os.environ.get("ECHO2_TOKEN")
-    if not token:
-        print("echo2 worker: give --token or set ECHO2_TOKEN", file=sys.stderr)
+    from echo2sdk.runtime.credentials import ARGV_WARNING, MIN_TOKEN_BITS, given_token, token_bits
+
+    from echo2sdk.runtime.worker_keys import given_credential
+
+    credential = given_credential(args.credential_file) if not (args.token or args.token_file) else None
+    given = None if credential else given_token(args.token, args.token_file, names=("--token", "--token-file"))
+    if credential is None and given is None:
+        print("echo2 worker: give --token-file PATH or --credential-file PATH, or set ECHO2_TOKEN or "
+              "ECHO2_CREDENTIAL", file=sys.stderr)
         return 2
+    token, source = given or (None, "")
+    if args.token:
+        print(f"echo2 worker: warning: {ARGV_WARNING}", file=sys.stderr)
+    if token is not None and token_bits(token) < MIN_TOKEN_BITS:  # the run refuses such a token; a hand-made Coordinator may not
+        print(f"echo2 worker: warning: the token ({source}) is {len(token)} characters, about "
+              f"{token_bits(token):.0f} bits: under the {MIN_TOKEN_BITS} bits a run requires", file=sys.stderr)
     if args.nice:
         os.nice(args.nice)
     pin = None
@@ -67,6 +88,7 @@ def _worker(args: argparse.Namespace) -> int:
     return run_worker(
         args.connect,
         token,
+        credential=credential,
         worker_id=args.id,
         price_per_hour=args.price,
         relay=not args.no_relay,
@@ -79,15 +101,37 @@ def _worker(args: argparse.Namespace) -> int:
         coordinator_fingerprint=pin,
         relay_tls=False if args.relay_plaintext else None,
         model=args.model,
+        bootstrap=args.bootstrap,
     )
 
 
 def _keys(args: argparse.Namespace) -> int:
     from echo2sdk.runtime.tls import Identity
 
+    if args.worker:
+        return _worker_credential(args)
+    if not args.out:
+        print("echo2 keys: give --out DIR (a certificate), or  worker NAME  (a worker credential)", file=sys.stderr)
+        return 2
     folder = Identity.generate(args.name, days=args.days).save(args.out)
     fp = Identity.load(folder).fingerprint.hex()
     print(json.dumps({"folder": str(folder), "fingerprint": fp}, indent=2))
+    return 0
+
+
+def _worker_credential(args: argparse.Namespace) -> int:
+    """`echo2 keys worker NAME`: print NAME's credential (NAME:KEY), derived from the run token."""
+    from echo2sdk.runtime.credentials import given_token
+    from echo2sdk.runtime.worker_keys import issue
+
+    if len(args.worker) != 2 or args.worker[0] != "worker":
+        print(f"echo2 keys: expected  worker NAME, got {' '.join(args.worker)!r}", file=sys.stderr)
+        return 2
+    given = given_token(None, args.token_file, names=("--token", "--token-file"))
+    if given is None:
+        print("echo2 keys worker: give the run token by --token-file PATH or $ECHO2_TOKEN", file=sys.stderr)
+        return 2
+    print(issue(given[0], args.worker[1]))
     return 0
 
 
@@ -136,6 +180,10 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="shard the learner over N local processes (FSDP2 under torchrun; one GPU each on CUDA, "
                    "gloo on CPUs). Several machines: torchrun ... -m echo2sdk.cli run CONFIG")
+    r.add_argument("--token-file", metavar="PATH", help="file holding the worker token (sets run.token_file; "
+                   "default: run.token, else $ECHO2_TOKEN, else one drawn per run)")
+    r.add_argument("--status-port", type=int, metavar="PORT", help="serve the live status page on PORT (0: a free "
+                   "one; sets run.status_port); its URL with the token is printed at start")
     r.set_defaults(func=_run)
 
 
@@ -204,19 +252,25 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--quick", action="store_true", help="smaller sweeps (seconds, for a smoke test)")
     sm.add_argument("--no-plots", action="store_true", help="write paper.json only (no matplotlib needed)")
     sm.set_defaults(func=_simulate)
-    ev = sub.add_parser("eval", help="net chip change of base and trained policies vs rule-based and LLM opponents")
-    ev.add_argument("--env", default="poker://nlhe_headsup_v1", help="sandbox env URL")
+    ev = sub.add_parser("eval", help="base vs trained policy: accuracy and reward on held-out tasks (--task), or net "
+                        "chip change vs rule-based and LLM opponents (--env)")
+    ev.add_argument("--env", help="sandbox env URL (default poker://nlhe_headsup_v1 unless --task)")
+    ev.add_argument("--task", metavar="ADAPTER", help="a single-turn task adapter (e.g. math): accuracy and mean reward "
+                    "on --tasks held-out tasks, adapter.tasks(1000003 + seed)")
+    ev.add_argument("--task-option", action="append", metavar="KEY=VALUE",
+                    help="an option of the --task adapter, TOML value (repeatable), e.g. difficulty=2")
+    ev.add_argument("--tasks", type=int, default=100, help="held-out tasks per policy (with --task)")
     ev.add_argument("--base", default="smollm2-135m", help="the base policy (model name or HF folder)")
     ev.add_argument("--trained", help="the trained policy, e.g. runs/poker/checkpoint")
     ev.add_argument("--opponents", help="comma-separated; default: the env plug-in's (poker: 3 rule-based + llm)")
     ev.add_argument("--metric", help="meta.extra field averaged per cell; default: the plug-in's (poker chips)")
     ev.add_argument("--hands", type=int, default=100, help="seeded hands per (policy, opponent) cell")
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--max-new-tokens", type=int, default=12)
+    ev.add_argument("--max-new-tokens", type=int, help="default 12 per turn (--env), 64 per answer (--task)")
     ev.add_argument("--temperature", type=float, default=0.7)
     ev.add_argument("--json", help="also write the table as JSON to this path")
     ev.add_argument("--backend", default="hf", help="inference backend of the evaluated policies (hf, vllm, ...)")
-    ev.add_argument("--batch", type=int, default=16, help="hands played side by side (one generate call per turn)")
+    ev.add_argument("--batch", type=int, default=16, help="hands played (or tasks answered) side by side")
     ev.set_defaults(func=_eval)
     return p
 
@@ -224,10 +278,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _worker_parser(sub: argparse._SubParsersAction) -> None:
     w = sub.add_parser("worker", help="start a rollout worker that joins a coordinator")
     w.add_argument("--connect", required=True, metavar="HOST:PORT")
-    w.add_argument("--token", help="shared token (default: $ECHO2_TOKEN)")
+    secret = w.add_mutually_exclusive_group()
+    secret.add_argument("--token-file", metavar="PATH", help="file holding the run token (default: $ECHO2_TOKEN)")
+    secret.add_argument("--token", help="the run token itself: readable by every user of this machine (ps); "
+                        "prefer --token-file or $ECHO2_TOKEN")
+    secret.add_argument("--credential-file", metavar="PATH",
+                        help="file holding this worker's credential (NAME:KEY from `echo2 keys worker NAME`; default: "
+                        "$ECHO2_CREDENTIAL when no token is given): logs in as worker NAME without the run token")
     w.add_argument("--id", help="worker id (default: hostname-pid)")
     w.add_argument("--model", help="local model folder, built-in name or Hugging Face hub id to serve "
                    "(default: what the coordinator names)")
+    w.add_argument("--bootstrap", action="store_true",
+                   help="this machine has no model: take its files and weights from the coordinator, over the "
+                        "authenticated session and the snapshot delivery, into $ECHO2_CACHE/bootstrap")
     w.add_argument("--price", type=float, default=0.0, help="$/h of this machine, for cost-aware activation")
     w.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by N (0-19)")
     w.add_argument("--no-relay", action="store_true", help="do not serve snapshot chunks to peers (behind a NAT)")
@@ -250,20 +313,28 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _keys_parser(sub: argparse._SubParsersAction) -> None:
-    k = sub.add_parser("keys", help="make a TLS certificate and key for the coordinator (prints its fingerprint)")
-    k.add_argument("--out", required=True, help="folder for echo2-cert.pem and echo2-key.pem (mode 0600)")
+    k = sub.add_parser("keys", help="make a TLS certificate and key for the coordinator (prints its fingerprint), "
+                       "or print a worker credential:  echo2 keys worker NAME")
+    k.add_argument("worker", nargs="*", metavar="worker NAME",
+                   help="print worker NAME's credential (NAME:KEY, for `echo2 worker --credential-file`), derived "
+                   "from the run token (--token-file PATH, else $ECHO2_TOKEN)")
+    k.add_argument("--token-file", metavar="PATH", help="with  worker NAME: file holding the run token")
+    k.add_argument("--out", help="folder for echo2-cert.pem and echo2-key.pem (mode 0600)")
     k.add_argument("--name", default="echo2", help="the certificate's common name")
     k.add_argument("--days", type=int, default=365, help="validity in days")
     k.set_defaults(func=_keys)
 
 
 def _eval(args: argparse.Namespace) -> int:
+    if args.task:
+        return _eval_tasks(args)
     from echo2sdk.adapters.evaluate import evaluate, format_table
 
     # the table goes to stdout: keep an in-process vLLM engine's INFO/WARNING lines off it (unless asked for)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from echo2sdk.adapters.registry import load_env_plugin, parse_env
 
+    args.env = args.env or "poker://nlhe_headsup_v1"
     plugin = load_env_plugin(parse_env(args.env)[0])
     metric = args.metric or getattr(plugin, "eval_metric", "chips")
     policies = {f"base ({args.base})": args.base}
@@ -276,7 +347,7 @@ def _eval(args: argparse.Namespace) -> int:
         metric=metric,
         hands=args.hands,
         seed=args.seed,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=args.max_new_tokens or 12,
         temperature=args.temperature,
         llm_opponent_model=args.base,
         backend=args.backend,
@@ -291,6 +362,41 @@ def _eval(args: argparse.Namespace) -> int:
         data = {p: {o: {k: v for k, v in vars(c).items() if k != "values"} for o, c in row.items()} for p, row in table.items()}
         with open(args.json, "w") as fh:
             json.dump({"env": args.env, "hands": args.hands, "seed": args.seed, "metric": metric, "table": data}, fh, indent=2)
+    return 0
+
+
+def _eval_tasks(args: argparse.Namespace) -> int:
+    """`echo2 eval --task ADAPTER`: accuracy and mean reward of base (and trained) on held-out tasks."""
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate_tasks, format_task_table
+    import tomllib
+
+    from echo2sdk.errors import ConfigError
+
+    if args.env:
+        raise ConfigError(f"echo2 eval: give --task or --env, not both (got --task {args.task} --env {args.env})")
+    options = {}
+    for item in args.task_option or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--task-option expects KEY=VALUE, got {item!r}")
+        try:
+            options[key.strip()] = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:  # a bare word is a string, as with --set
+            options[key.strip()] = text.strip()
+    policies = {f"base ({args.base})": args.base}
+    if args.trained:
+        policies[f"trained ({args.trained})"] = args.trained
+    table = evaluate_tasks(
+        args.task, policies, options=options, tasks=args.tasks, seed=args.seed, backend=args.backend,
+        max_new_tokens=args.max_new_tokens or 64, temperature=args.temperature, batch=args.batch,
+        on_row=lambda label, c, dt: print(f"  {label}: {c.tasks} tasks in {dt:.0f} s", file=sys.stderr, flush=True),
+    )
+    print(format_task_table(table, task=args.task, tasks=args.tasks, seed=args.seed))
+    if args.json:
+        data = {label: {k: v for k, v in vars(c).items() if k != "rewards"} for label, c in table.items()}
+        with open(args.json, "w") as fh:
+            json.dump({"task": args.task, "options": options, "tasks": args.tasks, "seed": args.seed,
+                       "held_out_seed": HELD_OUT_SEED + args.seed, "table": data}, fh, indent=2)
     return 0
 
 

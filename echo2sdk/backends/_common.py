@@ -67,6 +67,8 @@ def check_params(params: SamplingParams) -> None:
     checks.integer("max_new_tokens", params.max_new_tokens, lo=1, error=ConfigError)
     checks.real("temperature", params.temperature, lo=0, open_lo=True, error=ConfigError)  # no greedy decoding
     checks.real("top_p", params.top_p, lo=0, hi=1, open_lo=True, error=ConfigError)
+    checks.integer("top_k", params.top_k, lo=0, error=ConfigError)  # 0: off
+    checks.real("min_p", params.min_p, lo=0, hi=1, error=ConfigError)  # 0: off
     if params.seed is not None:
         checks.integer("seed", params.seed, error=ConfigError)
 

@@ -160,6 +160,10 @@ class HFBackend(BackendBase):
         for step in range(max_new):
             logp = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
             probs = logp.exp()
+            if params.top_k > 0:
+                probs = _top_k(probs, params.top_k)
+            if params.min_p > 0.0:
+                probs = _min_p(probs, params.min_p)
             if params.top_p < 1.0:
                 probs = _nucleus(probs, params.top_p)
             tok = _sample(probs, gen)  # (rows, 1)
@@ -274,6 +278,19 @@ def _sample(probs: Any, gen: Any) -> Any:
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     u = torch.rand((probs.shape[0], 1), generator=gen, dtype=torch.float64) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
+
+
+def _top_k(probs: Any, k: int) -> Any:
+    """Zero every token outside the k most probable ones."""
+    if k >= probs.shape[-1]:
+        return probs
+    kth = probs.topk(k, dim=-1).values[:, -1:]
+    return probs.masked_fill(probs < kth, 0.0)
+
+
+def _min_p(probs: Any, min_p: float) -> Any:
+    """Zero every token less probable than min_p times the most probable one (the top token always stays)."""
+    return probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
 
 
 def _nucleus(probs: Any, top_p: float) -> Any:

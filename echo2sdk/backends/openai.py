@@ -201,6 +201,11 @@ class OpenAIBackend(BackendBase):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Sample]:
         self._check_open()
         check_params(params)
+        if self._reload == "none" and (params.top_k or params.min_p):
+            raise ConfigError(
+                f"backend 'openai': rollout.top_k={params.top_k} / rollout.min_p={params.min_p} need a vLLM or SGLang "
+                f"server (they take top_k and min_p as extra fields); the server at {self._root} is neither: set both to 0"
+            )
         batch = check_prompts(prompts, self._vocab, self._max_len, params.max_new_tokens)
         seeds = row_seeds(params.seed, len(batch))
         bodies = []
@@ -211,6 +216,8 @@ class OpenAIBackend(BackendBase):
                 "max_tokens": params.max_new_tokens,
                 "temperature": float(params.temperature),
                 "top_p": float(params.top_p),
+                **({"top_k": int(params.top_k)} if params.top_k else {}),  # vLLM's and SGLang's extra sampling
+                **({"min_p": float(params.min_p)} if params.min_p else {}),  # fields; sent only when on
                 "logprobs": 0,  # the sampled token's log-prob only
                 "return_token_ids": True,
                 "return_tokens_as_token_ids": True,

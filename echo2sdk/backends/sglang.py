@@ -128,6 +128,8 @@ class SGLangBackend(BackendBase):
                 "max_new_tokens": params.max_new_tokens,
                 "temperature": float(params.temperature),
                 "top_p": float(params.top_p),
+                "top_k": int(params.top_k) or -1,  # -1: off
+                "min_p": float(params.min_p),
                 "stop_token_ids": [self._eos],
                 "no_stop_trim": True,  # keep the end-of-sequence token in the output ids
             }

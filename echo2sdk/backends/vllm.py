@@ -316,6 +316,8 @@ class VLLMBackend(BackendBase):
                 max_tokens=params.max_new_tokens,
                 temperature=float(params.temperature),
                 top_p=float(params.top_p),
+                top_k=int(params.top_k) or -1,  # -1: off (every vLLM version takes it)
+                min_p=float(params.min_p),
                 seed=seed,
                 logprobs=0,  # the sampled token's log-prob only
                 stop_token_ids=[self._eos],

@@ -11,9 +11,19 @@ version, keyed by ``(group_id, version)``. Only complete groups can be sampled.
 Thread-safety: every method takes one lock (a `threading.Condition`); an asyncio coordinator thread
 adds while a learner thread blocks in `wait_for` and then calls `sample`.
 
-Counters (all in records, not groups, except the two ``*_groups`` gauges) satisfy at all times::
+Dynamic sampling (DAPO, `filter_zero_variance`): a group whose members all got the same reward has zero
+advantage and teaches nothing; when it completes it is filtered (counted in ``filtered_groups``) instead of
+becoming sampleable, so every sampled group is informative. Filtered groups are set aside (the newest
+`fallback_after`, staleness-evicted like the others): once `fallback_after` groups have been filtered since the
+last `sample`, `wait_for` and `sample` fill a batch that lacks informative groups with the newest of them
+(``fallback_groups``), so a run whose groups are all zero-variance cannot starve. `fallback_after = 0`: never.
 
-    admitted == sampled + evicted + held
+Counters (all in records, not groups, except the ``*_groups`` gauges and counters) satisfy at all times::
+
+    admitted == sampled + evicted + filtered + held
+
+(``filtered``: records of filtered groups dropped from the side pool unsampled: beyond `fallback_after`, or
+out of the staleness window).
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from echo2sdk.core import checks
-from echo2sdk.core.records import Trajectory, check_admissible
+from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible
 from echo2sdk.errors import ConfigError, TrajectoryRejected
 
 __all__ = ["StalenessBuffer"]
@@ -31,6 +41,7 @@ __all__ = ["StalenessBuffer"]
 GroupKey = tuple[str, int]  # (meta.group_id, version)
 
 _ORDERS = ("fifo", "freshest")
+MAX_BANNED = 4096  # quarantined worker ids remembered (bounded state; the coordinator refuses them by name too)
 
 
 class StalenessBuffer:
@@ -45,12 +56,15 @@ class StalenessBuffer:
             bounds it anyway).
         order: "fifo" samples the earliest-completed groups first; "freshest" the highest version
             first (earliest arrival among equal versions).
+        reward_bound: records with |r| > reward_bound are rejected ("reward_out_of_range").
+        filter_zero_variance: dynamic sampling: groups without reward variance are not sampled (see above).
+        fallback_after: filtered groups since the last `sample` after which they may fill a batch (0: never).
 
     Rejection reasons (keys of ``stats()["rejected"]``): those of `check_admissible` ("stale",
-    "future_version", "token_out_of_vocab", "too_long"), plus "schema" (not a Trajectory),
+    "future_version", "token_out_of_vocab", "too_long", "reward_out_of_range"), plus "schema" (not a Trajectory),
     "group_size" (a group of the wrong size, or a record for an already complete group),
-    "group_mixed_ids", "group_mixed_versions" and "duplicate" (the group is already held or was
-    already sampled).
+    "group_mixed_ids", "group_mixed_versions", "duplicate" (the group is already held or was
+    already sampled) and "quarantined" (a record of a worker `drop_worker` named).
     """
 
     def __init__(
@@ -59,17 +73,24 @@ class StalenessBuffer:
         group_size: int,
         capacity_groups: int | None = None,
         order: str = "fifo",
+        reward_bound: float = REWARD_BOUND,
+        filter_zero_variance: bool = False,
+        fallback_after: int = 0,
     ) -> None:
         checks.integer("staleness", staleness, lo=0, error=ConfigError)  # S
         checks.integer("group_size", group_size, lo=1, error=ConfigError)
         if capacity_groups is not None:
             checks.integer("capacity_groups", capacity_groups, lo=1, error=ConfigError)
+        checks.real("reward_bound", reward_bound, lo=0.0, open_lo=True, error=ConfigError)
         if order not in _ORDERS:
             raise ConfigError(f"order must be one of {_ORDERS}, got order={order!r}")
         self.staleness = staleness
         self.group_size = group_size
         self.capacity_groups = capacity_groups
         self.order = order
+        self.reward_bound = float(reward_bound)
+        checks.integer("fallback_after", fallback_after, lo=0, error=ConfigError)
+        self.filter_zero_variance, self.fallback_after = bool(filter_zero_variance), fallback_after
 
         self._cond = threading.Condition()
         self._version = 0  # v_t
@@ -79,6 +100,11 @@ class StalenessBuffer:
         # Keys already sampled, kept only while their version is still admissible: a re-sent group
         # older than v_t - S is rejected as stale anyway, so the set stays bounded by the window.
         self._sampled_keys: set[GroupKey] = set()
+        self._banned: dict[str, None] = {}  # workers whose records are refused (drop_worker): the newest MAX_BANNED
+        self._aside: dict[GroupKey, list[Trajectory]] = {}  # filtered groups, newest last (at most fallback_after)
+        self._filtered_since = 0  # groups filtered since the last sample
+        self._filtered_groups = self._completed_groups = self._fallback_groups = 0
+        self._filtered = 0  # records of filtered groups dropped unsampled
 
         self._admitted = 0
         self._sampled = 0
@@ -148,6 +174,24 @@ class StalenessBuffer:
                 del self._pending[key]
                 self._complete(key, group)
 
+    def drop_worker(self, worker_id: str) -> int:
+        """Drop every held group, complete or not, with a record from `worker_id` (a quarantined worker:
+        core/audit.py), counted as evicted with reason "quarantined", and reject its records from now on
+        (reason "quarantined"). Returns the records dropped."""
+        dropped = 0
+        with self._cond:
+            self._banned[worker_id] = None
+            for old in list(self._banned)[: max(0, len(self._banned) - MAX_BANNED)]:
+                del self._banned[old]
+            for store in (self._pending, self._ready, self._aside):
+                for key, entry in list(store.items()):
+                    records = entry if isinstance(entry, list) else entry[1]
+                    if any(t.meta.worker == worker_id for t in records):
+                        del store[key]
+                        dropped += len(records)
+            self._evicted["quarantined"] += dropped
+        return dropped
+
     # ------------------------------------------------------------------ sampling
 
     def ready_groups(self) -> int:
@@ -156,9 +200,10 @@ class StalenessBuffer:
             return len(self._ready)
 
     def wait_for(self, num_groups: int, timeout: float | None = None) -> bool:
-        """Block until at least `num_groups` complete groups are ready; False if `timeout` (s) ran out."""
+        """Block until `sample(num_groups)` can return (at least `num_groups` complete groups are ready, or the
+        zero-variance fallback can fill the batch); False if `timeout` (s) ran out."""
         with self._cond:
-            return self._cond.wait_for(lambda: len(self._ready) >= num_groups, timeout)
+            return self._cond.wait_for(lambda: len(self._ready) >= num_groups or self._can_fill(num_groups), timeout)
 
     def sample(self, num_groups: int) -> list[list[Trajectory]]:
         """Remove and return `num_groups` complete groups, in the buffer's `order`.
@@ -170,21 +215,26 @@ class StalenessBuffer:
         checks.integer("num_groups", num_groups, lo=0, error=ValueError)
         with self._cond:
             self._evict_stale()  # re-check the window at sample time
+            fill = 0
             if len(self._ready) < num_groups:
-                raise ValueError(
-                    f"asked for {num_groups} groups, only {len(self._ready)} ready; call wait_for() first"
-                )
+                if not self._can_fill(num_groups):
+                    raise ValueError(
+                        f"asked for {num_groups} groups, only {len(self._ready)} ready; call wait_for() first"
+                    )
+                fill = num_groups - len(self._ready)
             if self.order == "fifo":
                 keys = list(self._ready)[:num_groups]  # dicts keep arrival order
             else:
                 keys = sorted(self._ready, key=lambda k: (-k[1], self._ready[k][0]))[:num_groups]
-            out = []
-            for key in keys:
-                _, records = self._ready.pop(key)
+            out = [records for _, records in (self._ready.pop(key) for key in keys)]
+            aside = sorted(reversed(list(self._aside)), key=lambda k: -k[1])[:fill]  # the newest filtered groups
+            out += [self._aside.pop(key) for key in aside]
+            self._fallback_groups += fill
+            self._filtered_since = 0
+            for key, records in zip(keys + aside, out):
                 self._sampled_keys.add(key)
                 self._sampled += len(records)
                 self._staleness_hist[self._version - key[1]] += len(records)
-                out.append(records)
             return out
 
     # ------------------------------------------------------------------ stats
@@ -193,6 +243,7 @@ class StalenessBuffer:
         """Counters (in records) and gauges; admitted == sampled + evicted + held."""
         with self._cond:
             held = sum(len(g) for g in self._pending.values()) + sum(len(g) for _, g in self._ready.values())
+            held += sum(len(g) for g in self._aside.values())
             return {
                 "version": self._version,
                 "admitted": self._admitted,
@@ -204,6 +255,11 @@ class StalenessBuffer:
                 "held": held,
                 "pending_groups": len(self._pending),
                 "ready_groups": len(self._ready),
+                "filtered": self._filtered,
+                "completed_groups": self._completed_groups,
+                "filtered_groups": self._filtered_groups,
+                "fallback_groups": self._fallback_groups,
+                "aside_groups": len(self._aside),
             }
 
     # ------------------------------------------------------------------ internals (lock held)
@@ -211,8 +267,11 @@ class StalenessBuffer:
     def _check_record(self, t: object, *, vocab_size: int, max_len: int) -> None:
         if not isinstance(t, Trajectory):
             raise TrajectoryRejected("schema", "<record>", type(t).__name__, "expected a Trajectory")
+        if t.meta.worker in self._banned:
+            raise TrajectoryRejected("quarantined", "meta.worker", t.meta.worker, "the worker is quarantined")
         check_admissible(
-            t, learner_version=self._version, staleness=self.staleness, vocab_size=vocab_size, max_len=max_len
+            t, learner_version=self._version, staleness=self.staleness, vocab_size=vocab_size, max_len=max_len,
+            reward_bound=self.reward_bound,
         )
 
     def _check_group(self, records: list, *, vocab_size: int, max_len: int) -> GroupKey:
@@ -236,7 +295,21 @@ class StalenessBuffer:
             raise TrajectoryRejected("duplicate", "meta.group_id", key[0], f"group already seen at version {key[1]}")
         return key
 
+    def _can_fill(self, num_groups: int) -> bool:
+        """The zero-variance fallback may fill a batch of `num_groups` now."""
+        return (0 < self.fallback_after <= self._filtered_since
+                and len(self._ready) + len(self._aside) >= num_groups)
+
     def _complete(self, key: GroupKey, records: list[Trajectory]) -> None:
+        self._completed_groups += 1
+        if self.filter_zero_variance and not has_signal(records):
+            self._filtered_groups += 1
+            self._filtered_since += 1
+            self._aside[key] = records
+            while len(self._aside) > self.fallback_after:  # keep the newest fallback_after (none when 0)
+                self._filtered += len(self._aside.pop(min(self._aside, key=lambda k: k[1])))
+            self._cond.notify_all()
+            return
         self._ready[key] = (self._seq, records)
         self._seq += 1
         if self.capacity_groups is not None and len(self._ready) > self.capacity_groups:
@@ -251,3 +324,12 @@ class StalenessBuffer:
                 entry = store.pop(key)
                 records = entry if isinstance(entry, list) else entry[1]
                 self._evicted["stale"] += len(records)
+        for key in [k for k in self._aside if k[1] < floor]:  # filtered groups: not counted as evicted
+            self._filtered += len(self._aside.pop(key))
+
+
+def has_signal(records: Sequence[Trajectory]) -> bool:
+    """True when the group's records that carry loss (a failed episode's all-zero loss mask does not) are at
+    least two with different rewards: only then is any GRPO advantage non-zero."""
+    rewards = {t.reward for t in records if t.meta.loss_mask is None or any(t.meta.loss_mask)}
+    return len(rewards) > 1

@@ -26,6 +26,8 @@ class SamplingParams:
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # sample among the k most likely tokens (0: off)
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability (0: off)
     seed: int | None = None
 
 

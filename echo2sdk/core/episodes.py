@@ -12,7 +12,9 @@ and the learner's log-probs line up with the sampler's token for token. The reco
     loss_mask    = 1 on a_t tokens, 0 on u_t tokens              (turn-aware mask m^loss, F.5.1)
     logprobs     = the sampler's log-probs on a_t, 0.0 on u_t    (masked out; never used)
 
-A sandbox that raises becomes a *failed episode*: it is logged, counted and kept as a record with
+A sandbox that raises, or scores a reward that is not a finite real number (NaN, a str such as "0.1", a
+bool: core/failures.py), becomes a *failed episode*: it is logged, counted by reason
+(`EpisodeStats.failures`, reported by the worker) and kept as a record with
 `extra.failed = True` and an all-zero loss mask (so it carries no gradient and no weight in its group's
 statistics), unless every episode of its group failed, in which case the group is dropped and counted.
 """
@@ -20,13 +22,12 @@ statistics), unless every episode of its group failed, in which case the group i
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from echo2sdk.core.contracts import Episode, EpisodicTaskAdapter, InferenceBackend, Sample, SamplingParams, Task
-from echo2sdk.core.records import Message, Meta, Trajectory
+from echo2sdk.core.failures import Failures, as_reward, failure_reason
+from echo2sdk.core.records import Message, Meta, Trajectory, bounded_extra, sampler_logprob
 
 __all__ = ["EpisodeStats", "assistant_ids", "continuation_ids", "play_episodes"]
 
@@ -79,6 +80,7 @@ class EpisodeStats:
     aborted: int = 0
     fallbacks: int = 0
     errors: list[str] = field(default_factory=list)
+    failures: Failures = field(default_factory=Failures)  # failed episodes by reason (core/failures.py)
 
 
 @dataclass
@@ -97,11 +99,17 @@ class _Live:
     off_policy: bool = False
     done: bool = False
     error: str | None = None
+    reason: str | None = None  # the failure's counter key
     aborted: str | None = None
 
 
 def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:_ERROR_CHARS]
+
+
+def _fail(live: _Live, e: BaseException) -> None:
+    """The episode failed with exception `e`: it is done, with its error text and reason."""
+    live.error, live.reason, live.done = _error(e), failure_reason(e), True
 
 
 def play_episodes(
@@ -160,11 +168,11 @@ def _start_episodes(
                 live.prompt_ids = backend.encode_chat(live.messages)
                 live.context = list(live.prompt_ids)
             except Exception as e:  # noqa: BLE001 - a broken sandbox is data, not a crash
-                live.error, live.done = _error(e), True
+                _fail(live, e)
             eps.append(live)
     for e in eps:  # the opening prompt must leave room for one action under max_len
         if not e.done and max_len is not None and len(e.context) + budget > max_len:
-            e.error, e.done = f"opening prompt has {len(e.context)} tokens; with {budget} new tokens that exceeds max_len={max_len}", True
+            e.error, e.reason, e.done = f"opening prompt has {len(e.context)} tokens; with {budget} new tokens that exceeds max_len={max_len}", "prompt_too_long", True
     return eps
 
 
@@ -179,7 +187,7 @@ def _next_actions(backend: InferenceBackend, active: list[_Live], p: SamplingPar
                 text = str(script())
                 ids = assistant_ids(backend, text)
             except Exception as ex:  # noqa: BLE001
-                e.error, e.done = _error(ex), True
+                _fail(e, ex)
                 continue
             e.off_policy = True
             samples[j] = Sample(tuple(ids), tuple([0.0] * len(ids)), text, "stop")
@@ -196,16 +204,14 @@ def _take_turn(backend: InferenceBackend, e: _Live, s: Sample, budget: int, max_
     e.turns += 1
     e.response += s.token_ids
     e.mask += [1] * len(s.token_ids)
-    e.logprobs += [min(lp, 0.0) for lp in s.logprobs]
+    e.logprobs += [sampler_logprob(lp) for lp in s.logprobs]
     e.messages.append({"role": "assistant", "content": s.text})
     e.context += s.token_ids
     try:
         st = e.episode.step(s.text)  # type: ignore[union-attr]
-        reward = float(st.reward)
-        if not math.isfinite(reward):
-            raise ValueError(f"step reward is {reward!r}")
+        reward = as_reward(st.reward, "step reward")
     except Exception as ex:  # noqa: BLE001
-        e.error, e.done = _error(ex), True
+        _fail(e, ex)
         return
     e.step_rewards.append(reward)
     if st.done or st.observation is None:
@@ -245,17 +251,7 @@ def _abort(e: _Live, reason: str) -> None:
     try:
         e.episode.abort(reason)  # type: ignore[union-attr]
     except Exception as ex:  # noqa: BLE001
-        e.error = _error(ex)
-
-
-def _scalar_info(info: dict[str, Any]) -> dict[str, str | int | float | bool | None]:
-    out: dict[str, str | int | float | bool | None] = {}
-    for k, v in info.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            continue
-        if isinstance(v, (str, int, float, bool)) or v is None:
-            out[str(k)] = v
-    return out
+        e.error, e.reason = _error(ex), failure_reason(ex)
 
 
 def _record(backend: InferenceBackend, e: _Live, version: int, worker_id: str, stats: EpisodeStats) -> Trajectory:
@@ -263,14 +259,12 @@ def _record(backend: InferenceBackend, e: _Live, version: int, worker_id: str, s
     if e.error is None:
         try:
             score = e.episode.result()  # type: ignore[union-attr]
-            reward = float(score.reward)
-            if not math.isfinite(reward):
-                raise ValueError(f"episode reward is {reward!r}")
-            extra = _scalar_info(score.info)
+            reward = as_reward(score.reward, "episode reward")
+            extra = bounded_extra(score.info)
             if score.correct is not None:
                 extra["correct"] = bool(score.correct)
         except Exception as ex:  # noqa: BLE001
-            e.error = _error(ex)
+            e.error, e.reason = _error(ex), failure_reason(ex)
     if e.aborted:
         stats.aborted += 1
         extra["aborted"] = e.aborted
@@ -279,6 +273,7 @@ def _record(backend: InferenceBackend, e: _Live, version: int, worker_id: str, s
     mask, response, logprobs, prompt_ids = e.mask, e.response, e.logprobs, e.prompt_ids
     if e.error is not None:
         stats.failed += 1
+        stats.failures.add(e.reason or "adapter_error")
         stats.errors.append(e.error)
         log.warning("episode %s/%d failed after %d turn(s): %s", e.task.id, e.index, e.turns, e.error)
         reward, extra["error"] = 0.0, e.error

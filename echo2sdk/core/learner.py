@@ -1,12 +1,16 @@
-"""Learning plane: one GRPO update per call, with KL to a frozen reference and truncated importance
-sampling against the (possibly stale) sampler. Reads like the objective in docs/architecture.md (and the paper):
+"""Learning plane: one GRPO learner step per call, with KL to a frozen reference and truncated importance
+sampling against the (possibly stale) sampler. The objective's maths are the pure functions of core/grpo.py
+(formulas there and in docs/recipes.md):
 
-    A_i      = (R_i - mean_G) / (std_G + eps)                      group-normalized advantage
-    r_t      = pi_theta / pi_old                                    (pi_old = pi_theta at batch start)
+    A_i      = (R_i - mean_G) / (std_G + eps)                      group-normalized advantage (scale_rewards)
+    r_t      = pi_theta / pi_old                                    (pi_old = pi_theta at the step's start)
     w_t      = min(pi_old / pi_sampler, C)                          truncated importance weight
-    L        = -mean_t[ w_t * min(r_t A, clip(r_t, 1-eps, 1+eps) A) ] + beta * KL(pi_theta || pi_ref)
+    l_t      = w_t * ( -min(r_t A, clip(r_t, 1-eps_low, 1+eps_high) A) + beta * KL_t(pi_theta || pi_ref) )
+    L        = sum_i c_i sum_t l_t                                  c_i by loss_type: grpo, dr_grpo, dapo
 
-The mean runs over every response token of the batch that carries loss (token-level average).
+A step runs `updates_per_step` optimizer updates on its batch (the paper: "a training step with two model
+updates"); pi_old is fixed for all of them, so r_t = 1 on the first and the clip acts from the second on.
+The learning rate follows `lr_scheduler` (core/lr_schedule.py), one value per step.
 
 With `distributed=True` (a torch.distributed process group is up: torchrun, see runtime/distributed.py)
 the policy is sharded with FSDP2 (`fully_shard` on every decoder layer and on the forward below). Every
@@ -18,34 +22,34 @@ dummy units so that every rank issues the same collectives.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from echo2sdk.core import isa
+from echo2sdk.core import grpo, isa, lr_schedule
+from echo2sdk.core.grpo import group_advantages
 from echo2sdk.core.records import Trajectory
 
-__all__ = ["group_advantages", "StepStats", "Learner", "bf16_is_fast", "unit_plan"]
+__all__ = ["group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "bf16_is_fast", "unit_plan"]
+
+
+class NonFiniteUpdate(ValueError):
+    """A step's loss or gradient norm was NaN or infinite: the gradients were discarded, the weights and the
+    optimizer state are unchanged by that update (with updates_per_step > 1, the step's earlier updates stay
+    applied) (`Learner.step` raises it; the trainer drops the batch)."""
 
 
 def bf16_is_fast() -> bool:
     """True on CUDA, and on CPUs with native bf16 matmul (AVX512-BF16 or AMX); elsewhere bf16 autocast
     runs emulated kernels (measured on an AVX2 EPYC: 16x100-token step 289 s bf16 vs 14 s fp32)."""
     return torch.cuda.is_available() or isa.native_bf16(isa.cpu_flags())
-
-
-def group_advantages(rewards: Sequence[float], eps: float) -> list[float]:
-    """A_i = (R_i - mean_G) / (std_G + eps) for one GRPO group (population std)."""
-    mean = statistics.fmean(rewards)
-    std = statistics.pstdev(rewards)
-    return [(r - mean) / (std + eps) for r in rewards]
 
 
 @dataclass
@@ -61,6 +65,10 @@ class StepStats:
     t_backward_s: float
     t_optim_s: float
     grad_norm: float
+    # per record of the batch (groups flattened, in order): the token mean of |log pi_old - log pi_sampler| over
+    # its loss tokens, the statistic of the worker audit (core/audit.py); NaN when off-policy or without loss
+    sampler_gap: list[float] = field(default_factory=list)
+    lr: float = 0.0  # the learning rate of the step's updates (lr_scheduler)
 
 
 @dataclass
@@ -71,6 +79,7 @@ class _Row:
     sampler_logprobs: list[float]
     advantage: float
     off_policy: bool = False  # replayed from a log: no sampler log-probs, w_t = 1
+    gap: tuple[float, float] = (0.0, 0.0)  # (sum of |log pi_old - log pi_sampler| over loss tokens, their count)
 
 
 def unit_plan(rows: Sequence[_Row], micro_batch: int, rank: int = 0, world: int = 1) -> list[list[int] | None]:
@@ -128,9 +137,17 @@ class Learner:
         *,
         lr: float,
         beta: float = 0.0,
-        clip_eps: float = 0.2,
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
         is_cap: float = 2.0,
         adv_eps: float = 1e-4,
+        loss_type: str = "dapo",
+        scale_rewards: bool = True,
+        max_completion_length: int | None = None,
+        updates_per_step: int = 1,
+        lr_scheduler: str = "constant",
+        warmup_steps: int = 0,
+        total_steps: int = 1,
         grad_clip: float = 1.0,
         micro_batch: int = 8,
         precision: str = "auto",
@@ -148,8 +165,16 @@ class Learner:
         weights the policy starts from instead (a checkpoint being resumed). `distributed`: shard with FSDP2
         over the process group that is up (torchrun). `gradient_checkpointing`: recompute activations in the
         backward pass (less memory, ~1/3 more compute; the prompt is then run once per row). `device`:
-        default the current CUDA device when there is one, else the CPU."""
+        default the current CUDA device when there is one, else the CPU. The GRPO knobs (`loss_type`,
+        `epsilon`, `epsilon_high`, `scale_rewards`, `max_completion_length`: core/grpo.py) and the schedule
+        (`updates_per_step` optimizer updates per step, `lr_scheduler` over `total_steps` steps with
+        `warmup_steps`: core/lr_schedule.py) are described in docs/recipes.md."""
         from transformers import AutoModelForCausalLM
+
+        grpo.sequence_weights([1.0], loss_type, max_completion_length)  # a bad loss type fails here, not at step 1
+        lr_schedule.lr_factor(lr_scheduler, 0, total_steps, warmup_steps)
+        if updates_per_step < 1:
+            raise ValueError(f"updates_per_step must be >= 1, got {updates_per_step!r}")
 
         if threads:
             torch.set_num_threads(threads)
@@ -176,10 +201,14 @@ class Learner:
             _shard(self._fwd, self.model)
             if self._ref_fwd is not None:
                 _shard(self._ref_fwd, self.ref)
-        self.beta, self.clip_eps, self.is_cap, self.adv_eps = beta, clip_eps, is_cap, adv_eps
+        self.beta, self.epsilon, self.epsilon_high, self.is_cap = beta, epsilon, epsilon_high, is_cap
+        self.adv_eps, self.loss_type, self.scale_rewards = adv_eps, loss_type, scale_rewards
+        self.max_completion_length, self.updates_per_step = max_completion_length, updates_per_step
         self.grad_clip, self.micro_batch, self.temperature = grad_clip, micro_batch, temperature
         self.autocast = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.lr, self.lr_scheduler, self.warmup_steps, self.total_steps = lr, lr_scheduler, warmup_steps, total_steps
+        self.steps_done = 0  # learner steps taken: the schedule's position (checkpointed: schedule_state)
 
     # -- batch building ---------------------------------------------------------------------------
     def _rows(self, groups: Sequence[Sequence[Trajectory]]) -> list[_Row]:
@@ -194,7 +223,7 @@ class Learner:
             live = [i for i, m in enumerate(masks) if any(m)]
             adv = [0.0] * len(group)
             if live:
-                for i, a in zip(live, group_advantages([group[i].reward for i in live], self.adv_eps)):
+                for i, a in zip(live, group_advantages([group[i].reward for i in live], self.adv_eps, self.scale_rewards)):
                     adv[i] = a
             for t, mask, a in zip(group, masks, adv):
                 m = t.meta
@@ -242,62 +271,97 @@ class Learner:
         return torch.cat(per_row)
 
     # -- the update -------------------------------------------------------------------------------
-    def _unit_loss(self, mb: Sequence[_Row], n_tok: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """The unit's share of L (its token sum over the batch's n_tok loss tokens) and its sums of
-        (loss, kl, clipped, w, truncated) for the step's statistics."""
+    def _unit_loss(
+        self, mb: Sequence[_Row], coef: torch.Tensor, cache: dict[int, Any], key: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unit's share of L, sum of c_i * l_t over its tokens (`coef`: c_i per token, 0 off the loss mask;
+        core/grpo.py), and its sums of (loss, kl, clipped, w, truncated) for the step's statistics. `cache[key]`
+        keeps the unit's (log pi_old, log pi_ref) from the step's first update: pi_old is pi_theta at the step's
+        start (that first forward, detached), pi_ref is frozen; later updates reuse both."""
         logp = self._unit_logprobs(self._fwd, mb)
         mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
         adv = torch.tensor([r.advantage for r in mb for _ in r.mask], device=self.device)
         sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
-        logp_old = logp.detach()  # pi_old: one update per batch, so pi_old = pi_theta at batch start
+        if key not in cache:
+            ref_logp = None
+            if self._ref_fwd is not None:
+                with torch.no_grad():
+                    ref_logp = self._unit_logprobs(self._ref_fwd, mb)
+            cache[key] = (logp.detach(), ref_logp)
+            _note_sampler_gap(mb, logp.detach(), sampler, mask)
+        logp_old, ref_logp = cache[key]
         if any(r.off_policy for r in mb):  # logged responses have no sampler: take pi_sampler = pi_old
             off = torch.tensor([r.off_policy for r in mb for _ in r.mask], device=self.device)
             sampler = torch.where(off, logp_old, sampler)
-        ratio = torch.exp(logp - logp_old)  # r_t (== 1 in value, carries the gradient)
-        w = torch.exp(logp_old - sampler).clamp(max=self.is_cap)  # w_t = min(pi_old / pi_sampler, C)
-        surr = torch.minimum(ratio * adv, ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps) * adv)
-        per_tok = -w * surr
-        kl = torch.zeros_like(logp)
-        if self._ref_fwd is not None:
-            with torch.no_grad():
-                ref_logp = self._unit_logprobs(self._ref_fwd, mb)
-            d = ref_logp - logp
-            kl = torch.exp(d) - d - 1  # k3 estimator of KL(pi_theta || pi_ref), >= 0
-            per_tok = per_tok + self.beta * kl
-        loss = (per_tok * mask).sum() / n_tok
+        t = grpo.token_terms(logp, logp_old, sampler, adv, ref_logp, epsilon=self.epsilon,
+                             epsilon_high=self.epsilon_high, is_cap=self.is_cap, beta=self.beta)
+        loss = (t.loss * coef).sum()
         with torch.no_grad():
-            clipped = ((ratio - 1).abs() > self.clip_eps).float()
-            truncated = (torch.exp(logp_old - sampler) > self.is_cap).float()
-            sums = torch.stack([loss.detach() * n_tok, *((x * mask).sum() for x in (kl, clipped, w, truncated))])
+            sums = torch.stack([loss.detach(), *((x * mask).sum() for x in (t.kl, t.clipped, t.weight, t.truncated))])
         return loss, sums.double().cpu()
 
-    def _dummy_loss(self) -> torch.Tensor:
+    def _dummy_loss(self, reference: bool) -> torch.Tensor:
         """A zero-weight unit: the same forward and backward collectives, in the same order, as a real one
-        (the policy, then the reference), and no gradient."""
+        (the policy, then the reference when a real unit runs it: the step's first update), and no gradient."""
         one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
         loss = self._fwd(one, one, zero, zero).float().sum() * 0.0
-        if self._ref_fwd is not None:
+        if reference and self._ref_fwd is not None:
             with torch.no_grad():
                 self._ref_fwd(one, one, zero, zero)
         return loss
 
     def step(self, groups: Sequence[Sequence[Trajectory]]) -> StepStats:
-        """One GRPO update on `groups` (under `distributed`, every rank passes the same whole batch)."""
+        """One learner step on `groups`: `updates_per_step` optimizer updates, all against pi_old = pi_theta at
+        the step's start, so the clip acts from the second on (under `distributed`, every rank passes the same
+        whole batch). ValueError for a batch without a loss-carrying token; NonFiniteUpdate for a NaN/inf loss or
+        gradient norm: that update is not applied, nor any after it (those before it were); both are decided
+        alike on every rank, from the batch or from all-reduced values."""
         t0 = time.perf_counter()
         rows = self._rows(groups)
         n_tok = sum(sum(r.mask) for r in rows)
         if n_tok <= 0:
             raise ValueError("batch has no response token that carries loss")
+        c = grpo.sequence_weights([sum(r.mask) for r in rows], self.loss_type, self.max_completion_length)
+        coef = [torch.tensor(r.mask) * c_i for r, c_i in zip(rows, c)]
+        lr = self._set_lr()
+        plan = unit_plan(rows, self.micro_batch, self.rank, self.world)
+        cache: dict[int, Any] = {}
+        done = [self._update(rows, coef, plan, cache) for _ in range(self.updates_per_step)]
+        self.steps_done += 1
+        s = (sum(d[0] for d in done) / len(done)).tolist()  # statistics: the mean over the updates
+        return StepStats(
+            loss=s[0],
+            kl=s[1] / n_tok,
+            clip_frac=s[2] / n_tok,
+            is_weight_mean=s[3] / n_tok,
+            is_truncated_frac=s[4] / n_tok,
+            tokens=int(n_tok),
+            t_train_s=time.perf_counter() - t0,
+            t_forward_s=sum(d[2] for d in done),
+            t_backward_s=sum(d[3] for d in done),
+            t_optim_s=sum(d[4] for d in done),
+            grad_norm=sum(d[1] for d in done) / len(done),
+            sampler_gap=_sampler_gaps(rows, self.device if self.distributed else None),
+            lr=lr,
+        )
+
+    def _update(
+        self, rows: Sequence[_Row], coef: Sequence[torch.Tensor], plan: list[list[int] | None], cache: dict[int, Any]
+    ) -> tuple[torch.Tensor, float, float, float, float]:
+        """One optimizer update over this rank's units: (sums of the statistics, gradient norm, forward,
+        backward and optimizer seconds)."""
+        first = not cache
         t_fwd = t_bwd = 0.0
         sums = torch.zeros(5, dtype=torch.float64)
         self.opt.zero_grad(set_to_none=True)
-        for unit in unit_plan(rows, self.micro_batch, self.rank, self.world):
+        for key, unit in enumerate(plan):
             ta = time.perf_counter()
             if unit is None:
-                loss = self._dummy_loss()
+                loss = self._dummy_loss(reference=first)
             else:
-                loss, part = self._unit_loss([rows[i] for i in unit], n_tok)
+                unit_coef = torch.cat([coef[i] for i in unit]).to(self.device)
+                loss, part = self._unit_loss([rows[i] for i in unit], unit_coef, cache, key)
                 sums += part
             tb = time.perf_counter()
             (loss * self.world).backward()  # FSDP's reduce-scatter averages over ranks; the sum is wanted
@@ -311,23 +375,39 @@ class Learner:
             sums = total.cpu()
         tc = time.perf_counter()
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.opt.step()
-        t_opt = time.perf_counter() - tc
         g = float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm)
-        s = sums.tolist()
-        return StepStats(
-            loss=s[0] / n_tok,
-            kl=s[1] / n_tok,
-            clip_frac=s[2] / n_tok,
-            is_weight_mean=s[3] / n_tok,
-            is_truncated_frac=s[4] / n_tok,
-            tokens=int(n_tok),
-            t_train_s=time.perf_counter() - t0,
-            t_forward_s=t_fwd,
-            t_backward_s=t_bwd,
-            t_optim_s=t_opt,
-            grad_norm=g if math.isfinite(g) else float("nan"),
-        )
+        if not (math.isfinite(g) and math.isfinite(float(sums[0]))):  # all-reduced: every rank decides alike
+            self.opt.zero_grad(set_to_none=True)
+            raise NonFiniteUpdate(f"loss {float(sums[0])!r}, gradient norm {g!r}: the update was not applied")
+        self.opt.step()
+        return sums, g, t_fwd, t_bwd, time.perf_counter() - tc
+
+    # -- the learning-rate schedule ---------------------------------------------------------------
+    def _set_lr(self) -> float:
+        """lr * lr_factor at this step (core/lr_schedule.py) on every parameter group; returns it."""
+        lr = self.lr * lr_schedule.lr_factor(self.lr_scheduler, self.steps_done, self.total_steps, self.warmup_steps)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        return lr
+
+    def schedule_state(self) -> dict[str, Any]:
+        """The schedule's position, for a checkpoint (JSON)."""
+        return {"lr_scheduler": self.lr_scheduler, "steps_done": self.steps_done}
+
+    def load_schedule_state(self, state: dict[str, Any]) -> None:
+        self.steps_done = int(state["steps_done"])
+
+    @contextlib.contextmanager
+    def offline(self) -> Iterator[Learner]:
+        """Steps taken inside change nothing: learning rate 0, and the optimizer state and the schedule's
+        position restored after (warm-up calibration times real steps with it)."""
+        saved, done, lr = copy.deepcopy(self.opt.state_dict()), self.steps_done, self.lr
+        self.lr = 0.0
+        try:
+            yield self
+        finally:
+            self.opt.load_state_dict(saved)
+            self.steps_done, self.lr = done, lr
 
     # -- publication and checkpoints --------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:
@@ -374,6 +454,29 @@ class Learner:
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)
+
+
+def _note_sampler_gap(rows: Sequence[_Row], logp_old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> None:
+    """Keep on each on-policy row its sum of |log pi_old - log pi_sampler| over its loss tokens and their count."""
+    sizes = [len(r.mask) for r in rows]
+    parts = zip(((logp_old - sampler).abs() * mask).split(sizes), mask.split(sizes))
+    sums = torch.stack([torch.stack([d.sum(), m.sum()]) for d, m in parts]).tolist()  # one device sync
+    for r, (gap, n) in zip(rows, sums):
+        if not r.off_policy:
+            r.gap = (gap, n)
+
+
+def _sampler_gaps(rows: Sequence[_Row], device: torch.device | None) -> list[float]:
+    """Each row's token-mean gap (NaN without one). `device`: sum the ranks' partial rows there (distributed:
+    every row was run on one rank, the others hold (0, 0) for it)."""
+    t = torch.tensor([r.gap for r in rows], dtype=torch.float64).reshape(len(rows), 2)
+    if device is not None:
+        import torch.distributed as dist
+
+        t = t.to(device)
+        dist.all_reduce(t)
+        t = t.cpu()
+    return [s / n if n > 0 else float("nan") for s, n in t.tolist()]
 
 
 def _rank_world(distributed: bool) -> tuple[int, int]:

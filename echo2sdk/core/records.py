@@ -3,7 +3,13 @@
 Records are immutable values. They cross the wire as msgpack (never pickle); `from_wire` re-validates
 everything, so a peer cannot smuggle a wrong type, a NaN reward or a negative version past intake.
 Checks that need context the record does not carry (the learner's version, the vocabulary size, the
-maximum length) live in `check_admissible`.
+maximum length, the run's reward bound) live in `check_admissible`.
+
+Intake bounds (docs/security.md): every number a record carries is finite and bounded before the learner
+sees it. Log-probs lie in [MIN_LOGPROB, 0]; a loss mask holds 0 and 1 only; task metadata (`meta.extra`) has
+at most MAX_EXTRA_KEYS keys of at most MAX_ID_CHARS characters, numbers with |x| <= MAX_EXTRA_NUMBER (floats
+finite) and strings of at most MAX_EXTRA_TEXT characters; the reward is finite here and |r| <= reward_bound
+in `check_admissible`. Types are strict: "0.1" is not a reward and True is not a mask entry.
 """
 
 from __future__ import annotations
@@ -12,17 +18,68 @@ import math
 from typing import Annotated, Any, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from echo2sdk.errors import TrajectoryRejected
 
-__all__ = ["Message", "Meta", "Trajectory", "SCHEMA_VERSION", "check_admissible", "pack", "unpack"]
+__all__ = [
+    "Message", "Meta", "Trajectory", "SCHEMA_VERSION", "check_admissible", "pack", "unpack",
+    "REWARD_BOUND", "MIN_LOGPROB", "MAX_EXTRA_NUMBER", "MAX_EXTRA_TEXT", "MAX_EXTRA_KEYS", "sampler_logprob",
+    "bounded_extra",
+]
 
 SCHEMA_VERSION = 1
+
+REWARD_BOUND = 1e6  # default |r| bound (learner.reward_bound)
+MIN_LOGPROB = -1e4  # a sampler log-prob below this is no probability a sampler draws from (exp() is 0)
+MAX_EXTRA_NUMBER = float(1 << 63)  # |x| of a number in meta.extra (ids such as seeds are 64-bit)
+MAX_EXTRA_TEXT = 4096  # characters of a string in meta.extra
+MAX_EXTRA_KEYS = 256
+MAX_ID_CHARS = 256  # group ids (task ids), worker ids, meta.extra keys
 
 _FROZEN = ConfigDict(frozen=True, strict=True, extra="forbid")
 
 Scalar = str | int | float | bool | None
+
+
+def _bounded_scalar(value: Scalar) -> Scalar:
+    """A meta.extra value: floats finite, numbers within MAX_EXTRA_NUMBER, strings within MAX_EXTRA_TEXT."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PydanticCustomError("non_finite", "a number in meta.extra must be finite")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) > MAX_EXTRA_NUMBER:
+        raise PydanticCustomError("out_of_range", "a number in meta.extra must lie in [-2**63, 2**63]")
+    if isinstance(value, str) and len(value) > MAX_EXTRA_TEXT:
+        raise PydanticCustomError("out_of_range", f"a string in meta.extra has at most {MAX_EXTRA_TEXT} characters")
+    return value
+
+
+def sampler_logprob(lp: float) -> float:
+    """A backend's log-prob as a record holds it: in [MIN_LOGPROB, 0] (NaN, from a broken kernel, as MIN_LOGPROB)."""
+    return MIN_LOGPROB if math.isnan(lp) else min(max(lp, MIN_LOGPROB), 0.0)
+
+
+def bounded_extra(info: dict[Any, Any]) -> dict[str, Scalar]:
+    """The entries of an adapter's `info` a record can carry: scalar values within the meta.extra bounds
+    (strings cut to MAX_EXTRA_TEXT); non-finite or huge numbers, long keys and other types are left out."""
+    out: dict[str, Scalar] = {}
+    for k, v in info.items():
+        if len(out) == MAX_EXTRA_KEYS or not isinstance(k, str) or len(k) > MAX_ID_CHARS:
+            continue
+        if isinstance(v, str):
+            out[k] = v[:MAX_EXTRA_TEXT]
+        elif v is None or isinstance(v, bool) or (isinstance(v, int | float) and abs(v) <= MAX_EXTRA_NUMBER):
+            out[k] = v  # NaN fails the comparison above
+    return out
+
+
+Extra = Annotated[
+    dict[Annotated[str, Field(max_length=MAX_ID_CHARS)], Annotated[Scalar, AfterValidator(_bounded_scalar)]],
+    Field(max_length=MAX_EXTRA_KEYS),
+]
+LogProb = Annotated[float, Field(allow_inf_nan=False, ge=MIN_LOGPROB, le=0.0)]
+MaskBit = Annotated[int, Field(ge=0, le=1)]
+Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 
 
 class Message(BaseModel):
@@ -37,13 +94,13 @@ class Meta(BaseModel):
     """Omega: what the learner needs besides (x, y, r, v)."""
 
     model_config = _FROZEN
-    group_id: str = Field(min_length=1, description="GRPO group: n samples of one prompt under one version")
+    group_id: Id = Field(min_length=1, description="GRPO group: n samples of one prompt under one version")
     prompt_ids: tuple[int, ...] = Field(min_length=1, description="prompt token ids as the sampler saw them")
     response_ids: tuple[int, ...] = Field(min_length=1, description="sampled response token ids")
-    logprobs: tuple[Annotated[float, Field(allow_inf_nan=False, le=0.0)], ...] = Field(
-        description="the sampler's per-token log-probs of response_ids (pi_sampler)"
+    logprobs: tuple[LogProb, ...] = Field(
+        description="the sampler's per-token log-probs of response_ids (pi_sampler), in [MIN_LOGPROB, 0]"
     )
-    loss_mask: tuple[int, ...] | None = Field(
+    loss_mask: tuple[MaskBit, ...] | None = Field(
         default=None, description="1 where a response token carries loss (multi-turn); None = all"
     )
     off_policy: bool = Field(
@@ -51,8 +108,8 @@ class Meta(BaseModel):
         description="response tokens replayed from a log, not sampled: logprobs are placeholders and the "
         "learner takes pi_sampler = pi_old (w_t = 1)",
     )
-    worker: str = Field(default="", description="id of the worker that produced the record")
-    extra: dict[str, Scalar] = Field(default_factory=dict, description="task metadata (e.g. 'correct')")
+    worker: Id = Field(default="", description="id of the worker that produced the record")
+    extra: Extra = Field(default_factory=dict, description="task metadata (e.g. 'correct'), bounded")
 
     @model_validator(mode="after")
     def _lengths_agree(self) -> Meta:
@@ -85,8 +142,20 @@ class Trajectory(BaseModel):
         except ValidationError as e:
             err = e.errors()[0]
             field = ".".join(str(p) for p in err["loc"]) or "<record>"
-            reason = "nan_reward" if field == "reward" and _is_nan(err.get("input")) else "schema"
+            reason = "nan_reward" if field == "reward" and _is_nan(err.get("input")) else _REASONS.get(err["type"], "schema")
             raise TrajectoryRejected(reason, field, err.get("input"), err["msg"]) from None
+
+
+# pydantic error types -> rejection reasons (counter keys); any other violation is "schema"
+_REASONS = {
+    "finite_number": "non_finite",
+    "non_finite": "non_finite",
+    "greater_than_equal": "out_of_range",
+    "less_than_equal": "out_of_range",
+    "string_too_long": "out_of_range",
+    "too_long": "out_of_range",
+    "out_of_range": "out_of_range",
+}
 
 
 def _is_nan(x: object) -> bool:
@@ -94,9 +163,13 @@ def _is_nan(x: object) -> bool:
 
 
 def check_admissible(
-    t: Trajectory, *, learner_version: int, staleness: int, vocab_size: int, max_len: int
+    t: Trajectory, *, learner_version: int, staleness: int, vocab_size: int, max_len: int,
+    reward_bound: float = REWARD_BOUND,
 ) -> None:
-    """Context checks on intake: version window [v_t - S, v_t], token ids in vocabulary, length."""
+    """Context checks on intake: version window [v_t - S, v_t], token ids in vocabulary, length, and
+    |r| <= reward_bound."""
+    if abs(t.reward) > reward_bound:
+        raise TrajectoryRejected("reward_out_of_range", "reward", t.reward, f"|r| must be <= learner.reward_bound = {reward_bound:g}")
     if t.version > learner_version:
         raise TrajectoryRejected("future_version", "version", t.version, f"learner is at v_t={learner_version}")
     if t.version < learner_version - staleness:

@@ -5,6 +5,11 @@ worker its fetch order - its upstream list, parent first, the learner last.
 Workers report how each fetch went (``received``): who served them at what rate and which parents
 failed. Those reports feed the C.3 scores, so the next publication's plan puts fast, reliable relays
 first and degrades failing ones seed -> tail -> rollout-only.
+
+A report is a claim by a token holder, so it is taken only as far as the plan backs it: one report per
+worker and version, for one of the last KEEP_VERSIONS versions; a relay is credited only by a receiver it
+was planned to serve (the last chunk's sender among the receiver's planned upstream), and blamed only by
+its planned child; speeds are clamped and each receiver has one vote (planner.WorkerScores).
 """
 
 from __future__ import annotations
@@ -17,16 +22,18 @@ from typing import Any, Literal
 
 from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, plan_chains
+from echo2sdk.runtime import session
 from echo2sdk.runtime.delivery import Peer, send_all
-from echo2sdk.runtime.messages import BroadcastInfo, Received, SnapshotPlan, WireManifest
+from echo2sdk.runtime.messages import MAX_RELAY_KEYS, BroadcastInfo, Received, SnapshotPlan, WireManifest
 from echo2sdk.runtime.relay import RelayNode
 from echo2sdk.runtime.tls import Identity
 
-__all__ = ["ChainBroadcast", "Topology"]
+__all__ = ["ChainBroadcast", "Topology", "KEEP_VERSIONS"]
 
 log = logging.getLogger("echo2sdk.broadcast")
 
 Topology = Literal["chain", "star"]
+KEEP_VERSIONS = 16  # plans and fetch reports kept, newest versions; reports of older ones are ignored
 
 
 class ChainBroadcast:
@@ -43,9 +50,14 @@ class ChainBroadcast:
         stall_timeout_s: float = 5.0,
         signer: Signer | None = None,
         tls: bool | Identity = True,
+        relay_key_lookahead: int = 1,
     ):
         """`tls`: the learner's relay port speaks TLS with a certificate made for it (True), a given `Identity`,
-        or plaintext (False, opt-in). Workers pin its fingerprint from the sealed snapshot plan."""
+        or plaintext (False, opt-in). Workers pin its fingerprint from the sealed snapshot plan.
+        `relay_key_lookahead`: how many versions past each plan's its relay keys cover (kappa, the publication
+        period: every node then holds the next publication's key before a child can ask it for it), clamped to
+        [1, MAX_RELAY_KEYS - 1]; beyond it a child that asks its parent first may be refused and repair upstream."""
+        self.relay_key_lookahead = min(max(1, relay_key_lookahead), MAX_RELAY_KEYS - 1)
         if topology not in ("chain", "star"):
             raise ValueError(f"broadcast topology must be 'chain' or 'star', got {topology!r}")
         if n_chains < 1:
@@ -56,6 +68,8 @@ class ChainBroadcast:
             token, node_id=SOURCE, host=host, uplink_bps=uplink_bps, per_peer_bps=per_peer_bps,
             stall_timeout_s=stall_timeout_s, tls=tls,
         )
+        self._root = session.token_key(token)
+        self._newest = 0  # the newest version delivered: the welcome hands out its relay key and the next one's
         self.scores = WorkerScores()
         self.plans: dict[int, ChainPlan] = {}
         self.reports: dict[int, dict[str, dict[str, Any]]] = {}  # version -> worker -> its `received`, as a map
@@ -65,11 +79,20 @@ class ChainBroadcast:
         return self.signer.public_key
 
     def welcome_info(self) -> BroadcastInfo:
-        """What a worker needs at join time: the key that signs every manifest, and when to repair."""
-        return BroadcastInfo(public_key=self.public_key, stall_timeout_s=self.source.stall_timeout_s)
+        """What a worker needs at join time: the key that signs every manifest, when to repair, and the relay
+        keys of the newest version and the next publication's."""
+        return BroadcastInfo(public_key=self.public_key, stall_timeout_s=self.source.stall_timeout_s,
+                             relay_keys=self.relay_keys(self._newest))
+
+    def relay_keys(self, version: int) -> tuple[tuple[int, bytes], ...]:
+        """(v, K_relay(v)) for `version` and the `relay_key_lookahead` versions after it: a node holds the next
+        publication's key before any child can ask it for that version, and a revoked worker gets no key
+        beyond (docs/security.md, "Per-worker credentials")."""
+        return tuple((v, session.relay_key(self._root, v)) for v in range(version, version + self.relay_key_lookahead + 1))
 
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
         manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer)
+        self._newest = max(self._newest, version)
         self.source.publish(manifest, weights)
         now = time.monotonic()
         relay_addr = {p.worker_id: p.relay_addr for p in peers}
@@ -78,13 +101,14 @@ class ChainBroadcast:
         n = len(ranked) if self.topology == "star" else self.n_chains
         plan = plan_chains(ranked, max(1, n), leaves)
         if version not in self.plans or len(peers) > 1:  # a late joiner's own order is not the version's plan
-            self.plans[version] = plan
+            self._keep(version, plan)
         addr = {SOURCE: (self.source.host, self.source.port, self.source.fingerprint),
                 **{p.worker_id: (*p.relay_addr, p.relay_fingerprint) for p in peers if p.relay_addr is not None}}
-        wire_manifest = WireManifest(**manifest.to_wire())
+        wire_manifest, keys = WireManifest(**manifest.to_wire()), self.relay_keys(version)
 
         def order(p: Peer) -> SnapshotPlan:
-            return SnapshotPlan(manifest=wire_manifest, upstream=[(u, *addr[u]) for u in plan.upstream(p.worker_id)])
+            return SnapshotPlan(manifest=wire_manifest, upstream=[(u, *addr[u]) for u in plan.upstream(p.worker_id)],
+                                relay_keys=keys)
 
         # all at once: a worker that stopped reading delays no other; a dead one is the coordinator's business
         # (its children repair around it)
@@ -92,15 +116,30 @@ class ChainBroadcast:
         log.info("snapshot v%d: %d bytes in %d chunks to %d worker(s) on %d chain(s)", version,
                  manifest.total_bytes, manifest.n_chunks, len(peers), plan.n_chains)
 
+    def _keep(self, version: int, plan: ChainPlan) -> None:
+        """Record `version`'s plan, forgetting plans and reports beyond the newest KEEP_VERSIONS versions."""
+        self.plans[version] = plan
+        self.reports.setdefault(version, {})
+        for old in sorted(self.plans)[:-KEEP_VERSIONS]:
+            self.plans.pop(old, None)
+            self.reports.pop(old, None)
+
     def on_report(self, worker_id: str, report: Received) -> None:
-        """A worker's fetch report: score its parents (paper C.3)."""
-        self.reports.setdefault(report.version, {})[worker_id] = report.model_dump(exclude_none=True)
+        """A worker's fetch report: score its parents (paper C.3), as far as the version's plan backs it."""
+        reports, plan = self.reports.get(report.version), self.plans.get(report.version)
+        if reports is None or plan is None or worker_id in reports:
+            return  # an unknown or forgotten version, or a second report: nothing more to learn from it
+        reports[worker_id] = report.model_dump(exclude_none=True)
+        try:
+            upstream = plan.upstream(worker_id)
+        except KeyError:
+            return  # a late joiner: its own order named the learner only
         now = time.monotonic()
-        for r in report.repairs:
-            if r.parent != SOURCE:
-                self.scores.record_failure(r.parent, now)
-        if report.ok and report.parent not in ("", SOURCE):
-            self.scores.record_success(report.parent, report.served_bps.get(report.parent))
+        parent = upstream[0]
+        if parent != SOURCE and any(r.parent == parent for r in report.repairs):
+            self.scores.record_failure(parent, now, reporter=worker_id)
+        if report.ok and report.parent != SOURCE and report.parent in upstream:
+            self.scores.record_success(report.parent, report.served_bps.get(report.parent), reporter=worker_id)
 
     def close(self) -> None:
         self.source.close()

@@ -3,10 +3,13 @@
 It runs an asyncio server on its own thread so the learner's update loop never blocks on the network.
 Every message a worker sends is validated; a bad trajectory is rejected, counted and logged with the
 field and value; a worker with a wrong token is refused; a dead worker is dropped, never waited for.
+Trajectory intake (validation and buffering) runs on a thread of the loop's executor, so a large push
+delays no other worker's messages; what a worker reports is bounded (its recent batch ids, the repairs
+kept for the run's record, its adapter-failure counts).
 
 Messages (echo2sdk.runtime.messages; worker -> coordinator): hello, get_tasks, trajectories, heartbeat,
-received, installed, snapshot_rejected. Messages (coordinator -> worker): challenge, welcome | refused,
-tasks, ack, snapshot_plan (chain broadcast) or snapshot (direct push), shutdown.
+received, installed, snapshot_rejected, get_base. Messages (coordinator -> worker): challenge, welcome |
+refused, tasks, ack, snapshot_plan (chain broadcast) or snapshot (direct push), base_files, shutdown.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import secrets
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,10 +32,13 @@ from echo2sdk.core.records import Trajectory
 from echo2sdk.errors import AuthError, ProtocolError, TrajectoryRejected
 from echo2sdk.runtime import session
 from echo2sdk.runtime.admission import Admission, Ticket
+from echo2sdk.runtime.bootstrap import ModelFolder
 from echo2sdk.runtime.delivery import DirectPush, SnapshotDelivery, check_delivery
 from echo2sdk.runtime.messages import (
     MAX_ID,
     Ack,
+    BaseFiles,
+    GetBase,
     GetTasks,
     Heartbeat,
     Hello,
@@ -53,6 +59,7 @@ from echo2sdk.runtime.messages import (
 )
 from echo2sdk.runtime.tls import Identity, server_context
 from echo2sdk.runtime.wire import MAX_HEADER, encode_frame, read_frame, write_frame
+from echo2sdk.runtime.worker_keys import Revocations
 
 __all__ = ["Coordinator", "WorkerInfo"]
 
@@ -61,7 +68,11 @@ log = logging.getLogger("echo2sdk.coordinator")
 HANDSHAKE_S = 10.0  # one deadline for TLS, challenge and hello together
 WRITE_TIMEOUT_S = 30.0  # a worker that takes no byte of what we send for this long is dropped
 SEND_SLICE = 1 << 20  # a payload goes out in slices: at most one slice per worker waits in memory
-FROM_WORKER = (GetTasks, Trajectories, Heartbeat, Installed, Received, SnapshotRejected)
+FROM_WORKER = (GetTasks, Trajectories, Heartbeat, Installed, Received, SnapshotRejected, GetBase)
+MAX_REPAIRS_KEPT = 4096  # broadcast repairs kept for the run's record (all are counted)
+LOGGED_REJECTIONS = 8  # rejected groups of one push logged one by one; the rest in one summary line
+KEEP_DEPARTED = 1024  # records of workers that left, kept for the run's worker table (the oldest forgotten)
+KEEP_QUARANTINED = 4096  # quarantined worker ids refused by name (the oldest forgotten; `quarantines` counts all)
 
 
 @dataclass
@@ -81,8 +92,11 @@ class WorkerInfo:
     relay_addr: tuple[str, int] | None = None  # where this worker serves snapshot chunks to its children
     relay_fingerprint: bytes = field(default=b"", repr=False)  # its relay's TLS certificate (SHA-256)
     session: str = ""  # the worker process's random id: a re-join from it keeps worker_id and record
+    credential: str = ""  # the name of the worker credential it logged in with ("": the run token)
     rejoins: int = 0
     batches: deque[str] = field(default_factory=lambda: deque(maxlen=64), repr=False)  # recent pushes' ids
+    adapter_failures: dict[str, int] = field(default_factory=dict)  # rollouts its adapter failed, by reason
+    groups_dropped: int = 0  # groups it did not send because a member's rollout failed
 
 
 class _Conn:
@@ -147,11 +161,15 @@ class Coordinator:
         admission: Admission | None = None,
         handshake_s: float = HANDSHAKE_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
+        base: ModelFolder | None = None,
+        revoked: Revocations | None = None,
     ):
         """`tls`: True (a certificate made for this run), an `Identity` (`echo2 keys`), or False: plaintext,
         an explicit opt-in (workers then need `--plaintext`). `admission`: connection caps and the failed-
         login rate limit (defaults: `Admission()`); `handshake_s`: the deadline of a whole handshake;
-        `write_timeout_s`: how long a worker may take no byte of what is sent to it before it is dropped."""
+        `write_timeout_s`: how long a worker may take no byte of what is sent to it before it is dropped.
+        `base`: the model folder served to a worker that asks for the base (runtime/bootstrap.py).
+        `revoked`: worker names refused and dropped (runtime/worker_keys.py; its file re-read when it changes)."""
         self.buffer, self._tasks = buffer, tasks
         # staleness: a worker that knows a snapshot more than S versions ahead of its own is on the way waits
         # for it rather than generate records the buffer must reject
@@ -170,12 +188,21 @@ class Coordinator:
         self.admission = admission or Admission()
         self.handshake_s, self.write_timeout_s = handshake_s, write_timeout_s
         self.write_timeouts = 0  # workers dropped because they stopped reading
+        self.base, self.bases_served = base, 0
+        self._base_weights: bytes | None = None  # the base as version 0, kept until the first publication
+        self._base_lock = asyncio.Lock()
         self.workers: dict[str, WorkerInfo] = {}
         self.refused = 0
+        self.revocations, self.refused_revoked = revoked or Revocations(), 0  # hellos of revoked names refused
         self.rejected: Counter[str] = Counter()
         self.protocol_errors = 0
-        self.broadcast_repairs: list[dict[str, Any]] = []  # every repair a worker reported, for the run's metrics
+        # the latest repairs workers reported, for the run's record; repairs_reported counts all of them
+        self.broadcast_repairs: deque[dict[str, Any]] = deque(maxlen=MAX_REPAIRS_KEPT)
+        self.repairs_reported = 0
         self._conns: dict[str, _Conn] = {}
+        self.quarantined: OrderedDict[str, str] = OrderedDict()  # worker id -> why (core/audit.py): refused by name
+        self.quarantines = 0  # workers quarantined in this run (the dict keeps the newest KEEP_QUARANTINED)
+        self._installed: dict[tuple[str, str], set[int]] = {}  # (worker id, session) -> versions it reported
         self._ids = itertools.count(1)
         self._task_lock = threading.Lock()
         self._latest: tuple[int, bytes] | None = None
@@ -240,6 +267,7 @@ class Coordinator:
 
     def _publish(self, version: int, weights: bytes) -> None:
         self._latest = (version, weights)
+        self._base_weights = None  # a worker that bootstraps from now on gets the latest snapshot
         peers = [c for c in self._conns.values() if c.info.alive]
         # T_bcast counts the active rollout pool (paper §4.2); idle standby workers still get the snapshot
         active = {p.worker_id for p in peers if p.info.active}
@@ -271,12 +299,23 @@ class Coordinator:
             "workers_alive": len(self.alive_workers()),
             "workers_seen": len(self.workers),
             "refused": self.refused,
+            "refused_revoked": self.refused_revoked,
+            "quarantines": self.quarantines,
             "rejected": dict(self.rejected),
             "protocol_errors": self.protocol_errors,
-            "broadcast_repairs": len(self.broadcast_repairs),
+            "broadcast_repairs": self.repairs_reported,
             "write_timeouts": self.write_timeouts,
+            **self.adapter_failures(),
             **self.admission.stats(),
         }
+
+    def adapter_failures(self) -> dict[str, Any]:
+        """Rollouts the workers' adapters failed (score raised, or gave a NaN or a non-number), by reason, and
+        the groups the workers dropped for them: the sums of what every worker seen last reported."""
+        total: Counter[str] = Counter()
+        for w in self.workers.values():
+            total.update(w.adapter_failures)
+        return {"adapter_failures": dict(total), "groups_dropped": sum(w.groups_dropped for w in self.workers.values())}
 
     def worker_table(self) -> list[dict[str, Any]]:
         hidden = ("batches", "session", "relay_fingerprint")
@@ -345,7 +384,8 @@ class Coordinator:
                 writer._transport = plain  # left the writer without a transport (its __del__ would raise)
                 raise ConnectionResetError("closed during the TLS handshake") from None
         try:
-            nonce, frame = await session.server_hello(reader, writer, self.token, fingerprint=self.fingerprint)
+            nonce, header, raw, root = await session.server_hello_roots(reader, writer, self._hello_roots,
+                                                                        fingerprint=self.fingerprint)
         except AuthError:
             self.admission.failed(ticket.ip)
             return await self._refuse(writer, f"{address}: wrong token, or an interceptor in between (hello MAC)",
@@ -354,15 +394,23 @@ class Coordinator:
             self.admission.failed(ticket.ip)
             return await self._refuse(writer, f"{address}: {e}", "malformed hello")
         try:
-            hello = parse(frame.header, (Hello,))
+            hello = parse(header, (Hello,))
         except ProtocolError as e:
             return await self._refuse(writer, f"{address}: {e}", "malformed hello")
-        keys = session.derive(self.token, session.CONTROL, nonce, hello.nonce, self.fingerprint, frame.raw,
-                              server=True)
+        keys = session.derive(root, session.CONTROL, nonce, hello.nonce, self.fingerprint, raw, server=True)
+        if hello.worker_id in self.quarantined:
+            return await self._refuse_quarantined(writer, address, hello.worker_id)
+        self._check_revocations()
+        if hello.worker_id in self.revocations:
+            return await self._refuse_revoked(writer, address, hello.worker_id)
         self.admission.authenticated(ticket)
-        return self._register(hello, keys, writer, address)
+        conn = self._register(hello, keys, writer, address, credential=root != session.token_key(self.token))
+        self._note_installed(conn, hello.version)  # a re-join's version: its `installed` report may have been lost
+        return conn
 
-    def _register(self, hello: Hello, keys: session.Session, writer: asyncio.StreamWriter, address: str) -> _Conn:
+    def _register(
+        self, hello: Hello, keys: session.Session, writer: asyncio.StreamWriter, address: str, credential: bool = False
+    ) -> _Conn:
         """Enter an authenticated worker in the registry: a re-join from the same process keeps its id and
         record; another process asking for a taken id gets `id-N`."""
         peer_host = address.rpartition(":")[0]
@@ -386,6 +434,7 @@ class Coordinator:
             relay_addr=(peer_host, hello.relay_port) if hello.relay_port is not None else None,
             relay_fingerprint=hello.relay_fingerprint,
             session=sess,
+            credential=hello.worker_id if credential else "",
         )
         conn = _Conn(info, writer, keys, self)
         info.active = self.default_active
@@ -393,9 +442,17 @@ class Coordinator:
             info.joined_at, info.trajectories, info.rejected = before.joined_at, before.trajectories, before.rejected
             info.rollouts_per_s, info.active = before.rollouts_per_s, before.active
             info.rejoins, info.batches = before.rejoins + 1, before.batches
+            info.adapter_failures, info.groups_dropped = before.adapter_failures, before.groups_dropped
         self.workers[wid], self._conns[wid] = info, conn
+        self._forget_departed()
         log.info("worker %s %s from %s", shown(wid, 60), "re-joined" if rejoin else "joined", address)
         return conn
+
+    def _forget_departed(self) -> None:
+        """Keep the registry bounded: beyond KEEP_DEPARTED records of workers that left, drop the longest gone."""
+        gone = [w for w in self.workers.values() if not w.alive]
+        for w in sorted(gone, key=lambda w: w.last_seen)[: max(0, len(gone) - KEEP_DEPARTED)]:
+            del self.workers[w.worker_id]
 
     async def _welcome(self, conn: _Conn) -> None:
         """The sealed welcome (it proves the coordinator knows the token), then the latest snapshot."""
@@ -417,11 +474,15 @@ class Coordinator:
             tasks = self._next_tasks(msg.n) if conn.info.active else []  # an inactive worker idles
             await conn.send(Tasks(rid=msg.rid, tasks=tasks))
         elif isinstance(msg, Trajectories):
-            await conn.send(self._admit(conn, msg))
+            if self._claims_lie(conn, msg.groups):  # quarantined: no ack, the connection is closing
+                return
+            await conn.send(await self._admit(conn, msg))
         elif isinstance(msg, Heartbeat):
             conn.info.version, conn.info.rollouts_per_s = msg.version, msg.rollouts_per_s
+            conn.info.adapter_failures, conn.info.groups_dropped = dict(msg.failures), msg.groups_dropped
         elif isinstance(msg, Installed):
             conn.info.version = msg.version
+            self._note_installed(conn, msg.version)
             b = self._bcast.get(msg.version)
             if b is not None:
                 b["installed"].setdefault(conn.worker_id, time.monotonic())
@@ -429,30 +490,65 @@ class Coordinator:
             b = self._bcast.get(msg.version)
             if b is not None and msg.ok:
                 b["received"].setdefault(conn.worker_id, time.monotonic())
+            self.repairs_reported += len(msg.repairs)
             for r in msg.repairs:
                 self.broadcast_repairs.append({"worker": conn.worker_id, "version": msg.version,
                                                **r.model_dump(exclude_none=True)})
             self.delivery.on_report(conn.worker_id, msg)
+        elif isinstance(msg, GetBase):  # on its own task: reading the base may take longer than a heartbeat
+            asyncio.get_running_loop().create_task(self._send_base(conn))
         elif isinstance(msg, SnapshotRejected):
             log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, shown(msg.reason, 200))
 
-    def _admit(self, conn: _Conn, msg: Trajectories) -> Ack:
-        """Admit a push of groups once per batch id: a re-sent push is acknowledged, not re-admitted."""
-        if msg.batch is not None and msg.batch in conn.info.batches:
-            return Ack(rid=msg.rid, accepted=0, duplicate=True)
-        accepted, rejected = self._intake(conn, msg.groups)
+    async def _admit(self, conn: _Conn, msg: Trajectories) -> Ack:
+        """Admit a push of groups once per batch id: a re-sent push is acknowledged, not re-admitted. The
+        records are validated and buffered on an executor thread (the buffer takes its own lock), then
+        counted here, on the loop: a push of a thousand groups holds up no other worker's messages."""
         if msg.batch is not None:
-            conn.info.batches.append(msg.batch)
-        return Ack(rid=msg.rid, accepted=accepted, rejected=rejected)
+            if msg.batch in conn.info.batches:
+                return Ack(rid=msg.rid, accepted=0, duplicate=True)
+            conn.info.batches.append(msg.batch)  # now: a re-send arriving during the intake is a duplicate
+        loop = asyncio.get_running_loop()
+        accepted, rejections = await loop.run_in_executor(None, self._intake, msg.groups)
+        self._count(conn, accepted, rejections)
+        return Ack(rid=msg.rid, accepted=accepted, rejected=[e.reason for _, e in rejections])
+
+    async def _send_base(self, conn: _Conn) -> None:
+        """A worker without the model: the base files, then the weights over the delivery as any snapshot - the
+        latest (its welcome delivered it already) or, before the first publication, the base as version 0."""
+        if self.base is None:
+            msg, payload = BaseFiles(reason="this coordinator serves no model folder"), b""
+        else:
+            msg, payload = await asyncio.to_thread(self.base.message)
+        try:
+            await conn.send(msg, payload)
+        except (ConnectionError, OSError):
+            return  # gone: the handler drops it
+        if self.base is None or not msg.files:
+            return
+        self.bases_served += 1
+        log.info("worker %s bootstraps: %d base file(s), %d bytes", conn.worker_id, len(msg.files), len(payload))
+        async with self._base_lock:  # workers asking at once share one read of the folder
+            if self._latest is None and self._base_weights is None:
+                try:
+                    weights = await asyncio.to_thread(self.base.weights)
+                except Exception:  # noqa: BLE001 - the worker waits in vain; the learner goes on
+                    log.exception("cannot read the base weights for worker %s", conn.worker_id)
+                    return
+                if self._latest is None:  # not published meanwhile (the worker got that one)
+                    self._base_weights = weights
+        if self._latest is None and self._base_weights is not None and conn.info.alive:
+            await self.delivery.deliver(0, self._base_weights, [conn])
 
     def _next_tasks(self, n: int) -> list[WireTask]:
         with self._task_lock:
             batch = list(itertools.islice(self._tasks, n))
         return [WireTask(id=t.id, messages=t.messages, answer=t.answer, info=t.info) for t in batch]
 
-    def _intake(self, conn: _Conn, groups: tuple[Any, ...]) -> tuple[int, list[str]]:
-        """Validate and buffer each group of raw records; a bad group is rejected, counted and logged."""
-        accepted, reasons = 0, []
+    def _intake(self, groups: tuple[Any, ...]) -> tuple[int, list[tuple[int, TrajectoryRejected]]]:
+        """Validate and buffer each group of raw records (on an executor thread: it touches only the buffer).
+        Returns the records accepted and, per rejected group, its size and why."""
+        accepted, rejections = 0, []
         for group in groups:
             try:
                 if not isinstance(group, (list, tuple)):
@@ -461,13 +557,69 @@ class Coordinator:
                 self.buffer.add_group(records, vocab_size=self.vocab_size, max_len=self.max_len)
                 accepted += len(records)
             except TrajectoryRejected as e:
-                n = len(group) if isinstance(group, (list, tuple)) else 1
-                self.rejected[e.reason] += n
-                conn.info.rejected += n
-                reasons.append(e.reason)
-                log.warning("worker %s: %s (group of %d dropped)", conn.worker_id, e, n)
+                rejections.append((len(group) if isinstance(group, (list, tuple)) else 1, e))
+        return accepted, rejections
+
+    def _count(self, conn: _Conn, accepted: int, rejections: list[tuple[int, TrajectoryRejected]]) -> None:
+        """Count a push's outcome by reason, and log its first rejections one by one (the rest in one line)."""
         conn.info.trajectories += accepted
-        return accepted, reasons
+        for n, e in rejections:
+            self.rejected[e.reason] += n
+            conn.info.rejected += n
+        for n, e in rejections[:LOGGED_REJECTIONS]:
+            log.warning("worker %s: %s (group of %d dropped)", conn.worker_id, e, n)
+        if len(rejections) > LOGGED_REJECTIONS:
+            more = Counter(e.reason for _, e in rejections[LOGGED_REJECTIONS:])
+            log.warning("worker %s: %d more group(s) of the same push rejected: %s", conn.worker_id,
+                        len(rejections) - LOGGED_REJECTIONS, dict(more))
+
+    # -- worker audit (core/audit.py) ---------------------------------------------------------------
+    def quarantine(self, worker_id: str, reason: str) -> None:
+        """Quarantine a lying worker for the rest of the run (any thread): its buffered groups are dropped and
+        none of its records is admitted again, its connection is closed, a hello under its id is refused."""
+        if worker_id in self.quarantined:
+            return
+        self.quarantines += 1
+        self.quarantined[worker_id] = reason
+        while len(self.quarantined) > KEEP_QUARANTINED:  # a shared token lets a liar come back under a new id
+            self.quarantined.popitem(last=False)        # anyway: per-worker credentials (revocation) stop that
+        dropped = self.buffer.drop_worker(worker_id)
+        log.warning("worker %s quarantined: %s; %d buffered record(s) dropped", shown(worker_id, 60), reason, dropped)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._close_quarantined, worker_id)
+
+    def _close_quarantined(self, worker_id: str) -> None:
+        conn = self._conns.get(worker_id)
+        if conn is not None:
+            self._drop(conn, "quarantined")
+            _abort(conn.writer)
+
+    def _note_installed(self, conn: _Conn, version: int) -> None:
+        """Record a version the worker reports installed (a published one only: nothing else exists)."""
+        if self._latest is not None and 0 < version <= self._latest[0]:
+            self._installed.setdefault((conn.worker_id, conn.info.session), set()).add(version)
+
+    def _claims_lie(self, conn: _Conn, groups: tuple[Any, ...]) -> bool:
+        """True, with the worker quarantined, when a pushed record names another worker or claims a version
+        (other than the initial 0) this worker never reported installed. Malformed records are left to intake."""
+        installed = self._installed.get((conn.worker_id, conn.info.session), set())
+        for obj in (o for g in groups if isinstance(g, (list, tuple)) for o in g if isinstance(o, dict)):
+            meta, v = obj.get("meta"), obj.get("version")
+            who = meta.get("worker") if isinstance(meta, dict) else None
+            if isinstance(who, str) and who != conn.worker_id:
+                reason = f"a record names worker {shown(who, 60)}"
+            elif type(v) is int and v > 0 and v not in installed:
+                reason = f"a record claims version {v}, which it never reported installed"
+            else:
+                continue
+            self.quarantine(conn.worker_id, reason)
+            return True
+        return False
+
+    async def _refuse_quarantined(self, writer: asyncio.StreamWriter, address: str, worker_id: str) -> None:
+        self.refused += 1
+        log.warning("refused %s: worker %s is quarantined", address, shown(worker_id, 60))
+        await write_frame(writer, to_header(Refused(reason=f"worker {worker_id} is quarantined for the rest of the run")))
 
     def _drop(self, conn: _Conn, why: str) -> None:
         if conn.info.alive:
@@ -483,11 +635,44 @@ class Coordinator:
     async def _monitor(self) -> None:
         while True:
             await asyncio.sleep(1.0)
+            self._check_revocations()
             now = time.monotonic()
             for conn in list(self._conns.values()):
                 if now - conn.info.last_seen > self.worker_timeout_s:
                     self._drop(conn, f"silent for {now - conn.info.last_seen:.0f} s")
                     conn.close()
+
+
+    # -- per-worker credentials (runtime/worker_keys.py) -------------------------------------------------
+    def _hello_roots(self, header: dict[str, Any]) -> list[bytes]:
+        """The root keys a hello may be sealed with: K_token, then K_worker(NAME) for the worker id NAME it claims
+        (one HMAC), read from the pre-authentication header before its MAC is checked (session.open_hello)."""
+        root, name = session.token_key(self.token), header.get("worker_id")
+        return [root, session.worker_key(root, name)] if isinstance(name, str) and 0 < len(name) <= MAX_ID else [root]
+
+    def _check_revocations(self) -> None:
+        """Re-read the revoked file if it changed (at each authenticated hello and every second); drop the
+        workers whose name or credential is revoked now, with their buffered records."""
+        if not self.revocations.refresh():
+            return
+        for info in list(self.workers.values()):
+            if info.worker_id in self.revocations or info.credential in self.revocations:
+                self._revoke(info)
+
+    def _revoke(self, info: WorkerInfo) -> None:
+        dropped = self.buffer.drop_worker(info.worker_id) if hasattr(self.buffer, "drop_worker") else 0
+        conn = self._conns.get(info.worker_id)
+        if conn is not None:
+            self._drop(conn, "revoked")
+            _abort(conn.writer)
+        log.warning("worker %s revoked: disconnected, %d buffered record(s) dropped", shown(info.worker_id, 60),
+                    dropped)
+
+    async def _refuse_revoked(self, writer: asyncio.StreamWriter, address: str, worker_id: str) -> None:
+        self.refused += 1
+        self.refused_revoked += 1
+        log.warning("refused %s: worker %s is revoked", address, shown(worker_id, 60))
+        await write_frame(writer, to_header(Refused(reason=f"worker {worker_id} is revoked")))
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:

@@ -135,8 +135,11 @@ def follow(learner: Any) -> int:
         msg = unpack(_broadcast_bytes(None))
         op = msg.get("op") if isinstance(msg, dict) else None
         if op == "step":
-            learner.step([[Trajectory.from_wire(t) for t in g] for g in msg["groups"]])
-            steps += 1
+            try:
+                learner.step([[Trajectory.from_wire(t) for t in g] for g in msg["groups"]])
+                steps += 1
+            except (ValueError, RuntimeError) as e:  # rank 0 drops the same batch (Trainer._learn) and goes on
+                log.warning("rank %d: learner step failed (%s: %s); batch dropped", learner.rank, type(e).__name__, e)
         elif op == "snapshot":
             learner.snapshot_state(msg["dtype"])
         elif op == "model_state":

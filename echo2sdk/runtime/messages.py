@@ -8,7 +8,8 @@ header (frames: `wire.py`).
 
 Coordinator <-> worker: Challenge, Hello, Refused, Welcome (carries WorkerConfig and BroadcastInfo),
 GetTasks, Tasks, Trajectories, Ack, Heartbeat, Snapshot, SnapshotPlan, Received, Installed,
-SnapshotRejected, Shutdown. Relay <-> fetcher: Challenge, Fetch, Refused, Unavailable, Wait, Chunk.
+SnapshotRejected, Shutdown, GetBase, BaseFiles (a worker without the model: runtime/bootstrap.py).
+Relay <-> fetcher: Challenge, Fetch, Refused, Unavailable, Wait, Chunk.
 
 Models are strict: no coercion ("3" is not an int, True is not a count, a str is not bytes; an int is
 taken where a float is due). They accept a list where they hold a tuple: msgpack decodes arrays to
@@ -23,15 +24,17 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from echo2sdk.core.broadcast.manifest import MAX_CHUNKS, MIN_CHUNK_BYTES
+from echo2sdk.core.failures import MAX_REASONS
 from echo2sdk.errors import ConfigError, ProtocolError
 from echo2sdk.runtime.wire import DEFAULT_MAX_PAYLOAD
 
 __all__ = [
     "WireMessage", "WorkerConfig", "Sampling", "BroadcastInfo", "WireTask", "WireManifest", "Repair",
     "Challenge", "Hello", "Refused", "Welcome", "GetTasks", "Tasks", "Trajectories", "Ack", "Heartbeat",
-    "Snapshot", "SnapshotPlan", "Received", "Installed", "SnapshotRejected", "Shutdown",
+    "Snapshot", "SnapshotPlan", "Received", "Installed", "SnapshotRejected", "Shutdown", "GetBase", "BaseFile",
+    "BaseFiles",
     "Fetch", "Unavailable", "Wait", "Chunk",
-    "parse", "to_header", "clip", "shown", "MAX_ID", "MAX_REASON",
+    "parse", "to_header", "clip", "shown", "MAX_ID", "MAX_REASON", "MAX_REASONS", "MAX_RELAY_KEYS",
 ]
 
 # -- bounds -----------------------------------------------------------------------------------------
@@ -43,8 +46,11 @@ MAX_TEXT = 1 << 20  # one chat message's content, a task's answer
 MAX_BATCH = 1024  # tasks per request, groups per push
 MAX_ENTRIES = 256  # keys of an options or info map, messages of one task
 MAX_PEERS = 4096  # nodes of an upstream list, and so repairs and rates of one fetch
+# MAX_REASONS (core.failures): distinct reasons of a counter a peer reports (adapter failures)
 MAX_INT = (1 << 63) - 1  # versions, counts, request ids
 MAX_SNAPSHOT_BYTES = 1 << 40  # a chunked snapshot
+MAX_BASE_FILES = 32  # files of a model's base (config, tokenizer, generation config)
+MAX_BASE_BYTES = 256 << 20  # their bytes together (one file: bootstrap.MAX_FILE_BYTES)
 
 T = TypeVar("T")
 
@@ -75,6 +81,9 @@ def _fingerprint(value: bytes) -> bytes:
 Fingerprint = Annotated[bytes, AfterValidator(_fingerprint)]  # SHA-256 of a TLS certificate; b"": plaintext
 # id, host, port, the relay's certificate fingerprint (pinned by the fetcher)
 Hop = Annotated[tuple[Id, Annotated[str, Field(max_length=255)], Port, Fingerprint], BeforeValidator(_as_tuple)]
+# (version, K_relay(version)): the root of relay handshakes for that snapshot (runtime/worker_keys.py)
+MAX_RELAY_KEYS = 65  # relay keys of one welcome or plan: a version's and its next kappa <= 64 versions'
+RelayKeys = Annotated[Seq[Annotated[tuple[Count, Bytes32], BeforeValidator(_as_tuple)]], Field(max_length=MAX_RELAY_KEYS)]
 
 
 class _Model(BaseModel):
@@ -94,6 +103,8 @@ class Sampling(_Model):
     max_new_tokens: int = Field(128, ge=1, le=1 << 20)
     temperature: float = Field(1.0, ge=0.0, le=1000.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, le=1 << 24, description="0: off")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="0: off")
     seed: Count | None = None
 
 
@@ -111,6 +122,7 @@ class WorkerConfig(_Model):
     tasks_per_request: int = Field(2, ge=1, le=MAX_BATCH, description="prompts per get_tasks")
     sampling: Sampling = Field(default_factory=Sampling)
     max_len: int | None = Field(None, ge=1, le=1 << 24, description="the learner's prompt + response limit")
+    max_prompt_length: int | None = Field(None, ge=1, le=1 << 24, description="longer prompts keep their last tokens")
     heartbeat_s: float = Field(1.0, gt=0.0, le=3600.0, description="how often the worker reports")
     staleness: int | None = Field(None, ge=0, le=1 << 20, description="S of the learner's buffer")
 
@@ -129,6 +141,7 @@ class BroadcastInfo(_Model):
 
     public_key: Bytes32
     stall_timeout_s: float | None = Field(None, gt=0.0, le=3600.0)
+    relay_keys: RelayKeys = ()  # the relay keys of the newest published version and of the next publication
 
 
 class WireTask(_Model):
@@ -226,6 +239,10 @@ class Heartbeat(WireMessage):
     version: Count
     rollouts: Count = 0
     rollouts_per_s: NonNeg = 0.0
+    # the worker's adapter failures so far (score raised, NaN, not a number), by reason, and the groups it
+    # dropped for them: totals, so a lost heartbeat loses nothing
+    failures: Annotated[dict[Id, Count], Field(max_length=MAX_REASONS)] = Field(default_factory=dict)
+    groups_dropped: Count = 0
 
 
 class Snapshot(WireMessage):
@@ -243,6 +260,7 @@ class SnapshotPlan(WireMessage):
     type: Literal["snapshot_plan"] = "snapshot_plan"
     manifest: WireManifest
     upstream: Annotated[Seq[Hop], Field(min_length=1, max_length=MAX_PEERS)]  # (node, host, port, fingerprint)
+    relay_keys: RelayKeys = ()  # this version's relay key and the next publication's
 
 
 class Received(WireMessage):
@@ -272,6 +290,29 @@ class SnapshotRejected(WireMessage):
 
 class Shutdown(WireMessage):
     type: Literal["shutdown"] = "shutdown"
+
+
+class GetBase(WireMessage):
+    """A worker without the model asks for its non-weight files; the weights follow as a snapshot."""
+
+    type: Literal["get_base"] = "get_base"
+
+
+class BaseFile(_Model):
+    """One file of a BaseFiles payload; the worker checks the name against its allow-list (bootstrap.py)."""
+
+    name: Name
+    nbytes: int = Field(ge=0, le=MAX_BASE_BYTES)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class BaseFiles(WireMessage):
+    """The model's non-weight files; the payload is their bytes, one after the other in `files` order.
+    No files and a `reason`: this coordinator serves no base."""
+
+    type: Literal["base_files"] = "base_files"
+    files: Annotated[Seq[BaseFile], Field(max_length=MAX_BASE_FILES)] = ()
+    reason: Reason = ""
 
 
 # -- relay <-> fetcher ----------------------------------------------------------------------------------

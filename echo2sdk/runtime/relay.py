@@ -21,7 +21,9 @@ Bandwidth: optional sender-side token buckets - ``uplink_bps`` shared by all of 
 not available; real deployments leave both off.
 
 Trust (docs/security.md): a relay port speaks TLS (its own self-signed certificate; plaintext only when
-asked), and a child proves the run token with a hello bound to that certificate (`session`); every later
+asked), and a child proves the run token - or the snapshot version's relay key K_relay(v), which the
+coordinator hands every worker in its (sealed) welcome and plans, so a node holding a worker credential and
+no token relays too - with a hello bound to that certificate (`session`); every later
 frame header is MACed, chunk bytes are checked against the signed manifest. The child pins the parent's
 certificate fingerprint the coordinator gave it in the (sealed) snapshot plan. Before authentication a
 connection gets no thread: `gate.Gate` runs every handshake on one selector thread under one deadline;
@@ -60,7 +62,7 @@ from echo2sdk.runtime.messages import (
     to_header,
 )
 from echo2sdk.runtime.tls import Identity, check_pin, client_context, peer_fingerprint, server_context
-from echo2sdk.runtime.wire import encode_frame, open_frame, recv_frame, send_frame
+from echo2sdk.runtime.wire import encode_frame, recv_frame, send_frame
 
 __all__ = ["TokenBucket", "Assembly", "RelayNode", "FetchReport", "Upstream"]
 
@@ -73,6 +75,7 @@ MAX_SPARES = 1  # evicted snapshot buffers kept for reuse by the next version
 HANDSHAKE_S = 10.0  # one deadline for a child's whole handshake (TLS, challenge, fetch)
 WRITE_SLICE = 4 << 20  # unpaced sends go out in slices of this size, each under the write deadline
 MAX_STREAMS = 512  # children served at a time (threads); more get `unavailable` and repair elsewhere
+KEEP_RELAY_KEYS = 8  # relay keys (newest versions) a node keeps
 
 
 class TokenBucket:
@@ -210,7 +213,7 @@ class RelayNode:
 
     def __init__(
         self,
-        token: str,
+        token: str | None,
         *,
         node_id: str = SOURCE,
         host: str = "127.0.0.1",
@@ -224,10 +227,13 @@ class RelayNode:
         handshake_s: float = HANDSHAKE_S,
         max_streams: int = MAX_STREAMS,
     ):
-        """`tls`: True (a certificate made for this node), an `Identity`, or False (plaintext, opt-in).
+        """`token`: the run token, or None on a node that knows only the relay keys `add_relay_keys` gives it.
+        `tls`: True (a certificate made for this node), an `Identity`, or False (plaintext, opt-in).
         `admission`: caps and the failed-login rate limit of this port (default `Admission()`)."""
         self.token, self.node_id = token, node_id
-        session.token_key(token)  # derive it now, not in the gate thread on the first hello
+        if token is not None:
+            session.token_key(token)  # derive it now, not in the gate thread on the first hello
+        self._relay_keys: dict[int, bytes] = {}  # version -> K_relay(version), from the coordinator
         self.uplink = TokenBucket(uplink_bps) if uplink_bps else None
         self.per_peer_bps = per_peer_bps
         self.stall_timeout_s, self.keep_versions = stall_timeout_s, keep_versions
@@ -241,6 +247,7 @@ class RelayNode:
         self.max_streams, self.streams = max_streams, 0
         self.served_chunks = 0
         self.refused = 0
+        self.fetches = 0  # fetches that authenticated (served, or answered `unavailable`); refused: the others
         self.admission = admission or Admission()
         sock = socket.create_server((host, port), backlog=128)
         self.host, self.port = sock.getsockname()[:2]
@@ -332,10 +339,12 @@ class RelayNode:
     def _accept(self, nonce: bytes, prefix: bytes, body: bytes, conn: socket.socket, ticket: Ticket) -> None:
         """Gate thread: verify a child's fetch (sealed with the hello key bound to our certificate), then serve
         it on a thread of its own; raises ProtocolError (AuthError: wrong token) to have it refused."""
-        header, raw = open_frame(prefix, body, session.hello_key(self.token, session.RELAY, nonce, self.fingerprint))
+        header, raw, root = session.open_hello(prefix, body, self._fetch_roots, session.RELAY, nonce,
+                                               self.fingerprint)
         req = parse(header, (Fetch,))
-        keys = session.derive(self.token, session.RELAY, nonce, req.nonce, self.fingerprint, raw, server=True)
+        keys = session.derive(root, session.RELAY, nonce, req.nonce, self.fingerprint, raw, server=True)
         self.admission.authenticated(ticket)
+        self.fetches += 1
         with self._lock:
             busy = self.streams >= self.max_streams or self._closed
             if not busy:
@@ -347,6 +356,26 @@ class RelayNode:
         self._conns.add(conn)
         threading.Thread(target=self._serve, args=(conn, req, keys, ticket), daemon=True,
                          name=f"echo2-relay-{self.node_id}-stream").start()
+
+    # -- relay keys ---------------------------------------------------------------------------------------
+    def add_relay_keys(self, keys: Sequence[tuple[int, bytes]]) -> None:
+        """Take (version, K_relay(version)) pairs from the coordinator; the newest KEEP_RELAY_KEYS are kept."""
+        self._relay_keys.update(keys)
+        for v in sorted(self._relay_keys)[:-KEEP_RELAY_KEYS]:
+            self._relay_keys.pop(v, None)
+
+    def _fetch_roots(self, header: dict[str, Any]) -> list[bytes]:
+        """The root keys a child's fetch may be sealed with: the token's (on a node that has it), then the relay
+        key of the version the fetch names (given, or derived from the token). None left: it is refused."""
+        roots, version = [], header.get("version")
+        if self.token is not None:
+            roots.append(session.token_key(self.token))
+        if type(version) is int and version >= 0:
+            key = self._relay_keys.get(version)
+            if key is None and self.token is not None:
+                key = session.relay_key(roots[0], version)
+            roots += [key] if key is not None else []
+        return roots
 
     def _refuse(self, e: Exception, ip: str) -> bytes:
         self.refused += 1
@@ -523,12 +552,14 @@ class RelayNode:
     def _hello(self, sock: socket.socket, up: Upstream, version: int, start: int) -> session.Session:
         """Answer the parent's challenge with a sealed fetch; the session keys (the parent proves the token with
         its first sealed frame)."""
+        root: str | bytes | None = self._relay_keys.get(version, self.token)  # the version's relay key first
+        if root is None:
+            raise AuthError(f"no relay key for version {version}")
         challenge = parse(recv_frame(sock, 0)[0], (Challenge,))
         fetch = Fetch(node_id=self.node_id, nonce=session.new_nonce(), version=version, start=start)
         header = to_header(fetch)
-        sock.sendall(encode_frame(header, key=session.hello_key(self.token, session.RELAY, challenge.nonce,
-                                                                up.fingerprint)))
-        return session.derive(self.token, session.RELAY, challenge.nonce, fetch.nonce, up.fingerprint, pack(header),
+        sock.sendall(encode_frame(header, key=session.hello_key(root, session.RELAY, challenge.nonce, up.fingerprint)))
+        return session.derive(root, session.RELAY, challenge.nonce, fetch.nonce, up.fingerprint, pack(header),
                               server=False)
 
     def close(self) -> None:

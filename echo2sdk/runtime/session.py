@@ -15,7 +15,11 @@ run token; neither ever sends it. The handshake, for a server S and a client C (
 `fp` is the SHA-256 of the server's TLS certificate as the client saw it (empty without TLS), so a man in
 the middle who terminates TLS with a certificate of its own computes other keys than the server and is
 refused: the MAC is bound to this connection. `purpose` ("control" or "relay") keeps the coordinator's
-and the relays' handshakes apart. A valid hello proves the client knows the token; the server's first
+and the relays' handshakes apart. Where the token is written above, any *root key* may stand instead (a
+`bytes` secret): a worker credential's key K_worker(NAME) = HMAC(K_token, "echo2-worker" | NAME), or a
+snapshot version's relay key K_relay(v) = HMAC(K_token, "echo2-relay" | v) (runtime/worker_keys.py). A
+server that takes several roots tries K_token, then the one the hello names (`open_hello`: a bounded
+decode before the MAC is checked). A valid hello proves the client knows the token; the server's first
 sealed frame proves the server does (it needs K_token and the client's fresh nonce). After that every
 frame in each direction carries HMAC-SHA256(K_dir, seq | frame prefix | header), seq counting frames
 from 0 per direction: a replayed, reordered, reflected, dropped or spliced frame fails its MAC. Bulk
@@ -29,18 +33,31 @@ import asyncio
 import hashlib
 import hmac
 import os
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
 from echo2sdk.core.records import pack
-from echo2sdk.errors import ProtocolError
+from echo2sdk.errors import AuthError, ProtocolError
 from echo2sdk.runtime.messages import Challenge, parse, shown, to_header
 from echo2sdk.runtime.tls import check_pin, peer_fingerprint
-from echo2sdk.runtime.wire import Frame, encode_frame, read_frame, read_frame_raw, write_frame
+from echo2sdk.runtime.wire import (
+    PREAUTH_MAX_HEADER,
+    PREFIX_BYTES,
+    SEALED,
+    TAG_BYTES,
+    Frame,
+    check_prefix,
+    decode_header,
+    encode_frame,
+    read_frame,
+    read_frame_raw,
+    write_frame,
+)
 
 __all__ = [
-    "FrameKey", "Session", "token_key", "hello_key", "derive", "new_nonce", "client_handshake", "server_hello",
-    "CONTROL", "RELAY",
+    "FrameKey", "Session", "token_key", "root_key", "worker_key", "relay_key", "hello_key", "derive", "new_nonce",
+    "client_handshake", "server_hello", "server_hello_roots", "open_hello", "CONTROL", "RELAY",
 ]
 
 CONTROL = b"control"  # coordinator <-> worker
@@ -64,6 +81,22 @@ def _kdf(key: bytes, *parts: bytes) -> bytes:
     """HMAC-SHA256 over length-prefixed parts (no two part lists give the same message)."""
     msg = b"".join(len(p).to_bytes(4, "big") + p for p in parts)
     return hmac.digest(key, msg, "sha256")
+
+
+def root_key(secret: str | bytes) -> bytes:
+    """The key a handshake derives from: K_token for the run token (a str), a root key itself (bytes)."""
+    return secret if isinstance(secret, bytes) else token_key(secret)
+
+
+def worker_key(root: bytes, name: str) -> bytes:
+    """K_worker(NAME) = HMAC(K_token, "echo2-worker" | NAME): worker NAME's credential key. Fast (HMAC):
+    the coordinator derives it for every credential hello; the name is bound in, so A's key is not B's."""
+    return _kdf(root, b"echo2-worker", name.encode())
+
+
+def relay_key(root: bytes, version: int) -> bytes:
+    """K_relay(v) = HMAC(K_token, "echo2-relay" | v): the root of relay handshakes for snapshot `version`."""
+    return _kdf(root, b"echo2-relay", version.to_bytes(8, "big"))
 
 
 class FrameKey:
@@ -99,13 +132,13 @@ class Session:
         self.send, self.recv = send, recv
 
 
-def hello_key(token: str, purpose: bytes, server_nonce: bytes, fingerprint: bytes) -> FrameKey:
-    """The key of the client's one hello frame (Hello, Fetch)."""
-    return FrameKey(_kdf(token_key(token), b"hello", purpose, server_nonce, fingerprint))
+def hello_key(token: str | bytes, purpose: bytes, server_nonce: bytes, fingerprint: bytes) -> FrameKey:
+    """The key of the client's one hello frame (Hello, Fetch); `token`: the run token or a root key."""
+    return FrameKey(_kdf(root_key(token), b"hello", purpose, server_nonce, fingerprint))
 
 
 def derive(
-    token: str,
+    token: str | bytes,
     purpose: bytes,
     server_nonce: bytes,
     client_nonce: bytes,
@@ -115,7 +148,7 @@ def derive(
     server: bool,
 ) -> Session:
     """The session keys after a hello whose header bytes were `hello_header`; `server` picks our side."""
-    k = _kdf(token_key(token), b"session", purpose, server_nonce, client_nonce, fingerprint,
+    k = _kdf(root_key(token), b"session", purpose, server_nonce, client_nonce, fingerprint,
              hashlib.sha256(hello_header).digest())
     s2c, c2s = FrameKey(_kdf(k, b"s2c")), FrameKey(_kdf(k, b"c2s"))
     return Session(send=s2c, recv=c2s) if server else Session(send=c2s, recv=s2c)
@@ -124,7 +157,7 @@ def derive(
 async def client_handshake(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    token: str,
+    token: str | bytes,
     hello: dict[str, Any],
     *,
     purpose: bytes = CONTROL,
@@ -162,3 +195,45 @@ async def server_hello(
     if not frame.sealed:
         raise ProtocolError(f"unsealed {shown(frame.header['type'], 40)} frame in place of a hello")
     return nonce, frame
+
+
+async def server_hello_roots(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    roots: Callable[[dict[str, Any]], Sequence[bytes]],
+    *,
+    fingerprint: bytes,
+    purpose: bytes = CONTROL,
+) -> tuple[bytes, dict[str, Any], bytes, bytes]:
+    """`server_hello` for a server that takes several root keys (`open_hello`). Returns (our nonce, the hello's
+    header, its raw bytes, the root key it is sealed with): parse it, then `derive(root, ..., raw, server=True)`."""
+    nonce = new_nonce()
+    await write_frame(writer, to_header(Challenge(nonce=nonce)))
+    prefix = await reader.readexactly(PREFIX_BYTES)
+    sealed, hlen, _ = check_prefix(prefix, keyed=True, max_header=PREAUTH_MAX_HEADER, max_payload=0)
+    body = await reader.readexactly(hlen + (TAG_BYTES if sealed else 0))
+    return (nonce, *open_hello(prefix, body, roots, purpose, nonce, fingerprint))
+
+
+def open_hello(
+    prefix: bytes,
+    body: bytes,
+    roots: Callable[[dict[str, Any]], Sequence[bytes]],
+    purpose: bytes,
+    server_nonce: bytes,
+    fingerprint: bytes,
+) -> tuple[dict[str, Any], bytes, bytes]:
+    """(header, its raw bytes, the root key that verified) of a hello frame (`body`: tag + header) sealed with
+    the hello key of one of the root keys `roots(header)` lists, tried in order (K_token first, then the key
+    the header names: a worker credential's by its worker id, a relay key by the fetch's version). The header
+    is decoded *before* its MAC is checked - it is at most PREAUTH_MAX_HEADER bytes, decoded under msgpack
+    limits - and `roots` must be cheap (HMACs, no KDF). AuthError when no root verifies; ProtocolError on an
+    unsealed hello."""
+    if bytes(prefix[:4]) != SEALED:
+        raise ProtocolError("unsealed frame in place of a hello")
+    tag, raw = bytes(body[:TAG_BYTES]), bytes(body[TAG_BYTES:])
+    header = decode_header(raw)
+    for root in roots(header):
+        if hello_key(root, purpose, server_nonce, fingerprint).check(bytes(prefix) + raw, tag):
+            return header, raw, root
+    raise AuthError("hello MAC does not verify (wrong key, or an interceptor in between)")

@@ -35,10 +35,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from echo2sdk.config import Config
-from echo2sdk.core import capacity
+from echo2sdk.core import capacity, lr_schedule
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime import checkpoint, distributed
+from echo2sdk.runtime.bootstrap import ModelFolder
 from echo2sdk.runtime.coordinator import Coordinator
+from echo2sdk.runtime.credentials import check_token, given_token
+from echo2sdk.runtime.worker_keys import Revocations
 from echo2sdk.runtime.delivery import DirectPush
 from echo2sdk.runtime.plugin_policy import allowances
 from echo2sdk.runtime.sinks import Sinks, load_sinks, redact, sample_rows
@@ -53,6 +56,8 @@ __all__ = ["Trainer"]
 
 log = logging.getLogger("echo2sdk.trainer")
 
+MAX_DROPS_IN_A_ROW = 8  # batches the learner step fails on in a row before the run ends (a bug, not data)
+
 
 # -- builders: Config -> flat arguments ----------------------------------------------------------------
 def learner_args(cfg: Config) -> dict[str, Any]:
@@ -61,8 +66,16 @@ def learner_args(cfg: Config) -> dict[str, Any]:
     return dict(
         lr=L.lr,
         beta=L.beta,
-        clip_eps=L.clip_eps,
+        epsilon=L.epsilon,
+        epsilon_high=L.epsilon_high,
         is_cap=L.is_cap,
+        loss_type=L.loss_type,
+        scale_rewards=L.advantages_scaled,
+        max_completion_length=cfg.rollout.max_new_tokens,
+        updates_per_step=L.updates_per_step,
+        lr_scheduler=L.lr_scheduler,
+        warmup_steps=lr_schedule.warmup_steps(L.steps, L.warmup_steps, L.warmup_ratio),
+        total_steps=L.steps,
         adv_eps=L.adv_eps,
         grad_clip=L.grad_clip,
         micro_batch=L.micro_batch,
@@ -77,8 +90,12 @@ def learner_args(cfg: Config) -> dict[str, Any]:
 
 
 def buffer_args(cfg: Config) -> dict[str, Any]:
-    """Keyword arguments of `StalenessBuffer(**buffer_args(cfg))`: S, the group size n and the order."""
-    return dict(staleness=cfg.learner.staleness, group_size=cfg.rollout.group_size, order=cfg.learner.order)
+    """Keyword arguments of `StalenessBuffer(**buffer_args(cfg))`: S, the group size n, the order, the
+    intake's reward bound and dynamic sampling (zero-variance groups filtered; the fallback after patience x k)."""
+    L = cfg.learner
+    k = L.trajectories_per_step // cfg.rollout.group_size  # groups per step
+    return dict(staleness=L.staleness, group_size=cfg.rollout.group_size, order=L.order, reward_bound=L.reward_bound,
+                filter_zero_variance=L.filter_zero_variance, fallback_after=L.filter_patience * k)
 
 
 def worker_config(cfg: Config, model_path: str) -> dict[str, Any]:
@@ -93,7 +110,9 @@ def worker_config(cfg: Config, model_path: str) -> dict[str, Any]:
         "backend_options": ro.backend_options,
         "group_size": ro.group_size,
         "tasks_per_request": ro.tasks_per_request,
-        "sampling": {"max_new_tokens": ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p},
+        "sampling": {"max_new_tokens": ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p,
+                     "top_k": ro.top_k, "min_p": ro.min_p},
+        "max_prompt_length": ro.max_prompt_length,
         "max_len": cfg.learner.max_len,
     }
 
@@ -110,13 +129,18 @@ def coordinator_args(cfg: Config, token: str, signing_key: Any = None) -> dict[s
         heartbeat_s=run.heartbeat_s,
         worker_timeout_s=run.worker_timeout_s,
         delivery=_delivery(cfg, token, signing_key),
+        revoked=Revocations(run.revoked_workers, run.revoked_file),
     )
 
 
-def worker_command(host: str, port: int, worker_id: str, nice: int, allow: Sequence[str] = ()) -> list[str]:
+def worker_command(
+    host: str, port: int, worker_id: str, nice: int, allow: Sequence[str] = (), plaintext: bool = False
+) -> list[str]:
     """The command line of one local rollout worker (the token travels in its environment: ps shows argv).
-    `allow`: the "pkg.mod:Attr" plug-ins the run's own config names (workers import no other unregistered name)."""
+    `allow`: the "pkg.mod:Attr" plug-ins the run's own config names (workers import no other unregistered name);
+    `plaintext`: the coordinator runs without TLS (run.tls = false)."""
     cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{port}", "--id", worker_id]
+    cmd += ["--plaintext"] if plaintext else []
     for ref in allow:
         cmd += ["--allow-plugin", ref]
     return cmd + ["--nice", str(nice)]
@@ -146,6 +170,11 @@ def metrics_row(
     evicted: int,
     workers_alive: int,
     broadcast_repairs: int,
+    workers_quarantined: int = 0,
+    sampler_gap: dict[str, float] | None = None,
+    batches_dropped: int = 0,
+    groups_filtered: int = 0,
+    groups_filtered_frac: float = 0.0,
 ) -> dict[str, Any]:
     """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
     (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
@@ -172,17 +201,23 @@ def metrics_row(
         "tokens": st.tokens,
         "rejected": rejected,
         "evicted": evicted,
+        "groups_filtered": groups_filtered,  # so far: zero-variance groups not trained on (dynamic sampling)
+        "groups_filtered_frac": groups_filtered_frac,  # of the groups completed so far
         "loss": st.loss,
         "kl": st.kl,
         "clip_frac": st.clip_frac,
         "is_weight_mean": st.is_weight_mean,
         "is_truncated_frac": st.is_truncated_frac,
         "grad_norm": st.grad_norm,
+        "lr": st.lr,
         "task": _extra_means(records),
         "workers_alive": workers_alive,
         "t_bcast_s": t_q,
         "t_bcast_all_s": t_all,
         "broadcast_repairs": broadcast_repairs,
+        "sampler_gap": sampler_gap or {},  # the worker audit's statistic per worker (core/audit.py)
+        "workers_quarantined": workers_quarantined,
+        "batches_dropped": batches_dropped,  # so far: batches the learner step raised on (Trainer._learn)
     }
 
 
@@ -246,9 +281,15 @@ class Trainer:
         self._stop_signal: int | None = None
         self._signing_key: Any = None
         self._drawn_token = False
+        # run.token, run.token_file or $ECHO2_TOKEN, checked now (>= 128 bits), before anything is loaded
+        self._given_token = _given_token(cfg) if self.topo.leader else None
         self._tasks: _Counted | None = None
         self._rows_at_setup = 0  # rows restored by a resume (calibrate runs before this process trains)
         self.sinks: Sinks | None = None  # run.log_to, opened in setup (rank 0)
+        self.audit: Any = None  # the worker audit (core/audit.py), made at the first step when learner.lie_threshold > 0
+        self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
+        self.batches_dropped = 0  # batches the learner step raised on (dropped, training went on)
+        self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
         self._held = contextlib.ExitStack()  # process-wide settings undone by close()
         self._ready = self._stopped_followers = False
 
@@ -274,6 +315,7 @@ class Trainer:
         self.ops = distributed.Lockstep(self.learner, self.topo.world)
         if ckpt is not None:
             self.learner.load_optimizer_state(ckpt.optimizer())
+            self.learner.load_schedule_state(ckpt.state.get("lr_schedule") or {"steps_done": ckpt.step})
             ckpt.restore_rng()
             self.step = ckpt.step
         if self.topo.leader:
@@ -292,7 +334,7 @@ class Trainer:
         adapter = self._adapter or load_adapter(cfg.task.adapter, cfg.task.options)
         self.buffer = StalenessBuffer(**buffer_args(cfg))
         kept = ckpt.secrets() if ckpt is not None else {}
-        given = cfg.run.token or os.environ.get("ECHO2_TOKEN")
+        given = self._given_token
         token = given or kept.get("token", b"").decode() or secrets.token_urlsafe(24)
         self._drawn_token = not given
         if cfg.broadcast.topology != "direct":
@@ -303,9 +345,10 @@ class Trainer:
             buffer=self.buffer,
             tasks=self._tasks,
             worker_config=worker_config(cfg, self.model_path),
+            base=ModelFolder(self.model_path, L.snapshot_dtype),  # for workers started with --bootstrap
             vocab_size=self.learner.vocab_size,
             **coordinator_args(cfg, token, self._signing_key),
-            **_kept_identity(kept),
+            **_coordinator_tls(cfg, kept),
         )
         host, port = self.coordinator.start()
         log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d); learner %s (precision=%s) on %d rank(s)", host, port,
@@ -313,7 +356,20 @@ class Trainer:
                  L.precision, self.topo.world)
         if ckpt is not None:
             self._resume_publication(ckpt)
+        self._start_status()
         self._start_local_workers(host, port, append=ckpt is not None)
+
+    def _start_status(self) -> None:
+        """With run.status_port: the live status page, its URL and token printed on the console (not logged)."""
+        run = self.cfg.run
+        if run.status_port is None:
+            return
+        from echo2sdk.runtime.status import StatusServer, status_snapshot
+
+        self.status = StatusServer(lambda: status_snapshot(self), host=run.status_host, port=run.status_port)
+        url = self.status.start()
+        log.info("status page on %s (its token was printed on the console)", url)
+        print(f"echo2: status page {url}?token={self.status.token}", file=sys.stderr, flush=True)
 
     def _checkpoint_to_resume(self) -> checkpoint.Checkpoint | None:
         """The checkpoint `resume` names; None for a fresh run. A fresh run refuses a folder whose newest
@@ -376,7 +432,8 @@ class Trainer:
                 (logs / f"local-{i}.log").write_text("")
             # O_APPEND: a worker orphaned by a killed learner may still write here while its successor does
             with open(logs / f"local-{i}.log", "a") as fh:
-                cmd = worker_command(host, port, f"local-{i}", ro.nice, allowances(self.coordinator.worker_config))
+                cmd = worker_command(host, port, f"local-{i}", ro.nice, allowances(self.coordinator.worker_config),
+                                     plaintext=not self.cfg.run.tls)
                 self.procs.append(subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT))
 
     # -- run ---------------------------------------------------------------------------------------
@@ -429,12 +486,10 @@ class Trainer:
         """One update: wait for k = R/n admissible groups, step the learner, advance v_t, publish every
         kappa updates. Returns the step's metrics row."""
         k = self._groups_per_step()
-        t_wait = self._wait_for_groups(k)
-        t0 = time.perf_counter()
-        groups = self.last_batch = self.buffer.sample(k)
+        t_wait, t0, groups, st = self._learn(k)
         records = [t for g in groups for t in g]
         deltas = [self.version - t.version for t in records]  # Delta = v_t - v, <= S by admission
-        st = self.ops.step(groups)
+        gaps = self._audit_batch(records, st.sampler_gap)
         self.version += 1
         self.buffer.set_version(self.version)
         t_pub = self._publish_if_due(publisher)
@@ -442,7 +497,46 @@ class Trainer:
         now = time.perf_counter()
         self._log_batch(step, records, deltas)
         return metrics_row(step, self.version, records, deltas, st, time_s=now - t_start, wall_s=now - t0 + t_wait,
-                           wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, **self._pool_counters())
+                           wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, sampler_gap=gaps, **self._pool_counters())
+
+    def _learn(self, k: int) -> tuple[float, float, list, StepStats]:
+        """Wait for k groups, sample them and step the learner on them. A batch the step raises on (ValueError
+        or RuntimeError from its data; NonFiniteUpdate: nothing was applied) is dropped, counted and logged with
+        the workers of its records, and the next k groups are waited for; MAX_DROPS_IN_A_ROW drops in a row end
+        the run. Returns (time waited, when the stepped batch was taken, the batch, the step's stats)."""
+        t_wait, drops = 0.0, 0
+        while True:
+            t_wait += self._wait_for_groups(k)
+            t0 = time.perf_counter()
+            groups = self.last_batch = self.buffer.sample(k)
+            try:
+                return t_wait, t0, groups, self.ops.step(groups)
+            except (ValueError, RuntimeError) as e:
+                drops += 1
+                self._drop_batch(groups, e)
+                if drops >= MAX_DROPS_IN_A_ROW:
+                    raise Echo2Error(f"the learner step failed on {drops} batches in a row; the last: {e}") from e
+
+    def _drop_batch(self, groups: list, error: Exception) -> None:
+        workers = collections.Counter(t.meta.worker for g in groups for t in g)
+        self.batches_dropped += 1
+        self.dropped_by_worker.update(workers)
+        log.warning("learner step at v%d failed (%s: %s): batch of %d records dropped (records by worker: %s)",
+                    self.version, type(error).__name__, error, sum(workers.values()), dict(workers))
+
+    def _audit_batch(self, records: list, gaps: list[float]) -> dict[str, float]:
+        """The worker audit (core/audit.py): each worker's sampler log-prob gap in this batch; a worker past
+        learner.lie_threshold in 2 consecutive steps is quarantined. Returns the gaps per worker."""
+        from echo2sdk.core.audit import SamplerAudit, worker_gaps
+
+        threshold = self.cfg.learner.lie_threshold
+        if not threshold:
+            return worker_gaps(records, gaps, self.version)
+        if self.audit is None:
+            self.audit = SamplerAudit(threshold)
+        for wid in self.audit.observe(records, gaps, self.version):
+            self.coordinator.quarantine(wid, self.audit.flagged[wid])
+        return self.audit.history[-1]
 
     def _log_batch(self, step: int, records: list, deltas: list[int]) -> None:
         """The batch's staleness histogram every step, a table of its completions every run.log_samples_every."""
@@ -474,12 +568,17 @@ class Trainer:
         self._published.append(self.version)
         return time.perf_counter() - t0
 
-    def _pool_counters(self) -> dict[str, int]:
+    def _pool_counters(self) -> dict[str, int | float]:
+        buf = self.buffer.stats()
         return {
             "rejected": sum(self.coordinator.rejected.values()),
-            "evicted": self.buffer.stats()["evicted"],
+            "evicted": buf["evicted"],
+            "groups_filtered": buf["filtered_groups"],
+            "groups_filtered_frac": round(buf["filtered_groups"] / max(buf["completed_groups"], 1), 4),
             "workers_alive": len(self.coordinator.alive_workers()),
-            "broadcast_repairs": len(self.coordinator.broadcast_repairs),
+            "broadcast_repairs": self.coordinator.repairs_reported,
+            "workers_quarantined": self.coordinator.quarantines,
+            "batches_dropped": self.batches_dropped,
         }
 
     def _record(self, row: dict[str, Any], bar: Any) -> None:
@@ -500,14 +599,19 @@ class Trainer:
             log.exception("publishing snapshot v%d failed; workers keep their current version", version)
 
     def _wait_for_groups(self, k: int) -> float:
-        """Block until k complete admissible groups are buffered; the time spent is learner_wait_s."""
+        """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
+        core/buffer.py); the time spent is learner_wait_s. Every 30 s of waiting while groups are being filtered
+        for zero reward variance, a warning says so."""
         t0 = time.perf_counter()
-        last_progress = t0
-        have = self.buffer.ready_groups()
+        last_progress = last_note = t0
+        have, filtered = self.buffer.ready_groups(), self.buffer.stats()["filtered_groups"]
         while not self.buffer.wait_for(k, timeout=1.0):
             if self._stop_signal is not None:
                 raise _Stopped()
             now = time.perf_counter()
+            if now - last_note >= 30.0:
+                last_note = now
+                self._note_filtered(k, now - t0, filtered)
             if self.buffer.ready_groups() != have:
                 have, last_progress = self.buffer.ready_groups(), now
             local_gone = bool(self.procs) and all(p.poll() is not None for p in self.procs)
@@ -519,9 +623,23 @@ class Trainer:
                 raise Echo2Error(
                     f"no admissible trajectories for {now - last_progress:.0f} s "
                     f"(learner.data_timeout_s={self.cfg.learner.data_timeout_s}); workers alive: {alive}; "
-                    f"exited local workers: {dead}; see {self.out / 'workers'}"
+                    f"exited local workers: {dead}; zero-variance groups filtered while waiting: "
+                    f"{self.buffer.stats()['filtered_groups'] - filtered}; see {self.out / 'workers'}"
                 )
+        if self.buffer.ready_groups() < k:
+            log.info("step fills its batch with %d zero-variance group(s): learner.filter_patience=%d x %d groups "
+                     "were filtered while it waited", k - self.buffer.ready_groups(), self.cfg.learner.filter_patience, k)
         return time.perf_counter() - t0
+
+    def _note_filtered(self, k: int, waited: float, filtered_before: int) -> None:
+        """The warning of a step kept waiting by dynamic sampling (nothing when no group was filtered)."""
+        stats = self.buffer.stats()
+        n = stats["filtered_groups"] - filtered_before
+        if n:
+            log.warning("waiting %.0f s for %d informative groups (%d ready): %d group(s) filtered meanwhile for zero "
+                        "reward variance (every member the same reward; groups_filtered=%d in all); "
+                        "learner.filter_patience=%d, learner.filter_zero_variance=false trains on them",
+                        waited, k, stats["ready_groups"], n, stats["filtered_groups"], self.cfg.learner.filter_patience)
 
     def _last_bcast(self) -> tuple[float | None, float | None]:
         """T_bcast (quantile, all workers) of the newest publication that has one."""
@@ -551,6 +669,7 @@ class Trainer:
             "metrics_bytes": self._metrics_bytes,
             "steps_planned": self.cfg.learner.steps,
             "world_size": self.topo.world,
+            "lr_schedule": self.learner.schedule_state(),
         }
         path = checkpoint.save(
             self.out / "checkpoints", self.step, keep=self.cfg.run.keep_checkpoints, optimizer=optimizer, state=state,
@@ -612,6 +731,9 @@ class Trainer:
             "last_checkpoint": self.last_checkpoint,
             "stopped": signal.Signals(self._stop_signal).name if self._stop_signal is not None else None,
             "learner_ranks": self.topo.world,
+            "quarantined": dict(self.coordinator.quarantined),  # worker id -> why (core/audit.py)
+            "batches_dropped": self.batches_dropped,  # the learner step raised on them; training went on
+            "batches_dropped_records_by_worker": dict(self.dropped_by_worker),
             "config": redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         }
 
@@ -667,17 +789,10 @@ class Trainer:
         return {w.worker_id: w.rollouts_per_s for w in self.coordinator.alive_workers() if w.rollouts_per_s > 0}
 
     def _time_offline_steps(self, groups: list, steps: int) -> list[float]:
-        """T_train samples: `steps` real updates at learning rate 0, the optimizer state restored after."""
-        import copy
-
-        opt = self.learner.opt
-        saved = copy.deepcopy(opt.state_dict())
-        for g in opt.param_groups:
-            g["lr"] = 0.0
-        try:
+        """T_train samples: `steps` real learner steps at learning rate 0, the optimizer state and the schedule
+        restored after (Learner.offline)."""
+        with self.learner.offline():
             return [self.learner.step(groups).t_train_s for _ in range(steps)]
-        finally:
-            opt.load_state_dict(saved)  # learning rates and moments as they were
 
     def _time_publication(self, timeout_s: float) -> float:
         """T_bcast: publish the unchanged policy as the next version and wait for its installation time."""
@@ -793,6 +908,9 @@ class Trainer:
 
     def close(self) -> None:
         self._stop_scheduler()
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
         if self.sinks is not None:
             sinks, self.sinks = self.sinks, None
             sinks.close()
@@ -817,6 +935,12 @@ class Trainer:
             distributed.shutdown()
 
 
+def _given_token(cfg: Config) -> str | None:
+    """The token the user gave the run (run.token, run.token_file, $ECHO2_TOKEN), at least 128 bits; None: none."""
+    given = given_token(cfg.run.token, cfg.run.token_file)
+    return check_token(*given) if given else None
+
+
 def _delivery(cfg: Config, token: str, signing_key: Any = None):
     """The snapshot delivery the config asks for (paper §4.2)."""
     b = cfg.broadcast
@@ -835,6 +959,8 @@ def _delivery(cfg: Config, token: str, signing_key: Any = None):
         uplink_bps=uplink,
         stall_timeout_s=b.stall_timeout_s,
         signer=Signer(signing_key) if signing_key is not None else None,
+        tls=cfg.run.tls,  # the learner's relay port: TLS, or plaintext with run.tls = false
+        relay_key_lookahead=cfg.kappa,  # the next publication's relay key goes out with each plan
     )
 
 
@@ -943,13 +1069,17 @@ def _signals(on_signal: Any) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _kept_identity(kept: dict[str, bytes]) -> dict[str, Any]:
-    """The Coordinator's `tls` argument when a checkpoint kept the run's certificate (workers that pinned it
-    re-join the resumed run); empty otherwise."""
-    if "tls-key.pem" not in kept or "tls-cert.pem" not in kept:
-        return {}
+def _coordinator_tls(cfg: Config, kept: dict[str, bytes]) -> dict[str, Any]:
+    """The Coordinator's `tls` argument: False with run.tls = false; the certificate of run.tls_dir; else the one
+    a checkpoint kept (workers that pinned it re-join the resumed run); empty: one made for this run."""
     from echo2sdk.runtime.tls import Identity
 
+    if not cfg.run.tls:
+        return {"tls": False}
+    if cfg.run.tls_dir:
+        return {"tls": Identity.load(cfg.run.tls_dir)}
+    if "tls-key.pem" not in kept or "tls-cert.pem" not in kept:
+        return {}
     return {"tls": Identity(kept["tls-cert.pem"], kept["tls-key.pem"])}
 
 

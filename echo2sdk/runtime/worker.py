@@ -8,8 +8,9 @@ Start one by hand with  `echo2 worker --connect HOST:PORT --token T`.
 
 Trust (docs/security.md): the worker authenticates the coordinator as much as the other way round (the
 token handshake of `session`, bound to the TLS certificate it sees), learns the snapshot-signing key and
-its parents' certificate fingerprints only from sealed frames, and loads only plug-ins registered on this
-machine or allowed by its operator (`plugin_policy`), whatever a welcome names.
+its parents' certificate fingerprints and the relay keys of the versions it is handed only from sealed
+frames, and loads only plug-ins registered on this machine or allowed by its operator (`plugin_policy`),
+whatever a welcome names. A per-worker credential (runtime/worker_keys.py) stands in for the token.
 """
 
 from __future__ import annotations
@@ -23,20 +24,24 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
 from echo2sdk.core.contracts import InferenceBackend, SamplingParams, Task, TaskAdapter, is_episodic
 from echo2sdk.core.episodes import EpisodeStats, play_episodes
-from echo2sdk.core.records import Message, Meta, Trajectory
+from echo2sdk.core.failures import Failures, as_reward, failure_reason
+from echo2sdk.core.records import Message, Meta, Trajectory, sampler_logprob
 from echo2sdk.errors import AdapterError, AuthError, BackendError, ConfigError, NameNotFound, ProtocolError
 from echo2sdk.runtime import session
+from echo2sdk.runtime.bootstrap import write_base
 from echo2sdk.runtime.delivery import snapshot_frame_ok
 from echo2sdk.runtime.messages import (
     MAX_ID,
     Ack,
+    BaseFiles,
+    GetBase,
     GetTasks,
     Heartbeat,
     Hello,
@@ -60,6 +65,7 @@ from echo2sdk.runtime.messages import (
 )
 from echo2sdk.runtime.plugin_policy import check_plugins
 from echo2sdk.runtime.relay import Assembly, RelayNode, Upstream
+from echo2sdk.runtime.worker_keys import Credential
 from echo2sdk.runtime.tls import client_context
 from echo2sdk.runtime.wire import DEFAULT_MAX_PAYLOAD, MAX_HEADER, encode_frame, read_frame
 
@@ -68,7 +74,9 @@ __all__ = ["RolloutWorker", "run_worker", "parse_address"]
 log = logging.getLogger("echo2sdk.worker")
 
 STALE_WAIT_S = 60.0  # the longest a worker waits for a snapshot it knows of before generating under its own
-FROM_COORDINATOR = (Tasks, Ack, Snapshot, SnapshotPlan, Shutdown)
+LOGGED_FAILURES = 3  # adapter failures logged one by one per reason; the rest are counted only
+FROM_COORDINATOR = (Tasks, Ack, Snapshot, SnapshotPlan, Shutdown, BaseFiles)
+BOOTSTRAP_WAIT_S = 600.0  # the longest a bootstrapping worker waits for the base files, then for the weights
 R = TypeVar("R", Tasks, Ack)
 
 
@@ -83,8 +91,9 @@ class RolloutWorker:
     def __init__(
         self,
         connect: str,
-        token: str,
+        token: str | None,
         *,
+        credential: Credential | None = None,
         worker_id: str | None = None,
         price_per_hour: float = 0.0,
         max_batches: int | None = None,
@@ -98,17 +107,33 @@ class RolloutWorker:
         coordinator_fingerprint: bytes | None = None,
         relay_tls: bool | None = None,
         model: str | None = None,
+        bootstrap: bool = False,
+        cache_dir: str | None = None,
     ):
-        """`allow_plugins`: "pkg.mod:Attr" references this worker may import when a welcome names them (besides
+        """`token`: the run token; None with a `credential` (`echo2 keys worker NAME`), which logs in as worker
+        NAME without the token. `allow_plugins`: "pkg.mod:Attr" references this worker may import when a welcome names them (besides
         the plug-ins registered here). `tls`: False only against a coordinator started with TLS off.
         `coordinator_fingerprint`: the SHA-256 of the coordinator's certificate, pinned (`echo2 keys`).
         `relay_tls`: whether this worker's relay port speaks TLS (default: as `tls`); chunks stay verified and
         frame headers MACed without it, only the weights travel in clear.
         `model`: the model folder, built-in name or hub id to serve, instead of what the coordinator names
-        (the learner's path, or its model name, which this machine may not have)."""
+        (the learner's path, or its model name, which this machine may not have).
+        `bootstrap`: this machine has no model: take its files and weights from the coordinator
+        (runtime/bootstrap.py) into a folder under `cache_dir` (default: weights.default_cache_dir())."""
         self.host, self.port = parse_address(connect)
-        self.token = token
+        self.token, self.credential = token, credential
+        if (token is None) == (credential is None):
+            raise ConfigError("give a worker either the run token or a worker credential (one of the two)")
+        if credential is not None:
+            if worker_id not in (None, credential.name):
+                raise ConfigError(f"worker id {worker_id!r}: a credential logs in as its own name {credential.name!r}")
+            worker_id = credential.name
         self.model = model
+        if bootstrap and (model or relay_only):
+            raise ConfigError("--bootstrap takes the model from the coordinator: give neither --model nor --relay-only")
+        self.bootstrap, self.cache_dir = bootstrap, cache_dir
+        self._base: tuple[BaseFiles, bytes] | None = None  # the base files, as the coordinator sent them
+        self.base_refused: dict[str, int] = {}  # base files refused (not written), by reason
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         if len(self.worker_id) > MAX_ID:
             raise ConfigError(f"worker id {self.worker_id!r} is longer than {MAX_ID} characters")
@@ -136,7 +161,14 @@ class RolloutWorker:
         self.backend: InferenceBackend | None = None
         self.adapter: TaskAdapter | None = None
         self.max_len: int | None = None  # the learner's prompt + response limit (episodes stop short of it)
-        self.episode_stats = EpisodeStats()  # counters of the episodes this worker played (episodic adapters)
+        self.max_prompt_length: int | None = None  # longer single-turn prompts keep their last tokens only
+        self.prompts_truncated = 0
+        self.adapter_name = ""
+        # rollouts the adapter failed, by reason, and the groups dropped for them (reported in the heartbeat);
+        # failed episodes are counted in the same place
+        self.failures = Failures()
+        self.groups_dropped = 0
+        self.episode_stats = EpisodeStats(failures=self.failures)  # counters of the episodes played (episodic adapters)
         # the newest snapshot not yet installed: (version, its bytes (direct push), or its assembly in the relay,
         # acquired there so the verified buffer is installed in place (no copy) and never recycled before that)
         self._pending: tuple[int, bytes | Assembly] | None = None
@@ -223,6 +255,7 @@ class RolloutWorker:
         self.relay.node_id = self.worker_id
         bcast = welcome.broadcast
         self._public_key = bcast.public_key if bcast is not None else None
+        self.relay.add_relay_keys(bcast.relay_keys if bcast is not None else ())
         if bcast is not None and bcast.stall_timeout_s is not None:
             self.relay.stall_timeout_s = bcast.stall_timeout_s
         self.joins += 1
@@ -234,6 +267,8 @@ class RolloutWorker:
                 await self._stop.wait()
             else:
                 if self.backend is None:
+                    if self.bootstrap and self.model is None:
+                        await self._bootstrap()
                     await asyncio.to_thread(self._setup, cfg)
                 await self._rollout_loop(cfg)
         finally:
@@ -257,8 +292,10 @@ class RolloutWorker:
             version=self.version,
         )
         where = f"the coordinator at {self.host}:{self.port}"
+        secret = self.credential.key if self.credential is not None else self.token
+        assert secret is not None
         try:
-            self._keys, answer = await session.client_handshake(reader, self._writer, self.token, to_header(hello),
+            self._keys, answer = await session.client_handshake(reader, self._writer, secret, to_header(hello),
                                                                 pin=self.pin)
         except AuthError as e:
             raise AuthError(f"{where} failed authentication: {e}") from None
@@ -274,6 +311,7 @@ class RolloutWorker:
 
         check_plugins(cfg, self.allow_plugins)
         self.adapter = load_adapter(cfg.adapter, cfg.adapter_options)
+        self.adapter_name = cfg.adapter
         model = self.model or (cfg.model_path if cfg.model_path and os.path.isdir(cfg.model_path) else cfg.model)
         backend_cls = load_backend_class(cfg.backend)
         try:
@@ -282,6 +320,43 @@ class RolloutWorker:
             opts = shown(cfg.backend_options)
             raise BackendError(f"backend {shown(cfg.backend)} rejected options {opts}: {e}") from None
         self.max_len = cfg.max_len
+        self.max_prompt_length = cfg.max_prompt_length
+
+    async def _bootstrap(self) -> None:
+        """No model here: ask for the base files, take the first snapshot that arrives (over the run's delivery,
+        verified as any snapshot) as the weights, write both into a cache folder and serve that folder. The
+        snapshot stays pending: a version above 0 is then installed as usual, which sets the backend's version."""
+        from echo2sdk.weights import default_cache_dir
+
+        t0 = time.perf_counter()
+        await self._send(GetBase())
+        await self._wait_until(lambda: self._base is not None, "the base files")
+        await self._wait_until(lambda: self._pending is not None, "the first snapshot")
+        assert self._base is not None and self._pending is not None
+        (msg, payload), (version, snap) = self._base, self._pending
+        self._pending = None  # ours while it is written: a newer snapshot arriving meanwhile does not release it
+        weights = snap.view if isinstance(snap, Assembly) else snap
+        try:
+            folder, refused = await asyncio.to_thread(write_base, self.cache_dir or default_cache_dir(), msg, payload,
+                                                      weights)
+        finally:
+            if self._pending is None:
+                self._pending = (version, snap)
+            elif isinstance(snap, Assembly):
+                self.relay.release(snap)  # type: ignore[union-attr]
+        self.model, self.base_refused, self._base = str(folder), dict(refused), None
+        log.info("bootstrapped from the coordinator in %.1f s: %d base file(s) (%d bytes, %d refused) and snapshot v%d "
+                 "(%d bytes) in %s", time.perf_counter() - t0, len(msg.files), len(payload), sum(refused.values()),
+                 version, len(weights), folder)
+
+    async def _wait_until(self, ready: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + BOOTSTRAP_WAIT_S
+        while not ready():
+            if self._stop.is_set():
+                raise ConnectionError(f"the coordinator connection closed while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise ProtocolError(f"the coordinator sent no {what} within {BOOTSTRAP_WAIT_S:.0f} s")
+            await asyncio.sleep(0.05)
 
     async def _send(self, msg: WireMessage) -> None:
         assert self._keys is not None
@@ -318,7 +393,7 @@ class RolloutWorker:
                 header, payload = await read_frame(reader, DEFAULT_MAX_PAYLOAD, key=self._keys.recv,
                                                    max_header=MAX_HEADER)
                 msg = parse(header, FROM_COORDINATOR)
-                if payload and not isinstance(msg, Snapshot):
+                if payload and not isinstance(msg, (Snapshot, BaseFiles)):
                     raise ProtocolError(f"a {msg.type} frame with a {len(payload)}-byte payload")
                 if isinstance(msg, Snapshot):
                     self._newest = max(self._newest, msg.version)
@@ -330,10 +405,11 @@ class RolloutWorker:
                 elif isinstance(msg, SnapshotPlan):
                     self._newest = max(self._newest, msg.manifest.version)
                     asyncio.get_running_loop().create_task(self._fetch(msg))
-                elif isinstance(msg, Shutdown):
+                elif isinstance(msg, BaseFiles):
+                    self._base = (msg, payload)
+                elif isinstance(msg, Shutdown):  # a request still in flight fails at once (below), not at its timeout
                     self._shutdown = True
-                    self._stop.set()
-                    return
+                    break
                 elif (fut := self._waiters.get(msg.rid)) is not None and not fut.done():
                     fut.set_result(msg)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -361,6 +437,7 @@ class RolloutWorker:
         # a learner bound to a wildcard address is reached where we reach the coordinator
         upstream = [Upstream(node, self.host if host in ("0.0.0.0", "::", "") else host, port, fp)
                     for node, host, port, fp in plan.upstream]
+        self.relay.add_relay_keys(plan.relay_keys)
         report = await asyncio.to_thread(self.relay.fetch, manifest, upstream)
         await self._notify(Received(**report.to_wire()))
         asm = self.relay.acquire(manifest.version) if report.ok else None
@@ -377,7 +454,9 @@ class RolloutWorker:
 
     async def _heartbeat(self, every: float) -> None:
         while not self._stop.is_set():
-            await self._notify(Heartbeat(version=self.version, rollouts=self._done, rollouts_per_s=self._rate))
+            await self._notify(Heartbeat(version=self.version, rollouts=self._done, rollouts_per_s=self._rate,
+                                         failures=self.failures.as_dict(),
+                                         groups_dropped=self.groups_dropped + self.episode_stats.dropped_groups))
             await asyncio.sleep(every)
 
     def _set_pending(self, version: int, payload: bytes | Assembly) -> None:
@@ -475,31 +554,60 @@ class RolloutWorker:
 
     def _rollout(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
         """Generate n samples per task under the installed version v-hat and score them (rollout plane).
-        Episodic adapters (multi-turn sandboxes) play n episodes per task instead: `_rollout_episodes`."""
+        A sample the adapter fails to score (core/failures.py) is counted by reason and its group is not sent
+        (GRPO normalizes over the whole group); the worker goes on. Episodic adapters (multi-turn sandboxes)
+        play n episodes per task instead: `_rollout_episodes`."""
         assert self.backend is not None and self.adapter is not None
         if is_episodic(self.adapter):
             return self._rollout_episodes(tasks, n, params)
         version = self.backend.version  # v-hat: installs only happen between batches
-        prompt_ids = [self.backend.encode_chat(t.messages) for t in tasks]
+        encoded = [self.backend.encode_chat(t.messages) for t in tasks]
+        prompt_ids = [self._truncated(p) for p in encoded]
         samples = self.backend.generate([p for p in prompt_ids for _ in range(n)], params)
         groups = []
         for i, task in enumerate(tasks):
-            prompt = tuple(Message(role=m["role"], content=m["content"]) for m in task.messages)
-            group = []
-            for s in samples[i * n : (i + 1) * n]:
-                score = self.adapter.score(task, s.text)
-                meta = Meta(
-                    group_id=task.id,
-                    prompt_ids=tuple(prompt_ids[i]),
-                    response_ids=tuple(s.token_ids),
-                    logprobs=tuple(min(lp, 0.0) for lp in s.logprobs),
-                    worker=self.worker_id,
-                    extra={"correct": score.correct, "finish_reason": s.finish_reason},
-                )
-                t = Trajectory(prompt=prompt, response=s.text, reward=float(score.reward), version=version, meta=meta)
-                group.append(t.to_wire())
+            cut = len(prompt_ids[i]) < len(encoded[i])
+            group = [self._scored(task, prompt_ids[i], s, version, cut) for s in samples[i * n : (i + 1) * n]]
+            if any(t is None for t in group):
+                self.groups_dropped += 1
+                continue
             groups.append(group)
         return groups
+
+    def _truncated(self, prompt_ids: list[int]) -> list[int]:
+        """The prompt's last max_prompt_length tokens (TRL truncates prompts from the left); counted."""
+        limit = self.max_prompt_length
+        if limit is None or len(prompt_ids) <= limit:
+            return prompt_ids
+        self.prompts_truncated += 1
+        if self.prompts_truncated == 1:
+            log.warning("a prompt of %d tokens is truncated from the left to max_prompt_length=%d (counted in the "
+                        "task metrics as prompt_truncated)", len(prompt_ids), limit)
+        return prompt_ids[-limit:]
+
+    def _scored(self, task: Task, prompt_ids: list[int], s: Any, version: int, cut: bool = False) -> dict[str, Any] | None:
+        """One sample scored by the adapter, as a wire record; None (counted and logged) when the adapter's
+        score raised or gave a reward that is not a finite real number."""
+        try:
+            score = self.adapter.score(task, s.text)  # type: ignore[union-attr]
+            reward = as_reward(getattr(score, "reward", None))
+            meta = Meta(
+                group_id=task.id,
+                prompt_ids=tuple(prompt_ids),
+                response_ids=tuple(s.token_ids),
+                logprobs=tuple(sampler_logprob(lp) for lp in s.logprobs),
+                worker=self.worker_id,
+                extra={"correct": score.correct, "finish_reason": s.finish_reason, "prompt_truncated": cut},
+            )
+        except Exception as e:  # noqa: BLE001 - a bad rollout is data, not a crash
+            reason = failure_reason(e)
+            self.failures.add(reason)
+            if self.failures.counts[reason] <= LOGGED_FAILURES:
+                log.warning("adapter %s failed on task %s (%s): %s: %s; its group is dropped", shown(self.adapter_name),
+                            shown(task.id), reason, type(e).__name__, shown(str(e), 200))
+            return None
+        prompt = tuple(Message(role=m["role"], content=m["content"]) for m in task.messages)
+        return Trajectory(prompt=prompt, response=s.text, reward=reward, version=version, meta=meta).to_wire()
 
     def _rollout_episodes(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
         """Play n episodes per task under v-hat, one record per episode (see echo2sdk.core.episodes). A
@@ -523,7 +631,7 @@ def _task(t: WireTask) -> Task:
     return Task(id=t.id, messages=t.messages, answer=t.answer, info=t.info)
 
 
-def run_worker(connect: str, token: str, **kwargs: Any) -> int:
+def run_worker(connect: str, token: str | None, **kwargs: Any) -> int:
     """Blocking entry point for `echo2 worker`. Returns a process exit code: 2 when either side refused the
     other (token, certificate, a plug-in this worker may not load), 1 when the coordinator is unreachable."""
     try:

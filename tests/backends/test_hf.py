@@ -204,9 +204,31 @@ def test_top_p_samples_inside_the_nucleus(backend: HFBackend) -> None:
         assert mass_above < top_p  # token is in the smallest set reaching top_p
 
 
+def test_top_k_and_min_p_sample_inside_their_sets(backend: HFBackend) -> None:
+    """With top_k every token is among the k most likely; with min_p every token has at least min_p times the top
+    token's probability. Log-probs stay those of the untruncated tempered distribution."""
+    prompt = backend.encode_chat(CHAT)
+    temperature = 1.5  # flat enough that unfiltered sampling would leave both sets
+    for params in (SamplingParams(max_new_tokens=8, temperature=temperature, top_k=3, seed=1),
+                   SamplingParams(max_new_tokens=8, temperature=temperature, min_p=0.5, seed=1)):
+        [s] = backend.generate([prompt], params)
+        assert max(abs(a - b) for a, b in zip(s.logprobs, _recomputed_logprobs(backend, prompt, s, temperature))) < 1e-3
+        ids = torch.tensor([prompt + list(s.token_ids)])
+        with torch.no_grad():
+            probs = torch.softmax(backend._model(input_ids=ids).logits[0].float() / temperature, dim=-1)
+        for step, token in enumerate(s.token_ids):
+            p = probs[len(prompt) - 1 + step]
+            if params.top_k:
+                assert (p > p[token]).sum().item() < params.top_k
+            else:
+                assert p[token] >= params.min_p * p.max()
+
+
 @pytest.mark.parametrize(
     "params",
     [
+        SamplingParams(top_k=-1),
+        SamplingParams(min_p=1.5),
         SamplingParams(max_new_tokens=0),
         SamplingParams(temperature=0.0),
         SamplingParams(temperature=float("nan")),

@@ -400,3 +400,71 @@ def test_random_interleavings_keep_invariants(S, capacity, order, ops):
         assert s["evicted"] == sum(s["evicted_by_reason"].values())
         if capacity is not None:
             assert s["ready_groups"] <= capacity
+
+
+# ---------------------------------------------------------------- dynamic sampling (zero-variance groups)
+
+
+def uniform(group_id: str, version: int, n: int = 2, reward: float = 1.0) -> list[Trajectory]:
+    """A group whose members all got the same reward: zero advantage."""
+    return [r.model_copy(update={"reward": reward}) for r in group(group_id, version, n)]
+
+
+def test_zero_variance_groups_are_filtered_and_counted():
+    buf = StalenessBuffer(staleness=1, group_size=2, filter_zero_variance=True)
+    buf.add_group(uniform("a", 0), **LIMITS)
+    buf.add_group(group("b", 0), **LIMITS)
+    for t in uniform("c", 0, reward=0.0):
+        buf.add(t, **LIMITS)  # the one-record path filters too
+    s = buf.stats()
+    assert (buf.ready_groups(), s["filtered_groups"], s["completed_groups"]) == (1, 2, 3)
+    assert s["admitted"] == s["sampled"] + s["evicted"] + s["filtered"] + s["held"] == 6
+    assert s["filtered"] == 4 and s["aside_groups"] == 0  # no fallback: nothing is kept aside
+    assert not buf.wait_for(2, timeout=0)
+    assert [g[0].meta.group_id for g in buf.sample(1)] == ["b"]
+    unfiltered = StalenessBuffer(staleness=1, group_size=2)
+    unfiltered.add_group(uniform("a", 0), **LIMITS)
+    assert unfiltered.ready_groups() == 1
+
+
+def test_fallback_fills_the_batch_with_the_newest_filtered_groups():
+    buf = StalenessBuffer(staleness=2, group_size=2, filter_zero_variance=True, fallback_after=2)
+    buf.add_group(group("info", 0), **LIMITS)
+    buf.add_group(uniform("old", 0), **LIMITS)
+    assert not buf.wait_for(2, timeout=0)  # 1 filtered since the last sample: below fallback_after
+    buf.set_version(1)
+    buf.add_group(uniform("new", 1), **LIMITS)
+    assert buf.wait_for(2, timeout=0)
+    batch = buf.sample(2)
+    assert [g[0].meta.group_id for g in batch] == ["info", "new"]  # informative first, then the newest filtered
+    s = buf.stats()
+    assert (s["fallback_groups"], s["aside_groups"]) == (1, 1)
+    buf.add_group(group("info2", 1), **LIMITS)
+    assert not buf.wait_for(2, timeout=0)  # the patience starts again after every sample
+    buf.set_version(3)  # "old" (v0) leaves the window: dropped as filtered, not counted as evicted
+    s = buf.stats()
+    assert (s["aside_groups"], s["evicted"], s["filtered"]) == (0, 0, 2)
+    assert s["admitted"] == s["sampled"] + s["evicted"] + s["filtered"] + s["held"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    fallback_after=st.integers(0, 3),
+    ops=st.lists(st.tuples(st.sampled_from(["info", "flat", "advance", "sample"]), st.integers(0, 2)), max_size=40),
+)
+def test_filtering_keeps_the_counters_and_never_samples_a_flat_group_but_by_fallback(fallback_after, ops):
+    buf = StalenessBuffer(staleness=1, group_size=2, filter_zero_variance=True, fallback_after=fallback_after)
+    flat_sampled = 0
+    for i, (kind, arg) in enumerate(ops):
+        if kind == "advance":
+            buf.set_version(buf.version + arg)
+        elif kind == "sample":
+            if buf.wait_for(arg, timeout=0):
+                batch = buf.sample(arg)
+                flat_sampled += sum(len({t.reward for t in g}) == 1 for g in batch)
+        else:
+            buf.add_group((group if kind == "info" else uniform)(f"g{i}", buf.version), **LIMITS)
+        s = buf.stats()
+        assert s["admitted"] == s["sampled"] + s["evicted"] + s["filtered"] + s["held"]
+        assert s["aside_groups"] <= fallback_after
+        assert flat_sampled == s["fallback_groups"]

@@ -151,3 +151,49 @@ def test_unit_plan_deals_prompt_units_round_robin_and_pads():
     assert unit_plan(rows, micro_batch=2, rank=0, world=3) == [[0, 1], [5]]
     assert unit_plan(rows, micro_batch=2, rank=2, world=3) == [[3], None]  # a zero-weight unit keeps step
     assert unit_plan([], micro_batch=2, rank=1, world=2) == []
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_step_loss_is_the_grpo_loss_of_its_batch(tiny, loss_type):
+    """Learner.step computes core/grpo.py's L on its batch: same value as grpo_loss on a padded copy of it."""
+    from echo2sdk.core.grpo import grpo_loss
+
+    responses = [[11, 12, 13, 2], [14], [15, 16], [17, 18, 19, 20, 21]]
+    group = _group("g", responses, [1.0, 0.0, 1.0, 0.0])
+    lr = Learner(tiny, lr=1e-3, precision="fp32", micro_batch=2, loss_type=loss_type, max_completion_length=8)
+    rows = lr._rows([group])
+    with torch.no_grad():
+        flat = lr._token_logprobs(rows)
+    logp, mask = torch.zeros(4, 5), torch.zeros(4, 5)
+    i = 0
+    for b, r in enumerate(responses):
+        logp[b, : len(r)], mask[b, : len(r)] = flat[i : i + len(r)], 1.0
+        i += len(r)
+    want = grpo_loss(logp, logp, torch.full((4, 5), -1.0), torch.tensor([r.advantage for r in rows]), mask,
+                     loss_type=loss_type, epsilon=0.2, is_cap=2.0, max_completion_length=8).item()
+    assert lr.step([group]).loss == pytest.approx(want, rel=1e-5)
+
+
+def test_second_update_of_a_step_is_clipped_against_the_steps_pi_old(tiny):
+    """pi_old stays the policy at the step's start: r_t = 1 on the first update (the clip never acts), the second
+    sees the first's change (a large step moves r_t out of [1 - eps, 1 + eps] on some tokens)."""
+    responses = [[21, 22, 23, 24], [31, 32, 33, 34]] * 2
+    group = _group("g", responses, [1.0, 0.0, 1.0, 0.0])
+    one = Learner(tiny, lr=0.05, precision="fp32", updates_per_step=1).step([group])
+    two = Learner(tiny, lr=0.05, precision="fp32", updates_per_step=2).step([group])
+    assert one.clip_frac == 0.0
+    assert two.clip_frac > 0.0
+
+
+def test_offline_steps_change_nothing_and_the_schedule_position_is_state(tiny):
+    lr = Learner(tiny, lr=1e-2, precision="fp32", lr_scheduler="linear", warmup_steps=2, total_steps=4)
+    group = _group("g", [[21, 22], [31, 32]], [1.0, 0.0])
+    before = {k: v.clone() for k, v in lr.model.state_dict().items()}
+    with lr.offline():
+        assert lr.step([group]).lr == 0.0
+    assert all(torch.equal(before[k], v) for k, v in lr.model.state_dict().items())
+    assert lr.schedule_state()["steps_done"] == 0
+    assert [lr.step([group]).lr for _ in range(3)] == pytest.approx([5e-3, 1e-2, 1e-2])  # warm-up, then linear
+    other = Learner(tiny, lr=1e-2, precision="fp32", lr_scheduler="linear", warmup_steps=2, total_steps=4)
+    other.load_schedule_state(lr.schedule_state())
+    assert other.step([group]).lr == pytest.approx(5e-3) == lr.step([group]).lr  # a resumed learner goes on

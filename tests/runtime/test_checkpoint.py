@@ -4,6 +4,7 @@ continues exactly, and a real `echo2 run` killed with SIGKILL and resumed with -
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import stat
@@ -145,6 +146,7 @@ steps = {steps}
 trajectories_per_step = 8
 staleness = 2
 lr = 1e-3
+lr_scheduler = "linear"
 precision = "fp32"
 data_timeout_s = 120
 [run]
@@ -217,6 +219,8 @@ def test_sigkill_then_resume_finishes_the_run_with_increasing_versions(tmp_path)
     if published > ckpt.version:
         assert versions[k] > published  # numbers that left the learner are never reused for other weights
     assert json.loads((out / "summary.json").read_text())["steps"] == 7
+    assert ckpt.state["lr_schedule"]["steps_done"] == ckpt.step
+    assert [r["lr"] for r in rows] == pytest.approx([1e-3 * (7 - s) / 7 for s in range(7)])  # resumed in place
     assert "resumed from" in (out / "run.log").read_text()
     lost = (out / "metrics.discarded.jsonl")
     assert len(before) == k + (len(lost.read_text().splitlines()) if lost.exists() else 0)
@@ -243,3 +247,19 @@ def test_sigterm_writes_a_checkpoint_and_a_fresh_run_refuses_the_folder(tmp_path
     fresh = subprocess.run([sys.executable, "-m", "echo2sdk.cli", "run", str(cfg), "--out", str(out)], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120)
     assert fresh.returncode == 2 and "--resume" in fresh.stderr
+
+
+def test_resumed_learner_continues_its_lr_schedule(tiny, tmp_path):
+    """The schedule's position is saved in state.json: a resumed learner takes the next step at the next rate."""
+    kw = dict(KW, lr_scheduler="cosine", warmup_steps=1, total_steps=5, updates_per_step=2)
+    a = Learner(tiny, **kw)
+    a.step(_batch(1))
+    a.step(_batch(2))
+    ckpt = checkpoint.load(_save(a, tmp_path / "checkpoints", 2, tiny, state={"lr_schedule": a.schedule_state()}))
+    want = a.step(_batch(3))
+    b = Learner(tiny, weights_from=str(ckpt.path), **kw)
+    b.load_optimizer_state(ckpt.optimizer())
+    b.load_schedule_state(ckpt.state["lr_schedule"])
+    got = b.step(_batch(3))
+    assert got.lr == pytest.approx(want.lr) == pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert got.loss == pytest.approx(want.loss, abs=1e-7)

@@ -58,7 +58,8 @@ RANK_SCRIPT = textwrap.dedent('''
     distributed.shutdown()
 ''')
 
-KW = dict(lr=1e-3, precision="fp32", beta=0.1, micro_batch=3, threads=1, device="cpu")  # gloo ranks: CPU
+KW = dict(lr=1e-3, precision="fp32", beta=0.1, micro_batch=3, threads=1, device="cpu",  # gloo ranks: CPU
+          updates_per_step=2, loss_type="grpo")  # the second update runs no reference forward: nor may a dummy unit
 
 
 def batch() -> list:

@@ -191,19 +191,38 @@ def test_bad_trajectories_are_rejected_counted_and_logged(coord, caplog):
 
     groups = [
         group("nan", reward=math.nan),
-        group("future", version=5),
+        group("mask", meta={"loss_mask": [1, -1]}),
         group("oov", meta={"response_ids": [3, 99999]}),
         group("type", reward="high"),
         group("ok"),
     ]
     ack = asyncio.run(_raw_client(coord.port, "s3cret", groups))
     assert ack["accepted"] == GROUP
-    assert list(ack["rejected"]) == ["nan_reward", "future_version", "token_out_of_vocab", "schema"]
-    assert coord.rejected == {"nan_reward": GROUP, "future_version": GROUP, "token_out_of_vocab": GROUP, "schema": GROUP}
+    assert list(ack["rejected"]) == ["nan_reward", "out_of_range", "token_out_of_vocab", "schema"]
+    assert coord.rejected == {"nan_reward": GROUP, "out_of_range": GROUP, "token_out_of_vocab": GROUP, "schema": GROUP}
     assert coord.buffer.ready_groups() == 1
     text = caplog.text
-    assert "field 'reward' = nan" in text and "field 'version' = 5" in text
+    assert "field 'reward' = nan" in text and "meta.loss_mask" in text
     assert "field 'meta.response_ids' = 99999" in text and "field 'reward' = 'high'" in text
+
+
+def test_a_record_claiming_a_version_never_installed_quarantines_its_worker(coord):
+    """A version the worker never reported installed is a lie, not bad data (core/audit.py): no ack, the
+    connection closes, nothing of it is buffered, and the worker id is refused from then on."""
+
+    async def push_and_rejoin():
+        c = await _Client.join(coord.port, "s3cret", worker_id="raw")
+        await c.send({"type": "trajectories", "rid": 7, "groups": [[_record(version=5) for _ in range(GROUP)]]})
+        with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+            await c.until("ack")
+        await c.close()
+        again = await _Client.join(coord.port, "s3cret", worker_id="raw")
+        await again.close()
+        return again.answer
+
+    answer = asyncio.run(push_and_rejoin())
+    assert answer["type"] == "refused" and "quarantined" in answer["reason"]
+    assert "raw" in coord.quarantined and coord.buffer.ready_groups() == 0
 
 
 def test_dead_worker_is_dropped_and_others_continue(coord):
@@ -429,3 +448,15 @@ def test_worker_model_override_serves_its_own_model_not_the_learners_path():
     own = RolloutWorker("127.0.0.1:1", "tok", model="my-local-copy")
     own._setup(cfg)
     assert own.backend.model == "my-local-copy"
+
+
+def test_quarantined_ids_are_bounded_and_all_counted(coord):
+    from echo2sdk.core.buffer import MAX_BANNED
+    from echo2sdk.runtime.coordinator import KEEP_QUARANTINED
+
+    n = max(KEEP_QUARANTINED, MAX_BANNED) + 10
+    for i in range(n):
+        coord.quarantine(f"liar-{i}", "test")
+    assert coord.quarantines == n == coord.stats()["quarantines"]
+    assert len(coord.quarantined) == KEEP_QUARANTINED and f"liar-{n - 1}" in coord.quarantined
+    assert "liar-0" not in coord.quarantined and len(coord.buffer._banned) == MAX_BANNED

@@ -320,7 +320,7 @@ def test_a_tiny_run_logs_config_steps_samples_and_staleness_to_its_sinks(offline
     cfg = load_config(None, [
         'model.policy="tiny-random"', "rollout.workers=1", "rollout.group_size=4", "rollout.max_new_tokens=8",
         "rollout.nice=0", "learner.steps=2", "learner.trajectories_per_step=8", "learner.staleness=2",
-        "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5", 'run.token="do-not-log-me"',
+        "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5", 'run.token="do-not-log-me-7Qx2Lp9Vb4Nk"',
         'run.log_to=["jsonl", "tensorboard"]', "run.log_samples_every=2", "run.log_samples=3", f'run.out="{offline}"',
     ])
     tr = Trainer(cfg)

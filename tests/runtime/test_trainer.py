@@ -22,9 +22,11 @@ ROW = {
     "t_backward_s": float, "t_optim_s": float, "t_publish_s": float, "t_step_wall_s": float,
     "learner_wait_s": float, "reward_mean": float, "reward_std": float, "accuracy": (float, None),
     "staleness_max": int, "staleness_mean": float, "trajectories": int, "tokens": int, "rejected": int,
-    "evicted": int, "loss": float, "kl": float, "clip_frac": float, "is_weight_mean": float,
-    "is_truncated_frac": float, "grad_norm": float, "task": dict, "workers_alive": int,
-    "t_bcast_s": (float, None), "t_bcast_all_s": (float, None), "broadcast_repairs": int,
+    "evicted": int, "groups_filtered": int, "groups_filtered_frac": float, "loss": float, "kl": float,
+    "clip_frac": float, "is_weight_mean": float, "is_truncated_frac": float, "grad_norm": float, "lr": float,
+    "task": dict, "workers_alive": int,
+    "t_bcast_s": (float, None), "t_bcast_all_s": (float, None), "broadcast_repairs": int, "sampler_gap": dict,
+    "workers_quarantined": int, "batches_dropped": int,
 }
 
 

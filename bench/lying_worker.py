@@ -1,0 +1,209 @@
+"""Lying-worker detection (core/audit.py): how far honest workers stay from the threshold, and how fast a liar
+is caught.
+
+    .venv/bin/python bench/lying_worker.py runs [--model tiny-random] [--steps 16]
+    .venv/bin/python bench/lying_worker.py gaps [--model smollm2-135m] [--lags 3]
+
+runs: real runs of the learner with 2 honest local worker processes and a third worker process
+(tests/security/_liar.py): honest (the baseline, same pool size), fabricating every log-prob (-0.01), and
+serving another model's responses under the learner's version numbers (--other, default a peaked random
+tiny model). One JSON line per run: the step the liar was flagged at, the steps it contributed to until then,
+the largest honest statistic vs learner.lie_threshold, the liar's statistics, and the reward per step; the
+liar runs also carry the baseline's mean reward over the steps after the quarantine beside their own.
+
+gaps: the honest gap per lag on a real backend, forward passes only (no worker processes): a batch sampled
+by the hf backend from the initial weights (as a fresh worker serves them), its per-record gap
+|log pi_old - log pi_sampler| under the learner at lag 0, then after each of `--lags` real learner updates
+(lr of the main job); beside it the gaps of the same responses with fabricated log-probs (-0.01) and of
+tiny-random's responses. One JSON line per lag and one for the liars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIAR = ROOT / "tests" / "security" / "_liar.py"
+
+
+def _config(model: str, steps: int, out: str, extra: list[str]):
+    from echo2sdk.config import load_config
+
+    return load_config(None, [
+        f'model.policy="{model}"', "rollout.workers=2", "rollout.group_size=4", "rollout.max_new_tokens=24",
+        "rollout.nice=0", f"learner.steps={steps}", "learner.trajectories_per_step=8", "learner.staleness=3",
+        "learner.lr=1e-4", "learner.data_timeout_s=600", "run.progress=false", "run.heartbeat_s=0.5",
+        "learner.filter_zero_variance=false", f'run.out="{out}"', *extra,
+    ])
+
+
+def _one_run(model: str, steps: int, lie: list[str], extra: list[str]) -> dict:
+    from echo2sdk.runtime.trainer import Trainer
+
+    with tempfile.TemporaryDirectory() as out:
+        tr = Trainer(_config(model, steps, out, extra))
+        third = None
+        try:
+            tr.setup()
+            c = tr.coordinator
+            third = subprocess.Popen([sys.executable, str(LIAR), "--connect", f"{c.host}:{c.port}", "--id", "third",
+                                      *lie], env=dict(os.environ, ECHO2_TOKEN=c.token), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.STDOUT)
+            summary = tr.run()
+        finally:
+            tr.close()
+            if third is not None:
+                third.kill()
+                third.wait()
+        rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    hist = [r["sampler_gap"] for r in rows]
+    flagged_at = next((r["step"] for r in rows if r["workers_quarantined"]), None)
+    return {
+        "lie": " ".join(lie) or "honest",
+        "model": model,
+        "steps": steps,
+        "threshold": tr.cfg.learner.lie_threshold,
+        "quarantined": summary["quarantined"],
+        "flagged_at_step": flagged_at,
+        "liar_steps_to_flag": sum(1 for h in hist[: flagged_at or len(hist)] if "third" in h) if lie else None,
+        "third_gaps": [round(h["third"], 4) for h in hist if "third" in h],
+        "honest_gap_max": max((g for h in hist for w, g in h.items() if w != "third"), default=None),
+        "reward_per_step": [round(r["reward_mean"], 4) for r in rows],
+    }
+
+
+def runs(args: argparse.Namespace) -> None:
+    extra = list(args.set)
+    other = args.other
+    with tempfile.TemporaryDirectory() as tmp:
+        if other is None:
+            other = str(_peaked_tiny(Path(tmp) / "other"))
+        base = _one_run(args.model, args.steps, [], extra)
+        print(json.dumps(base), flush=True)
+        for lie in (["--fabricate", "-0.01"], ["--model", other, "--keep-model"]):
+            row = _one_run(args.model, args.steps, lie, extra)
+            after = row["flagged_at_step"]
+            if after is not None and after < args.steps:  # the steps after the quarantine, and the baseline's
+                row["reward_mean_after_flag"] = statistics.fmean(row["reward_per_step"][after:])
+                row["baseline_reward_mean_same_steps"] = statistics.fmean(base["reward_per_step"][after:])
+            print(json.dumps(row), flush=True)
+
+
+def _peaked_tiny(folder: Path) -> Path:
+    """tiny-random's shape and tokenizer with logits far from uniform (initializer_range 0.5, seed 1)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from echo2sdk.weights import resolve_model
+
+    tiny = resolve_model("tiny-random")
+    config = AutoConfig.from_pretrained(tiny)
+    config.initializer_range = 0.5
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
+    return folder
+
+
+def _sample(backend, adapter, tasks, n: int, params, worker: str) -> list[list]:
+    """One GRPO group per task from `backend`, as the worker builds its records (version 0)."""
+    from echo2sdk.core.records import Meta, Trajectory
+
+    prompts = [backend.encode_chat(t.messages) for t in tasks]
+    samples = backend.generate([p for p in prompts for _ in range(n)], params)
+    groups = []
+    for i, task in enumerate(tasks):
+        group = []
+        for s in samples[i * n : (i + 1) * n]:
+            meta = Meta(group_id=task.id, prompt_ids=tuple(prompts[i]), response_ids=tuple(s.token_ids),
+                        logprobs=tuple(min(lp, 0.0) for lp in s.logprobs), worker=worker)
+            reward = float(adapter.score(task, s.text).reward)
+            group.append(Trajectory(prompt=task.id, response=s.text, reward=reward, version=0, meta=meta))
+        groups.append(group)
+    return groups
+
+
+def _gaps(learner, groups: list[list], fabricate: float | None = None) -> list[float]:
+    """Per record: mean over its tokens of |log pi_old - log pi_sampler| (the learner step's statistic)."""
+    rows = learner._rows(groups)
+    lp = learner._token_logprobs(rows).tolist()
+    out, at = [], 0
+    for r in rows:
+        own = lp[at : at + len(r.mask)]
+        at += len(r.mask)
+        sampler = [fabricate] * len(own) if fabricate is not None else r.sampler_logprobs
+        out.append(statistics.fmean(abs(a - b) for a, b in zip(own, sampler)))
+    return out
+
+
+def _summary(gaps: list[float]) -> dict:
+    g = sorted(gaps)
+    return {"n": len(g), "mean": round(statistics.fmean(g), 5), "p50": round(g[len(g) // 2], 5),
+            "p90": round(g[int(0.9 * (len(g) - 1))], 5), "max": round(g[-1], 5)}
+
+
+def gaps(args: argparse.Namespace) -> None:
+    """Honest gap per lag, and the liars' gaps, on `args.model` (forward passes and `args.lags` updates)."""
+    import itertools
+
+    from echo2sdk.backends.hf import HFBackend
+    from echo2sdk.core.contracts import SamplingParams
+    from echo2sdk.core.learner import Learner
+    from echo2sdk.plugins import load_adapter
+    from echo2sdk.weights import resolve_model
+
+    path = resolve_model(args.model)
+    learner = Learner(path, lr=args.lr, temperature=args.temperature, threads=args.threads)
+    adapter = load_adapter("math", {"difficulty": 1})
+    tasks = adapter.tasks(0)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    with HFBackend(path, threads=args.threads) as backend:
+        probe = _sample(backend, adapter, list(itertools.islice(tasks, args.prompts)), 4, params, "honest")
+        train = [_sample(backend, adapter, list(itertools.islice(tasks, args.prompts)), 4, params, "honest")
+                 for _ in range(args.lags)]
+    base = {"model": args.model, "lr": args.lr, "temperature": args.temperature, "precision_bf16": learner.autocast,
+            "max_new_tokens": args.max_new_tokens}
+    for lag in range(args.lags + 1):
+        if lag:
+            learner.step(train[lag - 1])  # one real update: the probe batch is now `lag` versions old
+        g = _gaps(learner, probe)
+        print(json.dumps({**base, "lag": lag, "honest": _summary(g), "honest_over_1_plus_lag_max":
+                          round(max(g) / (1 + lag), 5)}), flush=True)
+    with HFBackend(resolve_model(args.other), threads=args.threads) as other:
+        foreign = _sample(other, adapter, list(itertools.islice(tasks, args.prompts)), 4, params, "liar")
+    print(json.dumps({**base, "lag": args.lags, "fabricated_-0.01": _summary(_gaps(learner, probe, fabricate=-0.01)),
+                      f"other_model_{args.other}": _summary(_gaps(learner, foreign))}), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("runs")
+    r.add_argument("--model", default="tiny-random")
+    r.add_argument("--steps", type=int, default=16)
+    r.add_argument("--other", help="the liar's model (default: a peaked random tiny model)")
+    r.add_argument("--set", action="append", default=[], help="config override key=value")
+    r.set_defaults(func=runs)
+    g = sub.add_parser("gaps")
+    g.add_argument("--model", default="smollm2-135m")
+    g.add_argument("--other", default="tiny-random")
+    g.add_argument("--lags", type=int, default=3)
+    g.add_argument("--lr", type=float, default=3e-6)  # the main job's (examples/math_smollm2.toml)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--max-new-tokens", type=int, default=48)
+    g.add_argument("--prompts", type=int, default=4)
+    g.add_argument("--threads", type=int, default=None)
+    g.set_defaults(func=gaps)
+    args = p.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

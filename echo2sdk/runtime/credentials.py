@@ -1,0 +1,100 @@
+"""The run token as users hand it over: where it is read from, how strong it must be, and what to say when
+it comes the unsafe way (docs/security.md, "Token hygiene").
+
+A token given by a user must carry at least MIN_TOKEN_BITS = 128 bits, estimated as its length times the
+bits per character of the smallest usual alphabet that holds all its characters: hex digits 4, url-safe
+or standard base64 6, anything else log2(95) (printable ASCII). So 22 url-safe base64 characters
+(`secrets.token_urlsafe(16)`) or 32 hex digits (`secrets.token_hex(16)`) pass. The estimate cannot tell a
+random string from a pattern of the same alphabet and length: draw tokens, do not make them up. A token
+the run draws itself (`secrets.token_urlsafe(24)`, 192 bits) needs no check.
+
+On the command line (`--token`, `--set run.token=...`) a token is readable by every user of the machine
+(`ps`, /proc/PID/cmdline) and lands in shell history: the CLI warns and names the safer ways, a file
+(`--token-file PATH`, `run.token_file`) or the environment ($ECHO2_TOKEN).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import string
+from collections.abc import Mapping
+from pathlib import Path
+
+from echo2sdk.errors import ConfigError
+
+__all__ = [
+    "ENV", "MIN_TOKEN_BITS", "ARGV_WARNING", "token_bits", "check_token", "read_token_file", "given_token",
+]
+
+ENV = "ECHO2_TOKEN"  # the environment variable the run and its workers read the token from
+MIN_TOKEN_BITS = 128
+ARGV_WARNING = (
+    "the token is on the command line, where any user of this machine can read it (ps, /proc) and the shell "
+    f"keeps it in its history; prefer --token-file PATH (mode 0600) or ${ENV}"
+)
+MAX_TOKEN_FILE = 4096  # bytes read from a token file
+_HEX = set(string.hexdigits)
+_BASE64 = set(string.ascii_letters + string.digits + "-_+/=")
+
+
+def token_bits(token: str) -> float:
+    """Estimated strength of `token` in bits: its length times log2 of its alphabet's size (hex 16,
+    base64 64, else printable ASCII 95)."""
+    chars = set(token)
+    size = 16 if chars <= _HEX else 64 if chars <= _BASE64 else 95
+    return len(token) * math.log2(size)
+
+
+def check_token(token: str, source: str) -> str:
+    """`token` when it carries MIN_TOKEN_BITS; else a ConfigError naming `source`, the token's length and
+    estimated bits (never the token) and how to draw a good one."""
+    bits = token_bits(token)
+    if bits < MIN_TOKEN_BITS:
+        raise ConfigError(
+            f"{source}: the token is {len(token)} characters, about {bits:.0f} bits; the minimum is "
+            f"{MIN_TOKEN_BITS} bits (22 url-safe base64 characters or 32 hex digits). Draw one with  "
+            "python -c 'import secrets; print(secrets.token_urlsafe(24))'"
+        )
+    return token
+
+
+def read_token_file(path: str | os.PathLike) -> str:
+    """The token in file `path` (surrounding whitespace and the final newline stripped); ConfigError naming
+    the path when it cannot be read or holds no token."""
+    p = Path(path).expanduser()
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_TOKEN_FILE + 1)
+    except OSError as e:
+        raise ConfigError(f"token file {str(p)!r}: cannot read it ({e.strerror or e})") from None
+    if len(raw) > MAX_TOKEN_FILE:
+        raise ConfigError(f"token file {str(p)!r}: longer than {MAX_TOKEN_FILE} bytes; it should hold the token only")
+    try:
+        token = raw.decode().strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"token file {str(p)!r}: not UTF-8 text") from None
+    if not token or any(c.isspace() for c in token):
+        raise ConfigError(f"token file {str(p)!r}: expected one token on one line, without spaces")
+    return token
+
+
+def given_token(
+    token: str | None,
+    token_file: str | os.PathLike | None,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    names: tuple[str, str] = ("run.token", "run.token_file"),
+) -> tuple[str, str] | None:
+    """(token, where it came from) of a user-given token: `token` (a config value or a flag), else the file
+    `token_file`, else $ECHO2_TOKEN; None when none is given. `names`: how the two are called in errors
+    (config keys, or flags). Not checked for strength: `check_token` does that where the token is chosen."""
+    if token and token_file:
+        raise ConfigError(f"give the token once: both {names[0]} and {names[1]} are set")
+    if token:
+        return token, names[0]
+    if token_file:
+        return read_token_file(token_file), f"{names[1]} {str(token_file)!r}"
+    if environ.get(ENV):
+        return environ[ENV], f"${ENV}"
+    return None

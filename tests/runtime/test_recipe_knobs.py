@@ -1,0 +1,56 @@
+"""The GRPO recipe knobs (docs/recipes.md) from the config to the learner, the buffer and the workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo2sdk.config import load_config
+from echo2sdk.runtime.messages import WorkerConfig
+from echo2sdk.runtime.trainer import buffer_args, learner_args, worker_config
+from echo2sdk.runtime.worker import RolloutWorker
+
+
+def _cfg(*sets: str):
+    return load_config(None, ['model.policy="tiny-random"', "learner.trajectories_per_step=8", *sets])
+
+
+def test_defaults_follow_the_paper_and_the_current_token_level_loss():
+    args = learner_args(_cfg())
+    assert (args["loss_type"], args["updates_per_step"], args["epsilon"], args["epsilon_high"]) == ("dapo", 2, 0.2, None)
+    assert (args["scale_rewards"], args["lr_scheduler"], args["warmup_steps"]) == (True, "constant", 0)
+    assert buffer_args(_cfg())["filter_zero_variance"] is True
+    assert buffer_args(_cfg())["fallback_after"] == 4 * 2  # filter_patience x R/n
+
+
+def test_dr_grpo_drops_std_scaling_unless_told_and_divides_by_max_new_tokens():
+    args = learner_args(_cfg('learner.loss_type="dr_grpo"', "rollout.max_new_tokens=40"))
+    assert (args["scale_rewards"], args["max_completion_length"]) == (False, 40)
+    assert learner_args(_cfg('learner.loss_type="dr_grpo"', "learner.scale_rewards=true"))["scale_rewards"] is True
+
+
+def test_warmup_ratio_and_steps():
+    assert learner_args(_cfg("learner.steps=30", "learner.warmup_ratio=0.1"))["warmup_steps"] == 3
+    assert learner_args(_cfg("learner.steps=30", "learner.warmup_ratio=0.1", "learner.warmup_steps=5"))["warmup_steps"] == 5
+
+
+@pytest.mark.parametrize("bad", ['learner.loss_type="bnpo"', "learner.epsilon=1.0", "learner.updates_per_step=0",
+                                 'learner.lr_scheduler="step"', "rollout.min_p=1.5", "rollout.top_k=-1"])
+def test_bad_knobs_are_config_errors_naming_the_key(bad):
+    from echo2sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):
+        _cfg(bad)
+
+
+def test_sampling_knobs_reach_the_worker_config():
+    cfg = _cfg("rollout.top_k=20", "rollout.min_p=0.05", "rollout.max_prompt_length=256")
+    wc = WorkerConfig.model_validate(worker_config(cfg, "folder"))
+    assert (wc.sampling.top_k, wc.sampling.min_p, wc.max_prompt_length) == (20, 0.05, 256)
+
+
+def test_worker_truncates_long_prompts_from_the_left_and_counts_them():
+    w = RolloutWorker("127.0.0.1:1", "tok")
+    assert w._truncated([1, 2, 3, 4, 5]) == [1, 2, 3, 4, 5]  # max_prompt_length unset
+    w.max_prompt_length = 3
+    assert w._truncated([1, 2, 3]) == [1, 2, 3] and w.prompts_truncated == 0
+    assert w._truncated([1, 2, 3, 4, 5]) == [3, 4, 5] and w.prompts_truncated == 1

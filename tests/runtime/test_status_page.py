@@ -1,0 +1,187 @@
+"""The live status page (run.status_port): its server's token checks and bounds, and a real run's page loaded in
+a real headless Chromium (worker rows, the version and the reward curve advancing while the run goes on, 401
+without the token)."""
+
+from __future__ import annotations
+
+import http.client
+import shutil
+import threading
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from echo2sdk.config import load_config
+from echo2sdk.runtime.status import StatusServer
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+LEAD_COPY = "/tmp/status_page.png"  # a copy of the screenshot, for a person to look at
+
+
+def _missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if shutil.which(path) is None:
+            return f"{path} is missing (apt-get install chromium chromium-driver; scripts/setup.sh does as root)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is missing (pip install -e '.[test]')"
+    return None
+
+
+def _browser(profile):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1280,1200",
+                 f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)  # never a downloaded browser
+
+
+def _status_code(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def _cfg(tmp_path):
+    return load_config(None, [
+        'model.policy="tiny-random"', "rollout.workers=2", "rollout.group_size=4", "rollout.max_new_tokens=12",
+        "rollout.nice=0", "learner.steps=10", "learner.trajectories_per_step=8", "learner.staleness=2",
+        "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5", "run.save_every=0",
+        "run.status_port=0", "scheduler.prices={local-0 = 0.9, local-1 = 1.5}", f'run.out="{tmp_path / "run"}"',
+    ])
+
+
+def _request(server: StatusServer, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None):
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def test_server_needs_the_token_and_moves_a_url_token_into_a_cookie():
+    server = StatusServer(lambda: {"run": {"step": 3}})
+    server.start()
+    try:
+        bearer = {"Authorization": f"Bearer {server.token}"}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Cookie": f"{server.cookie}=wrong"}):
+            assert _request(server, "GET", "/api/status", headers)[0] == 401
+        assert _request(server, "GET", "/?token=wrong")[0] == 401
+        code, _, body = _request(server, "GET", "/api/status", bearer)
+        assert (code, body) == (200, b'{"run": {"step": 3}}')
+        code, headers, _ = _request(server, "GET", f"/?token={server.token}")
+        assert (code, headers["Location"]) == (303, "/")  # the address bar loses the token
+        assert headers["Set-Cookie"] == f"{server.cookie}={server.token}; HttpOnly; SameSite=Strict; Path=/"
+        code, headers, body = _request(server, "GET", "/app.js", {"Cookie": f"a=1; {server.cookie}={server.token}"})
+        assert code == 200 and headers["Content-Type"].startswith("text/javascript") and b"/api/status" in body
+        assert "default-src 'self'" in headers["Content-Security-Policy"]
+        assert _request(server, "GET", "/nothing", bearer)[0] == 404
+        assert _request(server, "POST", "/api/status", bearer, b"{}")[0] == 501  # GET only
+        assert _request(server, "GET", "/api/status", bearer, b"{}")[0] == 413  # no body
+        assert _request(server, "GET", "/" + "a" * 3000, bearer)[0] == 414
+    finally:
+        server.stop()
+
+
+def test_page_files_ship_as_package_data():
+    """A wheel holds exactly what pyproject.toml lists: every non-Python file of the page must be there."""
+    root = Path(__file__).resolve().parents[2]
+    listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    folder = root / "echo2sdk" / "runtime" / "status"
+    assert sorted(listed["echo2sdk.runtime.status"]) == sorted(p.name for p in folder.iterdir() if p.suffix in
+                                                                  (".html", ".js", ".css"))
+
+
+def _watch(browser, shot, seen: dict) -> None:
+    """On a helper thread while the run trains on the main one: wait (bounded) for both workers to show as
+    active, the version to pass `seen["v0"]` and the reward curve to gain 5 points over `seen["p0"]`; then the
+    screenshot. Any failure is kept in `seen["error"]` for the test to raise."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        wait = WebDriverWait(browser, 240, poll_frequency=0.2)
+        wait.until(lambda b: sorted((wid, state) for wid, state, _ in _rows(b)) == [("local-0", "active"),
+                                                                                   ("local-1", "active")])
+        wait.until(lambda b: _page(b)["version"] > seen["v0"] and _page(b)["points"] >= seen["p0"] + 5)
+        assert all(shown.startswith("v") for _, _, shown in _rows(browser))  # each worker's installed version
+        page = _page(browser)
+        assert (page["connection"], page["chain_nodes"], page["bars"]) == ("live", 2, 3)  # chains; Delta = 0..S
+        assert browser.save_screenshot(str(shot))
+    except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+        seen["error"] = e
+
+
+# The DOM is read by one script per look: the page redraws every second, so elements found earlier go stale.
+def _rows(browser) -> list:
+    return browser.execute_script("return [...document.querySelectorAll('#workers tbody tr')].map(r => "
+                                  "[r.dataset.worker, r.cells[1].textContent, r.cells[2].textContent])")
+
+
+def _page(browser) -> dict:
+    return browser.execute_script(
+        "const n = (q) => document.querySelectorAll(q).length;"
+        "return {version: Number(document.getElementById('version').textContent),"
+        " points: Number(document.getElementById('reward-curve').dataset.points),"
+        " connection: document.getElementById('connection').textContent,"
+        " chain_nodes: n('#chains circle.node.active'), bars: n('#staleness rect.bar')}")
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+def test_status_page_in_a_headless_browser(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("echo2_math")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from echo2sdk.runtime.trainer import Trainer
+
+    tr, browser, watcher = Trainer(_cfg(tmp_path)), None, None
+    try:
+        tr.setup()  # the coordinator, the status page and the workers are up; nothing is trained yet
+        url, token = tr.status.url, tr.status.token
+        assert token != tr.coordinator.token  # the page has its own token: the workers' never reaches a browser
+        assert _status_code(url) == _status_code(url + "api/status") == 401
+        assert _status_code(url + "api/status?token=wrong") == 401
+        assert _status_code(url + "api/status", {"Authorization": f"Bearer {token}"}) == 200
+
+        browser = _browser(tmp_path / "chromium-profile")
+        browser.get(f"{url}?token={token}")
+        assert "token" not in browser.current_url  # moved into a cookie; the address bar keeps no token
+        WebDriverWait(browser, 60, poll_frequency=0.2).until(lambda b: _page(b)["connection"] == "live")
+        seen = {"v0": _page(browser)["version"], "p0": _page(browser)["points"]}
+        assert seen == {"v0": 0, "p0": 0}  # before the first step
+        shot = tmp_path / "status_page.png"
+        watcher = threading.Thread(target=_watch, args=(browser, shot, seen), daemon=True)
+        watcher.start()
+        summary = tr.run()  # on this thread, while the browser watches the page
+        watcher.join(300)
+        assert not watcher.is_alive(), "the browser checks did not finish within 300 s of the run's end"
+        if "error" in seen:
+            raise seen["error"]
+        shutil.copyfile(shot, LEAD_COPY)
+
+        browser.delete_all_cookies()
+        browser.get(url)
+        assert "401" in browser.find_element(By.TAG_NAME, "body").text
+    finally:
+        if browser is not None:
+            browser.quit()
+        tr.close()
+    assert summary["steps"] == 10
+    with pytest.raises(urllib.error.URLError) as gone:  # the page closes with the run
+        urllib.request.urlopen(url, timeout=5)
+    assert isinstance(gone.value.reason, ConnectionRefusedError)

@@ -1,0 +1,165 @@
+"""Bounded intake: every number an authenticated worker sends is finite and bounded before the learner sees it.
+Each bad value is rejected, counted by reason and logged with its field; bad heartbeats close the connection."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from _peers import TOKEN, Client, make_coordinator, wait
+
+from echo2sdk.core.records import Trajectory, pack, unpack
+from echo2sdk.errors import TrajectoryRejected
+from echo2sdk.runtime import session
+from echo2sdk.runtime.messages import Hello
+from echo2sdk.runtime.tls import client_context
+
+pytestmark = pytest.mark.integration
+
+GROUP = 2  # make_coordinator's buffer: group_size=2, vocab 256, max_len 64
+
+
+def record(**over):
+    """A good wire record (version 0: the coordinator's learner is at v_t = 0); `meta` updates the meta map."""
+    meta = {"group_id": "g", "prompt_ids": [1, 2], "response_ids": [3, 4], "logprobs": [-0.1, -0.2],
+            **over.pop("meta", {})}
+    return {"prompt": "Say echo.", "response": "echo", "reward": 1.0, "version": 0, "meta": meta, **over}
+
+
+def group(gid: str, **over):
+    meta = over.pop("meta", {})
+    return [record(meta={"group_id": gid, **meta}, **over) for _ in range(GROUP)]
+
+
+#: (group id, what is wrong, the reason it is counted under, the field the log names)
+BAD = [
+    ("huge-reward", dict(reward=1e308), "reward_out_of_range", "'reward' = 1e+308"),
+    ("str-reward", dict(reward="0.1"), "schema", "'reward' = '0.1'"),
+    ("bool-reward", dict(reward=True), "schema", "'reward' = True"),
+    ("mask-neg", dict(meta={"loss_mask": [1, -10**18]}), "out_of_range", "'meta.loss_mask.1' = -1000000000000000000"),
+    ("mask-pos", dict(meta={"loss_mask": [10**18, 1]}), "out_of_range", "'meta.loss_mask.0' = 1000000000000000000"),
+    ("mask-two", dict(meta={"loss_mask": [2, 0]}), "out_of_range", "'meta.loss_mask.0' = 2"),
+    ("extra-nan", dict(meta={"extra": {"score": math.nan}}), "non_finite", "'meta.extra.score' = nan"),
+    ("extra-huge", dict(meta={"extra": {"score": 1e308}}), "out_of_range", "'meta.extra.score' = 1e+308"),
+    ("extra-long", dict(meta={"extra": {"note": "x" * 5000}}), "out_of_range", "'meta.extra.note'"),
+    ("logprob-low", dict(meta={"logprobs": [-1e30, -0.1]}), "out_of_range", "'meta.logprobs.0' = -1e+30"),
+    ("logprob-inf", dict(meta={"logprobs": [-math.inf, -0.1]}), "non_finite", "'meta.logprobs.0' = -inf"),
+]
+
+
+async def _push(port: int, groups: list, wid: str = "bad") -> dict:
+    c = await Client.join(port, worker_id=wid)
+    try:
+        await c.send({"type": "trajectories", "rid": 1, "batch": "b1", "groups": groups})
+        return await c.recv()
+    finally:
+        await c.close()
+
+
+def test_every_bad_number_is_rejected_counted_and_named(loop, caplog):
+    coord = make_coordinator()
+    try:
+        ack = loop.run(_push(coord.port, [group(gid, **over) for gid, over, _, _ in BAD] + [group("ok")]))
+    finally:
+        coord.stop()
+    assert ack["accepted"] == GROUP  # the good group, only
+    assert list(ack["rejected"]) == [reason for _, _, reason, _ in BAD]
+    expected: dict[str, int] = {}
+    for _, _, reason, _ in BAD:
+        expected[reason] = expected.get(reason, 0) + GROUP
+    assert coord.rejected == expected and coord.workers["bad"].rejected == GROUP * len(BAD)
+    assert coord.buffer.ready_groups() == 1
+    for _, _, _, named in BAD[:8]:  # the first 8 rejections of a push are logged one by one
+        assert f"field {named}" in caplog.text, named
+    assert "3 more group(s) of the same push rejected" in caplog.text
+
+
+def test_the_reward_bound_is_the_buffers_and_0_1_as_a_string_is_no_reward():
+    from echo2sdk.core.buffer import StalenessBuffer
+
+    def wire(**over):  # as the coordinator receives it (msgpack arrays decode as tuples)
+        return unpack(pack(record(**over)))
+
+    buf = StalenessBuffer(staleness=2, group_size=1, reward_bound=10.0)
+    buf.add_group([Trajectory.from_wire(wire(reward=-10.0))], vocab_size=256, max_len=64)
+    with pytest.raises(TrajectoryRejected, match=r"reward_out_of_range.*'reward' = 10.5.*learner.reward_bound = 10"):
+        buf.add_group([Trajectory.from_wire(wire(reward=10.5, meta={"group_id": "h"}))], vocab_size=256, max_len=64)
+    with pytest.raises(TrajectoryRejected, match=r"\(schema\).*'reward' = '0.1'"):
+        Trajectory.from_wire(wire(reward="0.1"))
+    assert Trajectory.from_wire(wire(reward=3)).reward == 3  # an int is a real number
+    assert buf.stats()["rejected"] == {"reward_out_of_range": 1}
+
+
+@pytest.mark.parametrize("frame, field", [
+    ({"type": "heartbeat", "version": 0, "rollouts_per_s": math.nan}, "rollouts_per_s"),
+    ({"type": "heartbeat", "version": 0, "rollouts_per_s": -1.0}, "rollouts_per_s"),
+    ({"type": "heartbeat", "version": 0, "rollouts_per_s": 1e400}, "rollouts_per_s"),
+    ({"type": "heartbeat", "version": 0, "failures": {"adapter_nan": -1}}, "failures.adapter_nan"),
+    ({"type": "heartbeat", "version": 0, "failures": {f"r{i}": 1 for i in range(65)}}, "failures"),
+])
+def test_a_bad_heartbeat_is_counted_and_closes_the_connection_without_touching_the_record(loop, caplog, frame, field):
+    coord = make_coordinator()
+
+    async def beat():
+        c = await Client.join(coord.port, worker_id="liar", price_per_hour=0.5)
+        await c.send({"type": "heartbeat", "version": 0, "rollouts_per_s": 2.0})
+        await c.send(frame)
+        with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+            await asyncio.wait_for(c.recv(), 10)
+        await c.close()
+
+    try:
+        loop.run(beat())
+        assert wait(lambda: coord.protocol_errors == 1)
+        info = coord.workers["liar"]
+        assert info.rollouts_per_s == 2.0 and info.adapter_failures == {} and not info.alive
+    finally:
+        coord.stop()
+    assert f"field '{field}'" in caplog.text
+
+
+@pytest.mark.parametrize("price", [math.nan, -1.0, math.inf, "0.1"])
+def test_a_hello_with_a_bad_price_is_refused(loop, price):
+    coord = make_coordinator()
+
+    async def hello():
+        reader, writer = await asyncio.open_connection("127.0.0.1", coord.port, ssl=client_context())
+        fields = {**Hello(nonce=session.new_nonce(), worker_id="cheat").model_dump(), "price_per_hour": price}
+        _, answer = await session.client_handshake(reader, writer, TOKEN, fields)
+        writer.close()
+        return answer
+
+    try:
+        answer = loop.run(hello())
+    finally:
+        coord.stop()
+    assert answer["type"] == "refused" and "malformed hello" in answer["reason"]
+    assert coord.refused == 1 and "cheat" not in coord.workers
+
+
+def test_intake_runs_off_the_event_loop_and_a_push_of_1000_bad_groups_is_counted(loop, caplog):
+    """~1.2 MB of bad groups: validated and buffered on an executor thread, never on the coordinator's loop
+    thread (which keeps serving other workers meanwhile); the log gets 8 lines and one summary, not 1000."""
+    import threading
+
+    from echo2sdk.core.buffer import StalenessBuffer
+
+    threads: set[threading.Thread] = set()
+
+    class Watched(StalenessBuffer):  # the real buffer, noting which thread admits
+        def add_group(self, records, **kw):
+            threads.add(threading.current_thread())
+            return super().add_group(records, **kw)
+
+    coord = make_coordinator(buffer=Watched(staleness=2, group_size=GROUP))
+    big = [group(f"g{i}", reward=1e308, meta={"response_ids": list(range(3, 63)), "logprobs": [-0.5] * 60})
+           for i in range(1000)]
+    try:
+        ack = loop.run(_push(coord.port, big + [group("ok")], wid="bulk"))
+    finally:
+        coord.stop()
+    assert ack["accepted"] == GROUP and len(ack["rejected"]) == 1000
+    assert coord.rejected == {"reward_out_of_range": 2000} and coord.workers["bulk"].trajectories == GROUP
+    assert threads and coord._thread not in threads
+    assert caplog.text.count("reward_out_of_range") == 8 + 1

@@ -1,0 +1,106 @@
+"""Lying-worker detection (core/audit.py) in real runs: the learner, two honest local worker processes and one
+lying worker process (tests/security/_liar.py) over TCP, tiny model. The liar is quarantined at the second
+learner step it contributes to (or at once for a version it never installed), the honest workers never are.
+The runs are long enough (16 steps of 4 groups) that the liar's groups, which compete with two honest workers'
+for the batch, reach it twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("echo2_math")
+
+from _peers import finish, spawn_worker  # noqa: E402
+
+from echo2sdk.config import load_config  # noqa: E402
+from echo2sdk.runtime.trainer import Trainer  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+LIAR = Path(__file__).with_name("_liar.py")
+
+
+def _run_with_liar(tmp_path: Path, *lie: str, steps: int = 16) -> tuple[Trainer, dict, list[dict]]:
+    """A tiny run with 2 honest local workers and the liar; after the run, a new process asking to join
+    under the liar's id must be refused. Returns the trainer (closed), its summary and metrics rows."""
+    cfg = load_config(None, [
+        'model.policy="tiny-random"', "rollout.workers=2", "rollout.group_size=4", "rollout.max_new_tokens=12",
+        "rollout.nice=0", f"learner.steps={steps}", "learner.trajectories_per_step=16", "learner.staleness=2",
+        "learner.lr=1e-4", "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5",
+        "learner.filter_zero_variance=false",  # tiny-random's rewards are all 0: train on every group
+        f'run.out="{tmp_path / "run"}"',
+    ])
+    tr = Trainer(cfg)
+    liar = None
+    try:
+        tr.setup()
+        c = tr.coordinator
+        liar = subprocess.Popen(
+            [sys.executable, str(LIAR), "--connect", f"{c.host}:{c.port}", "--id", "liar", *lie],
+            env=dict(os.environ, ECHO2_TOKEN=c.token), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        summary = tr.run()
+        code, out = finish(spawn_worker(c.port, c.token, wid="liar"), timeout=60)  # the coordinator is still up
+        assert code == 2 and "quarantined" in out, out
+    finally:
+        tr.close()
+        if liar is not None:
+            finish(liar, timeout=30)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["quarantined"] == summary["quarantined"]
+    return tr, summary, rows
+
+
+def _check_gap_detection(tr: Trainer, summary: dict, rows: list[dict]) -> None:
+    threshold = tr.cfg.learner.lie_threshold
+    assert list(summary["quarantined"]) == ["liar"] and "sampler log-prob gap" in summary["quarantined"]["liar"]
+    history = tr.audit.history
+    with_liar = [h for h in history if "liar" in h]
+    assert len(with_liar) == 2  # flagged at its 2nd step; none of its records trained on after that
+    assert all(h["liar"] > threshold for h in with_liar)
+    honest = [g for h in history for w, g in h.items() if w != "liar"]
+    assert honest and max(honest) < threshold
+    assert rows[-1]["workers_quarantined"] == 1
+    assert [r["sampler_gap"] for r in rows] == history
+
+
+def test_fabricated_logprobs_are_quarantined_within_two_steps(tmp_path):
+    _check_gap_detection(*_run_with_liar(tmp_path, "--fabricate", "-0.01"))
+
+
+def _peaked_model(folder: Path) -> Path:
+    """A tiny Llama of tiny-random's shape and tokenizer whose logits are far from uniform (tiny-random's are
+    near uniform: responses of any other near-uniform model would be as likely under the learner's policy)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from echo2sdk.weights import resolve_model
+
+    tiny = resolve_model("tiny-random")
+    config = AutoConfig.from_pretrained(tiny)
+    config.initializer_range = 0.5
+    import torch
+
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
+    return folder
+
+
+def test_another_models_responses_are_quarantined_within_two_steps(tmp_path):
+    other = _peaked_model(tmp_path / "other")
+    _check_gap_detection(*_run_with_liar(tmp_path, "--model", str(other), "--keep-model"))
+
+
+def test_a_version_never_installed_is_quarantined_at_once(tmp_path):
+    tr, summary, rows = _run_with_liar(tmp_path, "--claim-newest", steps=8)
+    assert list(summary["quarantined"]) == ["liar"] and "never reported installed" in summary["quarantined"]["liar"]
+    threshold = tr.cfg.learner.lie_threshold
+    assert max(g for h in tr.audit.history for g in h.values()) < threshold  # its v0 records were honest
+    assert rows[-1]["workers_quarantined"] == 1
