@@ -84,7 +84,10 @@ def runs(args: argparse.Namespace) -> None:
     other = args.other
     with tempfile.TemporaryDirectory() as tmp:
         if other is None:
-            other = str(_peaked_tiny(Path(tmp) / "other"))
+            sys.path.insert(0, str(LIAR.parent))
+            from _liar import peaked_model
+
+            other = str(peaked_model(Path(tmp) / "other"))
         base = _one_run(args.model, args.steps, [], extra)
         print(json.dumps(base), flush=True)
         for lie in (["--fabricate", "-0.01"], ["--model", other, "--keep-model"]):
@@ -94,22 +97,6 @@ def runs(args: argparse.Namespace) -> None:
                 row["reward_mean_after_flag"] = statistics.fmean(row["reward_per_step"][after:])
                 row["baseline_reward_mean_same_steps"] = statistics.fmean(base["reward_per_step"][after:])
             print(json.dumps(row), flush=True)
-
-
-def _peaked_tiny(folder: Path) -> Path:
-    """tiny-random's shape and tokenizer with logits far from uniform (initializer_range 0.5, seed 1)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from echo2sdk.weights import resolve_model
-
-    tiny = resolve_model("tiny-random")
-    config = AutoConfig.from_pretrained(tiny)
-    config.initializer_range = 0.5
-    torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
-    return folder
 
 
 def _sample(backend, adapter, tasks, n: int, params, worker: str) -> list[list]:

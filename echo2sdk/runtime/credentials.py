@@ -59,23 +59,31 @@ def check_token(token: str, source: str) -> str:
     return token
 
 
+def read_secret_file(path: str | os.PathLike, limit: int, what: str) -> tuple[bytes, str]:
+    """(The bytes, the name to show) of a small secret file `path` (a token, a worker credential) of at most
+    `limit` bytes; ConfigError naming `what` and the path when it cannot be read or is longer."""
+    p = Path(path).expanduser()
+    shown = f"{what} {str(p)!r}"
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read(limit + 1)
+    except OSError as e:
+        raise ConfigError(f"{shown}: cannot read it ({e.strerror or e})") from None
+    if len(raw) > limit:
+        raise ConfigError(f"{shown}: longer than {limit} bytes; it should hold the {what.split()[0]} only")
+    return raw, shown
+
+
 def read_token_file(path: str | os.PathLike) -> str:
     """The token in file `path` (surrounding whitespace and the final newline stripped); ConfigError naming
     the path when it cannot be read or holds no token."""
-    p = Path(path).expanduser()
-    try:
-        with open(p, "rb") as fh:
-            raw = fh.read(MAX_TOKEN_FILE + 1)
-    except OSError as e:
-        raise ConfigError(f"token file {str(p)!r}: cannot read it ({e.strerror or e})") from None
-    if len(raw) > MAX_TOKEN_FILE:
-        raise ConfigError(f"token file {str(p)!r}: longer than {MAX_TOKEN_FILE} bytes; it should hold the token only")
+    raw, shown = read_secret_file(path, MAX_TOKEN_FILE, "token file")
     try:
         token = raw.decode().strip()
     except UnicodeDecodeError:
-        raise ConfigError(f"token file {str(p)!r}: not UTF-8 text") from None
+        raise ConfigError(f"{shown}: not UTF-8 text") from None
     if not token or any(c.isspace() for c in token):
-        raise ConfigError(f"token file {str(p)!r}: expected one token on one line, without spaces")
+        raise ConfigError(f"{shown}: expected one token on one line, without spaces")
     return token
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from echo2sdk.errors import ConfigError
 from echo2sdk.runtime import session
+from echo2sdk.runtime.credentials import read_secret_file
 
 __all__ = ["ENV", "Credential", "issue", "check_name", "parse_credential", "given_credential", "Revocations"]
 
@@ -71,15 +72,8 @@ def parse_credential(text: str, source: str) -> Credential:
 def given_credential(path: str | os.PathLike | None, environ: Mapping[str, str] = os.environ) -> Credential | None:
     """The credential in file `path` (--credential-file), else in $ECHO2_CREDENTIAL; None when neither is given."""
     if path:
-        p = Path(path).expanduser()
-        try:
-            with open(p, "rb") as fh:
-                raw = fh.read(MAX_FILE + 1)
-        except OSError as e:
-            raise ConfigError(f"credential file {str(p)!r}: cannot read it ({e.strerror or e})") from None
-        if len(raw) > MAX_FILE:
-            raise ConfigError(f"credential file {str(p)!r}: longer than {MAX_FILE} bytes")
-        return parse_credential(raw.decode(errors="replace"), f"credential file {str(p)!r}")
+        raw, shown = read_secret_file(path, MAX_FILE, "credential file")
+        return parse_credential(raw.decode(errors="replace"), shown)
     if environ.get(ENV):
         return parse_credential(environ[ENV], f"${ENV}")
     return None

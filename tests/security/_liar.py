@@ -18,9 +18,28 @@ import logging
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from echo2sdk.runtime.worker import RolloutWorker
+
+
+def peaked_model(folder: Path) -> Path:
+    """A tiny Llama of tiny-random's shape and tokenizer whose logits are far from uniform (initializer_range
+    0.5, seed 1): tiny-random's are near uniform, so any other near-uniform model's responses would be as
+    likely under the learner's policy. Saved to `folder`, which is returned."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from echo2sdk.weights import resolve_model
+
+    tiny = resolve_model("tiny-random")
+    config = AutoConfig.from_pretrained(tiny)
+    config.initializer_range = 0.5
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
+    return folder
 
 
 class FabricatedLogprobs:

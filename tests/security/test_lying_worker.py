@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("echo2_math")
 
+from _liar import peaked_model  # noqa: E402
 from _peers import finish, spawn_worker  # noqa: E402
 
 from echo2sdk.config import load_config  # noqa: E402
@@ -75,26 +76,8 @@ def test_fabricated_logprobs_are_quarantined_within_two_steps(tmp_path):
     _check_gap_detection(*_run_with_liar(tmp_path, "--fabricate", "-0.01"))
 
 
-def _peaked_model(folder: Path) -> Path:
-    """A tiny Llama of tiny-random's shape and tokenizer whose logits are far from uniform (tiny-random's are
-    near uniform: responses of any other near-uniform model would be as likely under the learner's policy)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from echo2sdk.weights import resolve_model
-
-    tiny = resolve_model("tiny-random")
-    config = AutoConfig.from_pretrained(tiny)
-    config.initializer_range = 0.5
-    import torch
-
-    torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
-    return folder
-
-
 def test_another_models_responses_are_quarantined_within_two_steps(tmp_path):
-    other = _peaked_model(tmp_path / "other")
+    other = peaked_model(tmp_path / "other")
     _check_gap_detection(*_run_with_liar(tmp_path, "--model", str(other), "--keep-model"))
 
 
