@@ -360,3 +360,16 @@ def test_import_is_cheap_and_exports_are_real():
     assert out.strip() == "[]"
     for name in echo2_moba.__all__:
         assert getattr(echo2_moba, name) is not None
+
+
+def test_the_example_config_loads_and_its_adapter_passes_check_adapter():
+    from pathlib import Path
+
+    from echo2sdk.config import load_config
+    from echo2sdk.plugins import load_adapter
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "moba.toml")
+    assert cfg.task.adapter == "moba://lane_1v1_v1" and cfg.learner.max_len == 4096
+    adapter = load_adapter(cfg.task.adapter, cfg.task.options)
+    assert adapter.env_options["opponent"] == "passive"
+    check_adapter(adapter, backend=MockBackend(), n=2, groups=1)
