@@ -1,7 +1,7 @@
 """Lying-worker detection (core/audit.py): how far honest workers stay from the threshold, and how fast a liar
 is caught.
 
-    .venv/bin/python bench/lying_worker.py runs [--model tiny-random] [--steps 16]
+    .venv/bin/python bench/lying_worker.py runs [--model tiny-random] [--steps 16] [--lies fabricate,other]
     .venv/bin/python bench/lying_worker.py gaps [--model smollm2-135m] [--lags 3]
 
 runs: real runs of the learner with 2 honest local worker processes and a third worker process
@@ -90,7 +90,8 @@ def runs(args: argparse.Namespace) -> None:
             other = str(peaked_model(Path(tmp) / "other"))
         base = _one_run(args.model, args.steps, [], extra)
         print(json.dumps(base), flush=True)
-        for lie in (["--fabricate", "-0.01"], ["--model", other, "--keep-model"]):
+        lies = {"fabricate": ["--fabricate", "-0.01"], "other": ["--model", other, "--keep-model"]}
+        for lie in (lies[name] for name in args.lies.split(",")):
             row = _one_run(args.model, args.steps, lie, extra)
             after = row["flagged_at_step"]
             if after is not None and after < args.steps:  # the steps after the quarantine, and the baseline's
@@ -177,6 +178,8 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=16)
     r.add_argument("--other", help="the liar's model (default: a peaked random tiny model)")
     r.add_argument("--set", action="append", default=[], help="config override key=value")
+    r.add_argument("--lies", default="fabricate,other", choices=["fabricate,other", "fabricate", "other"],
+                   help="the liar runs after the honest baseline (default both)")
     r.set_defaults(func=runs)
     g = sub.add_parser("gaps")
     g.add_argument("--model", default="smollm2-135m")
