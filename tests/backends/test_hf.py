@@ -98,15 +98,20 @@ def _prompts(be: HFBackend) -> list[list[int]]:
     ]
 
 
-def _recomputed_logprobs(be: HFBackend, prompt: list[int], sample: Sample, temperature: float) -> list[float]:
-    """log_softmax(logits / T)[token] from one plain, unpadded forward pass over prompt + response."""
+def _response_logits(be: HFBackend, prompt: list[int], sample: Sample) -> torch.Tensor:
+    """The logits that predicted each response token (one row per token), from one plain, unpadded forward pass
+    over prompt + response."""
     ids = torch.tensor([list(prompt) + list(sample.token_ids)])
     with torch.no_grad():
         logits = be._model(input_ids=ids).logits[0].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
     n = len(prompt)
-    targets = torch.tensor(sample.token_ids)
-    return logp[n - 1 : n - 1 + len(sample.token_ids)].gather(1, targets[:, None]).squeeze(1).tolist()
+    return logits[n - 1 : n - 1 + len(sample.token_ids)]
+
+
+def _recomputed_logprobs(be: HFBackend, prompt: list[int], sample: Sample, temperature: float) -> list[float]:
+    """log_softmax(logits / T)[token] for every response token."""
+    logp = torch.log_softmax(_response_logits(be, prompt, sample) / temperature, dim=-1)
+    return logp.gather(1, torch.tensor(sample.token_ids)[:, None]).squeeze(1).tolist()
 
 
 def _check_sample(sample: Sample, max_new: int, eos: int = EOS) -> None:
@@ -195,11 +200,8 @@ def test_top_p_samples_inside_the_nucleus(backend: HFBackend) -> None:
     temperature, top_p = 0.5, 0.3
     [s] = backend.generate([prompt], SamplingParams(max_new_tokens=6, temperature=temperature, top_p=top_p, seed=5))
     assert max(abs(a - b) for a, b in zip(s.logprobs, _recomputed_logprobs(backend, prompt, s, temperature))) < 1e-3
-    ids = torch.tensor([prompt + list(s.token_ids)])
-    with torch.no_grad():
-        probs = torch.softmax(backend._model(input_ids=ids).logits[0].float() / temperature, dim=-1)
-    for step, token in enumerate(s.token_ids):
-        p = probs[len(prompt) - 1 + step]
+    probs = torch.softmax(_response_logits(backend, prompt, s) / temperature, dim=-1)
+    for p, token in zip(probs, s.token_ids):
         mass_above = p[p > p[token]].sum().item()
         assert mass_above < top_p  # token is in the smallest set reaching top_p
 
@@ -213,11 +215,8 @@ def test_top_k_and_min_p_sample_inside_their_sets(backend: HFBackend) -> None:
                    SamplingParams(max_new_tokens=8, temperature=temperature, min_p=0.5, seed=1)):
         [s] = backend.generate([prompt], params)
         assert max(abs(a - b) for a, b in zip(s.logprobs, _recomputed_logprobs(backend, prompt, s, temperature))) < 1e-3
-        ids = torch.tensor([prompt + list(s.token_ids)])
-        with torch.no_grad():
-            probs = torch.softmax(backend._model(input_ids=ids).logits[0].float() / temperature, dim=-1)
-        for step, token in enumerate(s.token_ids):
-            p = probs[len(prompt) - 1 + step]
+        probs = torch.softmax(_response_logits(backend, prompt, s) / temperature, dim=-1)
+        for p, token in zip(probs, s.token_ids):
             if params.top_k:
                 assert (p > p[token]).sum().item() < params.top_k
             else:
