@@ -8,14 +8,16 @@ runs: real runs of the learner with 2 honest local worker processes and a third 
 (tests/security/_liar.py): honest (the baseline, same pool size), fabricating every log-prob (-0.01), and
 serving another model's responses under the learner's version numbers (--other, default a peaked random
 tiny model). One JSON line per run: the step the liar was flagged at, the steps it contributed to until then,
-the largest honest statistic vs learner.lie_threshold, the liar's statistics, and the reward per step; the
-liar runs also carry the baseline's mean reward over the steps after the quarantine beside their own.
+the largest honest statistics vs learner.lie_threshold / lie_var_threshold, the liar's statistics, the
+records the audit's screen withheld (the liar's, the honest workers'), and the reward per step; the liar runs
+also carry the baseline's mean reward over the steps after the quarantine beside their own.
 
-gaps: the honest gap per lag on a real backend, forward passes only (no worker processes): a batch sampled
-by the hf backend from the initial weights (as a fresh worker serves them), its per-record gap
-|log pi_old - log pi_sampler| under the learner at lag 0, then after each of `--lags` real learner updates
-(lr of the main job); beside it the gaps of the same responses with fabricated log-probs (-0.01) and of
-tiny-random's responses. One JSON line per lag and one for the liars.
+gaps: the honest audit statistics per lag on a real backend, forward passes only (no worker processes): a batch
+sampled by the hf backend from the initial weights (as a fresh worker serves them), its per-record gap
+|log pi_old - log pi_sampler| and per-group var statistic (core/audit.py) under the learner at lag 0, then after
+each of `--lags` real learner updates (lr of the main job); beside them the statistics of the same responses
+with fabricated constant log-probs (-0.01, -0.1, -1) and of tiny-random's responses. One JSON line per lag and
+one for the liars.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ def _one_run(model: str, steps: int, lie: list[str], extra: list[str]) -> dict:
                 third.wait()
         rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     hist = [r["sampler_gap"] for r in rows]
+    var = [r["sampler_var"] for r in rows]
     flagged_at = next((r["step"] for r in rows if r["workers_quarantined"]), None)
+    withheld = summary["records_withheld_by_worker"]
     return {
         "lie": " ".join(lie) or "honest",
         "model": model,
@@ -75,6 +79,12 @@ def _one_run(model: str, steps: int, lie: list[str], extra: list[str]) -> dict:
         "liar_steps_to_flag": sum(1 for h in hist[: flagged_at or len(hist)] if "third" in h) if lie else None,
         "third_gaps": [round(h["third"], 4) for h in hist if "third" in h],
         "honest_gap_max": max((g for h in hist for w, g in h.items() if w != "third"), default=None),
+        "var_threshold": tr.cfg.learner.lie_var_threshold,
+        "third_var": [h["third"] for h in var if "third" in h],
+        "honest_var_max": max((g for h in var for w, g in h.items() if w != "third" and g is not None), default=None),
+        "third_records_withheld": withheld.get("third", 0),
+        "honest_records_withheld": sum(n for w, n in withheld.items() if w != "third"),
+        "batches_withheld": summary["batches_withheld"],
         "reward_per_step": [round(r["reward_mean"], 4) for r in rows],
     }
 
@@ -118,23 +128,42 @@ def _sample(backend, adapter, tasks, n: int, params, worker: str) -> list[list]:
     return groups
 
 
-def _gaps(learner, groups: list[list], fabricate: float | None = None) -> list[float]:
-    """Per record: mean over its tokens of |log pi_old - log pi_sampler| (the learner step's statistic)."""
+def _sums(learner, groups: list[list], fabricate: float | None = None) -> list[list]:
+    """Per group, per record: the audit's TokenSums (core/audit.py) of the record under the learner's pi_old."""
+    from echo2sdk.core.audit import TokenSums
+
     rows = learner._rows(groups)
     lp = learner._token_logprobs(rows).tolist()
     out, at = [], 0
-    for r in rows:
-        own = lp[at : at + len(r.mask)]
-        at += len(r.mask)
-        sampler = [fabricate] * len(own) if fabricate is not None else r.sampler_logprobs
-        out.append(statistics.fmean(abs(a - b) for a, b in zip(own, sampler)))
+    for g in groups:
+        sums = []
+        for r in rows[at : at + len(g)]:
+            own = lp[: len(r.mask)]
+            lp = lp[len(r.mask) :]
+            claims = [fabricate] * len(own) if fabricate is not None else r.sampler_logprobs
+            d = [a - b for a, b in zip(own, claims)]
+            sums.append(TokenSums(len(d), sum(map(abs, d)), sum(d), sum(x * x for x in d), sum(own),
+                                  sum(x * x for x in own)))
+        at += len(g)
+        out.append(sums)
     return out
 
 
-def _summary(gaps: list[float]) -> dict:
-    g = sorted(gaps)
+def _summary(values: list[float]) -> dict:
+    g = sorted(v for v in values if v == v)  # NaN: undefined
+    if not g:
+        return {"n": 0, "undefined": len(values)}
     return {"n": len(g), "mean": round(statistics.fmean(g), 5), "p50": round(g[len(g) // 2], 5),
-            "p90": round(g[int(0.9 * (len(g) - 1))], 5), "max": round(g[-1], 5)}
+            "p90": round(g[int(0.9 * (len(g) - 1))], 5), "max": round(g[-1], 5), "undefined": len(values) - len(g)}
+
+
+def _stats(sums: list[list]) -> dict:
+    """Record gaps, and the var statistic per group (pooled over its records, as the learner's screen sees a
+    unit): the two audit statistics at lag 0."""
+    from echo2sdk.core.audit import TokenSums
+
+    return {"record_gap": _summary([s.gap for g in sums for s in g]),
+            "group_var": _summary([sum(g, TokenSums()).unexplained for g in sums])}
 
 
 def gaps(args: argparse.Namespace) -> None:
@@ -161,13 +190,14 @@ def gaps(args: argparse.Namespace) -> None:
     for lag in range(args.lags + 1):
         if lag:
             learner.step(train[lag - 1])  # one real update: the probe batch is now `lag` versions old
-        g = _gaps(learner, probe)
-        print(json.dumps({**base, "lag": lag, "honest": _summary(g), "honest_over_1_plus_lag_max":
-                          round(max(g) / (1 + lag), 5)}), flush=True)
+        sums = _sums(learner, probe)
+        print(json.dumps({**base, "lag": lag, "honest": _stats(sums), "honest_gap_over_1_plus_lag_max":
+                          round(max(s.gap for g in sums for s in g) / (1 + lag), 5)}), flush=True)
     with HFBackend(resolve_model(args.other), threads=args.threads) as other:
         foreign = _sample(other, adapter, list(itertools.islice(tasks, args.prompts)), 4, params, "liar")
-    print(json.dumps({**base, "lag": args.lags, "fabricated_-0.01": _summary(_gaps(learner, probe, fabricate=-0.01)),
-                      f"other_model_{args.other}": _summary(_gaps(learner, foreign))}), flush=True)
+    liars = {f"fabricated_{c:g}": _stats(_sums(learner, probe, fabricate=c)) for c in (-0.01, -0.1, -1.0)}
+    print(json.dumps({**base, "lag": args.lags, **liars, f"other_model_{args.other}": _stats(_sums(learner, foreign))}),
+          flush=True)
 
 
 def main() -> None:
@@ -188,7 +218,7 @@ def main() -> None:
     g.add_argument("--lr", type=float, default=3e-6)  # the main job's (examples/math_smollm2.toml)
     g.add_argument("--temperature", type=float, default=0.8)
     g.add_argument("--max-new-tokens", type=int, default=48)
-    g.add_argument("--prompts", type=int, default=4)
+    g.add_argument("--prompts", type=int, default=8)
     g.add_argument("--threads", type=int, default=None)
     g.set_defaults(func=gaps)
     args = p.parse_args()

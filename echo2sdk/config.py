@@ -138,9 +138,15 @@ class LearnerConfig(_Section):
         "prompt then runs once per response instead of once per group)"
     )
     lie_threshold: float = Field(
-        0.5, ge=0, description="worker audit (docs/security.md): quarantine a worker whose records' mean "
-        "|log pi_old - log pi_sampler| per token, divided by 1 + lag, exceeds this in 2 consecutive learner steps "
-        "it contributed to (0: off)"
+        0.5, ge=0, allow_inf_nan=False, description="worker audit (docs/security.md): a worker whose records' mean "
+        "|log pi_old - log pi_sampler| per token, divided by 1 + lag, exceeds this is over: its rows are withheld "
+        "from the update, and over in 2 consecutive learner steps it contributed to it is quarantined (0: the "
+        "audit is off)"
+    )
+    lie_var_threshold: float = Field(
+        0.5, ge=0, allow_inf_nan=False, description="worker audit: the same for the fraction of the variance of "
+        "log pi_old its claimed log-probs leave unexplained (constant or made-up log-probs: ~1 or more; honest "
+        "SmolLM2: <= 0.24) (0: this check is off)"
     )
 
     @model_validator(mode="after")

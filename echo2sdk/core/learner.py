@@ -28,16 +28,17 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import torch
 
 from echo2sdk.core import grpo, isa, lr_schedule
+from echo2sdk.core.audit import BatchWithheld, Screen, TokenSums
 from echo2sdk.core.grpo import group_advantages
 from echo2sdk.core.records import Trajectory
 
-__all__ = ["group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "bf16_is_fast", "unit_plan"]
+__all__ = ["group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "BatchWithheld", "bf16_is_fast", "unit_plan"]
 
 
 class NonFiniteUpdate(ValueError):
@@ -65,9 +66,10 @@ class StepStats:
     t_backward_s: float
     t_optim_s: float
     grad_norm: float
-    # per record of the batch (groups flattened, in order): the token mean of |log pi_old - log pi_sampler| over
-    # its loss tokens, the statistic of the worker audit (core/audit.py); NaN when off-policy or without loss
-    sampler_gap: list[float] = field(default_factory=list)
+    # per record of the batch (groups flattened, in order): the worker audit's sums over its loss tokens
+    # (core/audit.py; empty when off-policy), and whether the step's screen withheld it from the update
+    audit_sums: list[TokenSums] = field(default_factory=list)
+    withheld: list[bool] = field(default_factory=list)
     lr: float = 0.0  # the learning rate of the step's updates (lr_scheduler)
 
 
@@ -79,7 +81,10 @@ class _Row:
     sampler_logprobs: list[float]
     advantage: float
     off_policy: bool = False  # replayed from a log: no sampler log-probs, w_t = 1
-    gap: tuple[float, float] = (0.0, 0.0)  # (sum of |log pi_old - log pi_sampler| over loss tokens, their count)
+    worker: str = ""
+    version: int = 0
+    sums: TokenSums = TokenSums()  # the audit's sums over loss tokens, noted at the step's first pass (pi_old)
+    withheld: bool = False  # by the step's screen: the row carries no loss in any of the step's updates
 
 
 def unit_plan(rows: Sequence[_Row], micro_batch: int, rank: int = 0, world: int = 1) -> list[list[int] | None]:
@@ -209,6 +214,7 @@ class Learner:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.lr, self.lr_scheduler, self.warmup_steps, self.total_steps = lr, lr_scheduler, warmup_steps, total_steps
         self.steps_done = 0  # learner steps taken: the schedule's position (checkpointed: schedule_state)
+        self._screen: Screen | None = None  # the current step's (step(screen=...))
 
     # -- batch building ---------------------------------------------------------------------------
     def _rows(self, groups: Sequence[Sequence[Trajectory]]) -> list[_Row]:
@@ -228,7 +234,7 @@ class Learner:
             for t, mask, a in zip(group, masks, adv):
                 m = t.meta
                 ids = list(m.prompt_ids) + list(m.response_ids)
-                rows.append(_Row(ids, len(m.prompt_ids), mask, list(m.logprobs), a, m.off_policy))
+                rows.append(_Row(ids, len(m.prompt_ids), mask, list(m.logprobs), a, m.off_policy, m.worker, t.version))
         return rows
 
     def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row]) -> torch.Tensor:
@@ -275,9 +281,11 @@ class Learner:
         self, mb: Sequence[_Row], coef: torch.Tensor, cache: dict[int, Any], key: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The unit's share of L, sum of c_i * l_t over its tokens (`coef`: c_i per token, 0 off the loss mask;
-        core/grpo.py), and its sums of (loss, kl, clipped, w, truncated) for the step's statistics. `cache[key]`
+        core/grpo.py), and its sums of (loss, kl, clipped, w, truncated, kept loss tokens) for the step's
+        statistics. `cache[key]`
         keeps the unit's (log pi_old, log pi_ref) from the step's first update: pi_old is pi_theta at the step's
-        start (that first forward, detached), pi_ref is frozen; later updates reuse both."""
+        start (that first forward, detached), pi_ref is frozen; later updates reuse both. On that first forward
+        the unit's audit sums are noted and the step's screen may withhold rows (their loss is zero throughout)."""
         logp = self._unit_logprobs(self._fwd, mb)
         mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
         adv = torch.tensor([r.advantage for r in mb for _ in r.mask], device=self.device)
@@ -288,16 +296,21 @@ class Learner:
                 with torch.no_grad():
                     ref_logp = self._unit_logprobs(self._ref_fwd, mb)
             cache[key] = (logp.detach(), ref_logp)
-            _note_sampler_gap(mb, logp.detach(), sampler, mask)
+            _note_audit_sums(mb, logp.detach(), sampler, mask)
+            if self._screen is not None:  # before this unit's first gradient: a withheld row never trains
+                for r, w in zip(mb, self._screen.withhold([(r.worker, r.version, r.sums) for r in mb])):
+                    r.withheld = w
         logp_old, ref_logp = cache[key]
         if any(r.off_policy for r in mb):  # logged responses have no sampler: take pi_sampler = pi_old
             off = torch.tensor([r.off_policy for r in mb for _ in r.mask], device=self.device)
             sampler = torch.where(off, logp_old, sampler)
         t = grpo.token_terms(logp, logp_old, sampler, adv, ref_logp, epsilon=self.epsilon,
                              epsilon_high=self.epsilon_high, is_cap=self.is_cap, beta=self.beta)
-        loss = (t.loss * coef).sum()
+        keep = torch.tensor([0.0 if r.withheld else 1.0 for r in mb for _ in r.mask], device=self.device)
+        loss = (t.loss * coef * keep).sum()
         with torch.no_grad():
-            sums = torch.stack([loss.detach(), *((x * mask).sum() for x in (t.kl, t.clipped, t.weight, t.truncated))])
+            sums = torch.stack([loss.detach(), *((x * mask).sum() for x in (t.kl, t.clipped, t.weight, t.truncated)),
+                                (mask * keep).sum()])
         return loss, sums.double().cpu()
 
     def _dummy_loss(self, reference: bool) -> torch.Tensor:
@@ -311,13 +324,16 @@ class Learner:
                 self._ref_fwd(one, one, zero, zero)
         return loss
 
-    def step(self, groups: Sequence[Sequence[Trajectory]]) -> StepStats:
+    def step(self, groups: Sequence[Sequence[Trajectory]], screen: Screen | None = None) -> StepStats:
         """One learner step on `groups`: `updates_per_step` optimizer updates, all against pi_old = pi_theta at
         the step's start, so the clip acts from the second on (under `distributed`, every rank passes the same
-        whole batch). ValueError for a batch without a loss-carrying token; NonFiniteUpdate for a NaN/inf loss or
-        gradient norm: that update is not applied, nor any after it (those before it were); both are decided
-        alike on every rank, from the batch or from all-reduced values."""
+        whole batch). `screen` (the worker audit, core/audit.py): each unit's rows of a worker over its
+        thresholds are withheld from every update of the step. ValueError for a batch without a loss-carrying
+        token; BatchWithheld when the screen withheld every row (nothing applied); NonFiniteUpdate for a NaN/inf
+        loss or gradient norm: that update is not applied, nor any after it (those before it were); all are
+        decided alike on every rank, from the batch or from all-reduced values."""
         t0 = time.perf_counter()
+        self._screen = screen
         rows = self._rows(groups)
         n_tok = sum(sum(r.mask) for r in rows)
         if n_tok <= 0:
@@ -330,6 +346,7 @@ class Learner:
         done = [self._update(rows, coef, plan, cache) for _ in range(self.updates_per_step)]
         self.steps_done += 1
         s = (sum(d[0] for d in done) / len(done)).tolist()  # statistics: the mean over the updates
+        audit_sums, withheld = _row_audit(rows, self.device if self.distributed else None)
         return StepStats(
             loss=s[0],
             kl=s[1] / n_tok,
@@ -342,7 +359,8 @@ class Learner:
             t_backward_s=sum(d[3] for d in done),
             t_optim_s=sum(d[4] for d in done),
             grad_norm=sum(d[1] for d in done) / len(done),
-            sampler_gap=_sampler_gaps(rows, self.device if self.distributed else None),
+            audit_sums=audit_sums,
+            withheld=withheld,
             lr=lr,
         )
 
@@ -353,7 +371,7 @@ class Learner:
         backward and optimizer seconds)."""
         first = not cache
         t_fwd = t_bwd = 0.0
-        sums = torch.zeros(5, dtype=torch.float64)
+        sums = torch.zeros(6, dtype=torch.float64)
         self.opt.zero_grad(set_to_none=True)
         for key, unit in enumerate(plan):
             ta = time.perf_counter()
@@ -373,6 +391,16 @@ class Learner:
             total = sums.to(self.device)  # NCCL reduces GPU tensors only
             dist.all_reduce(total)
             sums = total.cpu()
+        if first and float(sums[5]) == 0:  # all-reduced: every rank decides alike
+            self.opt.zero_grad(set_to_none=True)
+            raise BatchWithheld(*_row_audit(rows, self.device if self.distributed else None))
+        if first and self._screen is not None:
+            factor = self._reweigh(rows, coef)
+            if factor != 1.0:
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(factor)
+                sums[0] *= factor
         tc = time.perf_counter()
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         g = float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm)
@@ -381,6 +409,23 @@ class Learner:
             raise NonFiniteUpdate(f"loss {float(sums[0])!r}, gradient norm {g!r}: the update was not applied")
         self.opt.step()
         return sums, g, t_fwd, t_bwd, time.perf_counter() - tc
+
+    def _reweigh(self, rows: Sequence[_Row], coef: list[torch.Tensor]) -> float:
+        """After the screen withheld rows: the factor c_i(kept rows) / c_i(all rows), the same for every kept
+        row under each loss type (core/grpo.py), so that the step equals one on the kept rows alone; `coef` is
+        scaled by it for the later updates (a collective when distributed: the flags are all-reduced)."""
+        withheld = _row_audit(rows, self.device if self.distributed else None)[1]
+        if not any(withheld):
+            return 1.0
+        lengths = [sum(r.mask) for r in rows]
+        before = grpo.sequence_weights(lengths, self.loss_type, self.max_completion_length)
+        after = grpo.sequence_weights([0 if w else n for n, w in zip(lengths, withheld)], self.loss_type,
+                                      self.max_completion_length)
+        factor = next(a / b for a, b in zip(after, before) if a > 0)
+        for i, (r, w) in enumerate(zip(rows, withheld)):
+            r.withheld = w
+            coef[i] = coef[i] * factor
+        return factor
 
     # -- the learning-rate schedule ---------------------------------------------------------------
     def _set_lr(self) -> float:
@@ -456,27 +501,30 @@ class Learner:
             AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)
 
 
-def _note_sampler_gap(rows: Sequence[_Row], logp_old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> None:
-    """Keep on each on-policy row its sum of |log pi_old - log pi_sampler| over its loss tokens and their count."""
+def _note_audit_sums(rows: Sequence[_Row], logp_old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> None:
+    """Keep on each on-policy row the audit's sums over its loss tokens (core/audit.py TokenSums): their count,
+    the sums of |d|, d and d^2 for d = log pi_old - log pi_sampler, and of log pi_old and its square."""
     sizes = [len(r.mask) for r in rows]
-    parts = zip(((logp_old - sampler).abs() * mask).split(sizes), mask.split(sizes))
-    sums = torch.stack([torch.stack([d.sum(), m.sum()]) for d, m in parts]).tolist()  # one device sync
-    for r, (gap, n) in zip(rows, sums):
+    m = mask.double()
+    d, lp = (logp_old.double() - sampler.double()) * m, logp_old.double() * m
+    per = torch.stack([torch.stack([mm.sum(), dd.abs().sum(), dd.sum(), (dd * dd).sum(), ll.sum(), (ll * ll).sum()])
+                       for dd, ll, mm in zip(d.split(sizes), lp.split(sizes), m.split(sizes))]).tolist()  # one sync
+    for r, v in zip(rows, per):
         if not r.off_policy:
-            r.gap = (gap, n)
+            r.sums = TokenSums(*v)
 
 
-def _sampler_gaps(rows: Sequence[_Row], device: torch.device | None) -> list[float]:
-    """Each row's token-mean gap (NaN without one). `device`: sum the ranks' partial rows there (distributed:
-    every row was run on one rank, the others hold (0, 0) for it)."""
-    t = torch.tensor([r.gap for r in rows], dtype=torch.float64).reshape(len(rows), 2)
+def _row_audit(rows: Sequence[_Row], device: torch.device | None) -> tuple[list[TokenSums], list[bool]]:
+    """Each row's audit sums and withheld flag. `device`: sum the ranks' partial rows there (distributed: every
+    row was run on one rank, the others hold zeros for it)."""
+    t = torch.tensor([[*astuple(r.sums), float(r.withheld)] for r in rows], dtype=torch.float64).reshape(len(rows), 7)
     if device is not None:
         import torch.distributed as dist
 
         t = t.to(device)
         dist.all_reduce(t)
         t = t.cpu()
-    return [s / n if n > 0 else float("nan") for s, n in t.tolist()]
+    return [TokenSums(*v[:6]) for v in t.tolist()], [v[6] > 0 for v in t.tolist()]
 
 
 def _rank_world(distributed: bool) -> tuple[int, int]:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import timedelta
 from typing import Any
 
+from echo2sdk.core.audit import Screen
 from echo2sdk.core.records import Trajectory, pack, unpack
 from echo2sdk.errors import ConfigError
 
@@ -107,9 +108,10 @@ class Lockstep:
         if self.world > 1:
             _broadcast_bytes(pack({"op": op, **args}))
 
-    def step(self, groups: list[list[Trajectory]]) -> Any:
-        self._announce("step", groups=[[t.to_wire() for t in g] for g in groups])
-        return self.learner.step(groups)
+    def step(self, groups: list[list[Trajectory]], screen: Screen | None = None) -> Any:
+        self._announce("step", groups=[[t.to_wire() for t in g] for g in groups],
+                       screen=list(astuple(screen)) if screen is not None else None)
+        return self.learner.step(groups, screen)
 
     def snapshot_state(self, dtype: str) -> dict[str, Any]:
         self._announce("snapshot", dtype=dtype)
@@ -136,7 +138,8 @@ def follow(learner: Any) -> int:
         op = msg.get("op") if isinstance(msg, dict) else None
         if op == "step":
             try:
-                learner.step([[Trajectory.from_wire(t) for t in g] for g in msg["groups"]])
+                screen = Screen(*msg["screen"]) if msg.get("screen") is not None else None
+                learner.step([[Trajectory.from_wire(t) for t in g] for g in msg["groups"]], screen)
                 steps += 1
             except (ValueError, RuntimeError) as e:  # rank 0 drops the same batch (Trainer._learn) and goes on
                 log.warning("rank %d: learner step failed (%s: %s); batch dropped", learner.rank, type(e).__name__, e)

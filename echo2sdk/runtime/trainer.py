@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -36,6 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from echo2sdk.config import Config
 from echo2sdk.core import capacity, lr_schedule
+from echo2sdk.core.audit import BatchWithheld, SamplerAudit, audit_items, worker_stats
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime import checkpoint, distributed
 from echo2sdk.runtime.bootstrap import ModelFolder
@@ -171,8 +173,10 @@ def metrics_row(
     workers_alive: int,
     broadcast_repairs: int,
     workers_quarantined: int = 0,
-    sampler_gap: dict[str, float] | None = None,
+    audit: dict[str, Any] | None = None,
     batches_dropped: int = 0,
+    batches_withheld: int = 0,
+    records_withheld: int = 0,
     groups_filtered: int = 0,
     groups_filtered_frac: float = 0.0,
 ) -> dict[str, Any]:
@@ -215,9 +219,13 @@ def metrics_row(
         "t_bcast_s": t_q,
         "t_bcast_all_s": t_all,
         "broadcast_repairs": broadcast_repairs,
-        "sampler_gap": sampler_gap or {},  # the worker audit's statistic per worker (core/audit.py)
+        "sampler_gap": {w: round(s.gap, 6) for w, s in (audit or {}).items()},  # the worker audit (core/audit.py)
+        "sampler_var": {w: round(s.var, 6) if math.isfinite(s.var) else None for w, s in (audit or {}).items()},
+        "records_withheld": sum(st.withheld),  # of this step's batch, by the audit's screen (not trained on)
         "workers_quarantined": workers_quarantined,
         "batches_dropped": batches_dropped,  # so far: batches the learner step raised on (Trainer._learn)
+        "batches_withheld": batches_withheld,  # so far: batches the audit's screen withheld whole (records_withheld)
+        "records_withheld_total": records_withheld,  # so far
     }
 
 
@@ -286,7 +294,11 @@ class Trainer:
         self._tasks: _Counted | None = None
         self._rows_at_setup = 0  # rows restored by a resume (calibrate runs before this process trains)
         self.sinks: Sinks | None = None  # run.log_to, opened in setup (rank 0)
-        self.audit: Any = None  # the worker audit (core/audit.py), made at the first step when learner.lie_threshold > 0
+        lt = cfg.learner
+        # the worker audit (core/audit.py); None when learner.lie_threshold is 0
+        self.audit = SamplerAudit(lt.lie_threshold, lt.lie_var_threshold) if lt.lie_threshold else None
+        self.batches_withheld = 0  # batches the audit's screen withheld whole (not counted as dropped)
+        self.withheld_by_worker: collections.Counter[str] = collections.Counter()  # records withheld, by worker
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
         self.batches_dropped = 0  # batches the learner step raised on (dropped, training went on)
         self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
@@ -489,7 +501,7 @@ class Trainer:
         t_wait, t0, groups, st = self._learn(k)
         records = [t for g in groups for t in g]
         deltas = [self.version - t.version for t in records]  # Delta = v_t - v, <= S by admission
-        gaps = self._audit_batch(records, st.sampler_gap)
+        audit = self._audit_batch(records, st.audit_sums, st.withheld)
         self.version += 1
         self.buffer.set_version(self.version)
         t_pub = self._publish_if_due(publisher)
@@ -497,20 +509,25 @@ class Trainer:
         now = time.perf_counter()
         self._log_batch(step, records, deltas)
         return metrics_row(step, self.version, records, deltas, st, time_s=now - t_start, wall_s=now - t0 + t_wait,
-                           wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, sampler_gap=gaps, **self._pool_counters())
+                           wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, audit=audit, **self._pool_counters())
 
     def _learn(self, k: int) -> tuple[float, float, list, StepStats]:
         """Wait for k groups, sample them and step the learner on them. A batch the step raises on (ValueError
         or RuntimeError from its data; NonFiniteUpdate: nothing was applied) is dropped, counted and logged with
         the workers of its records, and the next k groups are waited for; MAX_DROPS_IN_A_ROW drops in a row end
-        the run. Returns (time waited, when the stepped batch was taken, the batch, the step's stats)."""
+        the run. A batch the audit's screen withheld whole is audited, counted (batches_withheld) and replaced
+        the same way, without counting as a drop. Returns (time waited, when the stepped batch was taken, the
+        batch, the step's stats)."""
         t_wait, drops = 0.0, 0
         while True:
             t_wait += self._wait_for_groups(k)
             t0 = time.perf_counter()
             groups = self.last_batch = self.buffer.sample(k)
             try:
-                return t_wait, t0, groups, self.ops.step(groups)
+                return t_wait, t0, groups, self.ops.step(groups, self.audit.screen(self.version) if self.audit else None)
+            except BatchWithheld as e:
+                self.batches_withheld += 1
+                self._audit_batch([t for g in groups for t in g], e.audit_sums, e.withheld)
             except (ValueError, RuntimeError) as e:
                 drops += 1
                 self._drop_batch(groups, e)
@@ -524,17 +541,19 @@ class Trainer:
         log.warning("learner step at v%d failed (%s: %s): batch of %d records dropped (records by worker: %s)",
                     self.version, type(error).__name__, error, sum(workers.values()), dict(workers))
 
-    def _audit_batch(self, records: list, gaps: list[float]) -> dict[str, float]:
-        """The worker audit (core/audit.py): each worker's sampler log-prob gap in this batch; a worker past
-        learner.lie_threshold in 2 consecutive steps is quarantined. Returns the gaps per worker."""
-        from echo2sdk.core.audit import SamplerAudit, worker_gaps
-
-        threshold = self.cfg.learner.lie_threshold
-        if not threshold:
-            return worker_gaps(records, gaps, self.version)
+    def _audit_batch(self, records: list, sums: list, withheld: list[bool]) -> dict[str, Any]:
+        """The worker audit (core/audit.py) of one stepped or withheld batch: counts the records the screen
+        withheld; a worker over learner.lie_threshold / lie_var_threshold in 2 consecutive steps is
+        quarantined. Returns the statistics per worker (WorkerStat)."""
+        items = audit_items(records, sums, self.version)
+        gone = [t.meta.worker for t, w in zip(records, withheld) if w]
+        if gone:
+            self.withheld_by_worker.update(gone)
+            log.warning("audit at v%d: %d records withheld from the update (by worker: %s)", self.version,
+                        len(gone), dict(collections.Counter(gone)))
         if self.audit is None:
-            self.audit = SamplerAudit(threshold)
-        for wid in self.audit.observe(records, gaps, self.version):
+            return worker_stats(items)
+        for wid in self.audit.observe(items):
             self.coordinator.quarantine(wid, self.audit.flagged[wid])
         return self.audit.history[-1]
 
@@ -579,6 +598,8 @@ class Trainer:
             "broadcast_repairs": self.coordinator.repairs_reported,
             "workers_quarantined": self.coordinator.quarantines,
             "batches_dropped": self.batches_dropped,
+            "batches_withheld": self.batches_withheld,
+            "records_withheld": sum(self.withheld_by_worker.values()),
         }
 
     def _record(self, row: dict[str, Any], bar: Any) -> None:
@@ -734,6 +755,7 @@ class Trainer:
             "quarantined": dict(self.coordinator.quarantined),  # worker id -> why (core/audit.py)
             "batches_dropped": self.batches_dropped,  # the learner step raised on them; training went on
             "batches_dropped_records_by_worker": dict(self.dropped_by_worker),
+            "records_withheld_by_worker": dict(self.withheld_by_worker),  # by the audit's screen (core/audit.py)
             "config": redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         }
 

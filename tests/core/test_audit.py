@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from echo2sdk.core.audit import SamplerAudit, worker_gaps
+from echo2sdk.core.audit import SamplerAudit, Screen, TokenSums, audit_items, worker_stats
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.records import Meta, Trajectory
 from echo2sdk.errors import ConfigError, TrajectoryRejected
@@ -18,44 +18,96 @@ def _rec(worker: str, version: int = 0, group: str = "g", off_policy: bool = Fal
     return Trajectory(prompt="p", response="r", reward=1.0, version=version, meta=meta)
 
 
-def test_worker_gaps_divide_by_one_plus_lag_and_skip_off_policy_and_nan():
-    records = [_rec("a", version=5), _rec("a", version=3), _rec("b", version=5, off_policy=True), _rec("b", 5)]
-    gaps = worker_gaps(records, [0.2, 0.6, 9.0, math.nan], v_t=5)
-    assert gaps == {"a": pytest.approx((0.2 / 1 + 0.6 / 3) / 2)}  # b: off-policy and NaN only
+def _sums(claims, truth) -> TokenSums:
+    """TokenSums of a record whose sampler claimed `claims` where pi_old says `truth`."""
+    d = [t - c for c, t in zip(claims, truth)]
+    return TokenSums(len(d), sum(map(abs, d)), sum(d), sum(x * x for x in d), sum(truth), sum(x * x for x in truth))
 
 
-def test_worker_gaps_needs_one_gap_per_record():
-    with pytest.raises(ValueError, match="1 gaps for 2 records"):
-        worker_gaps([_rec("a"), _rec("a")], [0.1], v_t=0)
+TRUTH = [-0.01, -1.2, -0.3, -0.05, -0.8, -0.02, -0.4, -0.01] * 3  # 24 tokens: a confident model's log-probs
+
+
+def test_token_sums_gap_and_unexplained_variance():
+    honest = _sums([t + 0.01 * (-1) ** i for i, t in enumerate(TRUTH)], TRUTH)
+    assert honest.gap == pytest.approx(0.01) and honest.unexplained < 0.002
+    constant = _sums([-0.01] * len(TRUTH), TRUTH)
+    assert constant.unexplained == pytest.approx(1.0)  # a constant claim explains none of pi_old's variance
+    assert constant.gap == pytest.approx(sum(abs(t + 0.01) for t in TRUTH) / len(TRUTH))
+    shuffled = _sums(TRUTH[1:] + TRUTH[:1], TRUTH)  # plausible values, not the sampled tokens' own
+    assert shuffled.unexplained > 1.0
+    from dataclasses import astuple
+
+    parts = _sums(TRUTH[:8], TRUTH[:8]) + _sums(TRUTH[8:], TRUTH[8:])
+    assert astuple(parts) == pytest.approx(astuple(_sums(TRUTH, TRUTH)))
+    assert math.isnan(_sums([-0.01] * 8, TRUTH[:8]).unexplained)  # under MIN_TOKENS
+    assert math.isnan(_sums([-0.5] * 24, [-0.01, -0.5] * 12).unexplained)  # pi_old hardly varies (0.06)
+    assert math.isnan(TokenSums().gap)
+
+
+def test_worker_stats_divide_by_one_plus_lag_and_skip_records_without_tokens():
+    a0, a2 = _sums([t + 0.2 for t in TRUTH], TRUTH), _sums([t + 0.6 for t in TRUTH], TRUTH)
+    stats = worker_stats([("a", 0, a0), ("a", 2, a2), ("b", 0, TokenSums())])
+    assert list(stats) == ["a"]
+    assert stats["a"].gap == pytest.approx((0.2 + 0.6 / 3) / 2)
+    assert stats["a"].var == pytest.approx((a0 + a2).unexplained)  # pooled; no lag allowance
+
+
+def test_audit_items_skip_off_policy_and_need_one_sum_per_record():
+    records = [_rec("a", version=5), _rec("b", version=3, off_policy=True), _rec("c", version=2)]
+    s = [TokenSums(1, 1, 1, 1, 1, 1)] * 3
+    assert audit_items(records, s, v_t=5) == [("a", 0, s[0]), ("c", 3, s[2])]
+    with pytest.raises(ValueError, match="1 token sums for 2 records"):
+        audit_items(records[:2], s[:1], v_t=0)
+
+
+LIE, FAKE, FINE = (_sums([t + 2.0 for t in TRUTH], TRUTH), _sums([-0.01] * len(TRUTH), TRUTH),
+                   _sums([t + 0.01 for t in TRUTH], TRUTH))
 
 
 def test_flagged_after_two_consecutive_steps_it_contributed_to():
-    audit = SamplerAudit(threshold=0.5)
-    assert audit.observe([_rec("liar"), _rec("honest")], [2.0, 0.01], v_t=0) == []
-    assert audit.observe([_rec("honest")], [0.01], v_t=0) == []  # a step without its records neither counts nor resets
-    assert audit.observe([_rec("liar"), _rec("honest")], [2.0, 0.01], v_t=0) == ["liar"]
-    assert audit.observe([_rec("liar")], [2.0], v_t=0) == []  # flagged once
-    assert list(audit.flagged) == ["liar"] and "> threshold 0.5 in 2 consecutive steps" in audit.flagged["liar"]
-    assert audit.history[1] == {"honest": 0.01}
+    audit = SamplerAudit(gap_threshold=0.5)
+    assert audit.observe([("liar", 0, LIE), ("honest", 0, FINE)]) == []
+    assert audit.observe([("honest", 0, FINE)]) == []  # a step without its records neither counts nor resets
+    assert audit.observe([("liar", 0, LIE), ("honest", 0, FINE)]) == ["liar"]
+    assert audit.observe([("liar", 0, LIE)]) == []  # flagged once
+    assert list(audit.flagged) == ["liar"] and "gap statistic 2 > threshold 0.5 in 2 consecutive" in audit.flagged["liar"]
+    assert audit.history[1]["honest"].gap == pytest.approx(0.01)
+
+
+def test_constant_logprobs_are_flagged_by_the_variance_statistic_and_not_the_gap():
+    audit = SamplerAudit(gap_threshold=0.5, var_threshold=0.5)
+    assert FAKE.gap < 0.5
+    assert audit.observe([("fake", 0, FAKE)]) == [] and audit.observe([("fake", 0, FAKE)]) == ["fake"]
+    assert "var statistic 1 > threshold 0.5" in audit.flagged["fake"]
+    off = SamplerAudit(gap_threshold=0.5, var_threshold=0)  # 0: the variance check is off
+    assert off.observe([("fake", 0, FAKE)]) == [] and off.observe([("fake", 0, FAKE)]) == []
 
 
 def test_a_step_below_the_threshold_resets_the_count():
-    audit = SamplerAudit(threshold=0.5)
-    for g in (2.0, 0.1, 2.0, 0.1, 2.0):
-        assert audit.observe([_rec("w")], [g], v_t=0) == []
-    assert audit.observe([_rec("w")], [2.0], v_t=0) == ["w"]
+    audit = SamplerAudit(gap_threshold=0.5)
+    for s in (LIE, FINE, LIE, FINE, LIE):
+        assert audit.observe([("w", 0, s)]) == []
+    assert audit.observe([("w", 0, LIE)]) == ["w"]
 
 
 def test_lag_allowance_keeps_a_stale_record_under_the_threshold():
-    audit = SamplerAudit(threshold=0.5)
-    for v_t in (3, 4):
-        assert audit.observe([_rec("w", version=v_t - 3)], [1.6], v_t=v_t) == []  # 1.6 / (1 + 3) = 0.4
+    audit = SamplerAudit(gap_threshold=0.5)
+    stale = _sums([t + 1.6 for t in TRUTH], TRUTH)
+    for _ in range(3):
+        assert audit.observe([("w", 3, stale)]) == []  # 1.6 / (1 + 3) = 0.4
+
+
+def test_screen_withholds_the_rows_of_the_worker_over_a_threshold_only():
+    screen = Screen(v_t=4, gap_threshold=0.5, var_threshold=0.5)
+    rows = [("honest", 4, FINE), ("liar", 4, LIE), ("fake", 3, FAKE), ("honest", 3, FINE), ("liar", 4, FINE)]
+    assert screen.withhold(rows) == [False, True, True, False, True]  # fake: var 1.0 whatever its lag
+    assert Screen(4, 0.5, 0).withhold(rows) == [False, True, False, False, True]  # the var check off
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True])
 def test_threshold_must_be_a_finite_positive_number(bad):
-    with pytest.raises(ConfigError, match="threshold"):
-        SamplerAudit(threshold=bad)
+    with pytest.raises(ConfigError, match="lie_threshold"):
+        SamplerAudit(gap_threshold=bad)
 
 
 def test_drop_worker_drops_its_groups_counts_them_and_refuses_its_records_after():
@@ -74,16 +126,69 @@ def test_drop_worker_drops_its_groups_counts_them_and_refuses_its_records_after(
     assert [t.meta.worker for g in buf.sample(1) for t in g] == ["honest", "honest"]
 
 
-def test_learner_gap_is_zero_for_its_own_logprobs_large_for_fabricated_and_nan_off_policy():
-    pytest.importorskip("torch")
+def _learner(**kw):
     from echo2sdk.core.learner import Learner
     from echo2sdk.weights import resolve_model
 
-    learner = Learner(resolve_model("tiny-random"), lr=1e-4, precision="fp32", threads=1)
+    return Learner(resolve_model("tiny-random"), lr=1e-3, precision="fp32", threads=1, seed=0, **kw)
+
+
+def _group(worker: str, prompt: tuple[int, ...], rewards, logprobs):
+    def meta(i):
+        return Meta(group_id=worker, prompt_ids=prompt, response_ids=tuple(range(5 + i, 25 + i)),
+                    logprobs=tuple(logprobs[i]), worker=worker)
+
+    return [Trajectory(prompt="p", response="r", reward=r, version=0, meta=meta(i)) for i, r in enumerate(rewards)]
+
+
+def test_learner_sums_are_zero_for_its_own_logprobs_large_for_fabricated_and_empty_off_policy():
+    pytest.importorskip("torch")
+    learner = _learner()
     own = learner._token_logprobs(learner._rows([[_rec("h", logprobs=(-1.0,) * 4)]])).tolist()  # pi_old's
     lie = (-0.01,) * 4
     group = [_rec("h", logprobs=own), _rec("h", logprobs=lie), _rec("h", logprobs=lie, off_policy=True)]
-    gaps = learner.step([group]).sampler_gap
-    assert gaps[0] < 1e-4  # an honest sampler's log-probs: pi_old's own
-    assert gaps[1] == pytest.approx(sum(abs(lp + 0.01) for lp in own) / 4, rel=1e-4)
-    assert math.isnan(gaps[2])
+    sums = learner.step([group]).audit_sums
+    assert sums[0].n == 4 and sums[0].gap < 1e-4  # an honest sampler's log-probs: pi_old's own
+    assert sums[1].gap == pytest.approx(sum(abs(lp + 0.01) for lp in own) / 4, rel=1e-4)
+    assert sums[1].lp == pytest.approx(sum(own), rel=1e-4)
+    assert sums[2] == TokenSums()
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_a_screened_step_equals_a_step_on_the_honest_rows_alone(loss_type):
+    """The liar's rows are withheld before their gradient is taken: the update (two of them) is the same as
+    one without the liar's group at all, and the step reports which records it withheld."""
+    pytest.importorskip("torch")
+    import torch
+
+    kw = dict(loss_type=loss_type, max_completion_length=20, updates_per_step=2)
+    a, b = _learner(**kw), _learner(**kw)
+    probe = _group("honest", (1, 2, 3), [0.0, 1.0, 0.5, 1.0], [[-1.0] * 20] * 4)
+    own = [a._token_logprobs(a._rows([[t]])).tolist() for t in probe]  # pi_old's: an honest sampler's
+    honest = _group("honest", (1, 2, 3), [0.0, 1.0, 0.5, 1.0], own)
+    liar = _group("liar", (4, 5), [1.0, 0.0, 1.0, 0.0], [[-0.01] * 20] * 4)
+    screen = Screen(v_t=0, gap_threshold=0.5, var_threshold=0.5)
+    st = a.step([honest, liar], screen=screen)
+    assert st.withheld == [False] * 4 + [True] * 4
+    assert b.step([honest], screen=screen).withheld == [False] * 4
+    fresh = _learner(**kw)
+    moved = max(float((pa - p0).abs().max()) for pa, p0 in zip(a.model.parameters(), fresh.model.parameters()))
+    assert moved > 1e-5  # the honest rows did train
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=1e-7, msg=name)
+
+
+def test_a_batch_withheld_whole_raises_and_changes_nothing():
+    pytest.importorskip("torch")
+    import torch
+
+    from echo2sdk.core.audit import BatchWithheld
+
+    learner = _learner()
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    liar = _group("liar", (4, 5), [1.0, 0.0, 1.0, 0.0], [[-0.01] * 20] * 4)
+    with pytest.raises(BatchWithheld, match="withheld all 4 records") as e:
+        learner.step([liar], screen=Screen(v_t=0, gap_threshold=0.5, var_threshold=0.5))
+    assert e.value.withheld == [True] * 4 and all(s.gap > 0.5 for s in e.value.audit_sums)
+    assert learner.steps_done == 0 and not learner.opt.state
+    assert all(torch.equal(p, q) for p, q in zip(learner.model.parameters(), before))

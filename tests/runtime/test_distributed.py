@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from echo2sdk.core.audit import Screen  # noqa: E402
 from echo2sdk.core.learner import Learner  # noqa: E402
 from echo2sdk.runtime import distributed  # noqa: E402
 from echo2sdk.weights import resolve_model  # noqa: E402
@@ -30,7 +31,7 @@ RANK_SCRIPT = textwrap.dedent('''
     import torch
     from safetensors.torch import save_file
     sys.path.insert(0, sys.argv[2])
-    from test_distributed import KW, batch
+    from test_distributed import KW, SCREEN, batch
     from echo2sdk.core.learner import Learner
     from echo2sdk.runtime import distributed
     from echo2sdk.weights import resolve_model
@@ -41,7 +42,7 @@ RANK_SCRIPT = textwrap.dedent('''
     if topo.leader:
         ops = distributed.Lockstep(learner, topo.world)
         t0 = time.perf_counter()
-        st = ops.step(batch())
+        st = ops.step(batch(), SCREEN)
         step_s = time.perf_counter() - t0
         params = ops.model_state()
         opt = ops.optimizer_state()
@@ -51,7 +52,7 @@ RANK_SCRIPT = textwrap.dedent('''
         save_file({k: v.contiguous() for k, v in params.items()}, out + "/params.safetensors")
         save_file({k: v.contiguous() for k, v in grads.items()}, out + "/grads.safetensors")
         json.dump({"loss": st.loss, "kl": st.kl, "grad_norm": st.grad_norm, "tokens": st.tokens, "step_s": step_s,
-                   "opt_params": sorted(opt["state"])}, open(out + "/stats.json", "w"))
+                   "opt_params": sorted(opt["state"]), "withheld": st.withheld}, open(out + "/stats.json", "w"))
     else:
         assert distributed.follow(learner) == 1  # the step, the gathered model and optimizer states, stop
         grads = [p.grad.full_tensor() for p in learner.model.parameters() if p.grad is not None]  # as rank 0
@@ -60,6 +61,9 @@ RANK_SCRIPT = textwrap.dedent('''
 
 KW = dict(lr=1e-3, precision="fp32", beta=0.1, micro_batch=3, threads=1, device="cpu",  # gloo ranks: CPU
           updates_per_step=2, loss_type="grpo")  # the second update runs no reference forward: nor may a dummy unit
+#: the worker audit's screen: group 0's claimed log-probs (-60) are far from the policy's (~ -7.6), the others'
+#: (-3.0) within the threshold: its rows are withheld on whichever rank runs them
+SCREEN = Screen(v_t=0, gap_threshold=10.0, var_threshold=0.5)
 
 
 def batch() -> list:
@@ -76,7 +80,8 @@ def batch() -> list:
         group = []
         for _ in range(4 if g else 3):
             resp = tuple(rnd.randrange(10, 2000) for _ in range(1 + rnd.randrange(5)))
-            meta = Meta(group_id=f"g{g}", prompt_ids=prompt, response_ids=resp, logprobs=(-3.0,) * len(resp))
+            meta = Meta(group_id=f"g{g}", prompt_ids=prompt, response_ids=resp,
+                        logprobs=(-60.0 if g == 0 else -3.0,) * len(resp), worker=f"w{g}")
             group.append(Trajectory(prompt="p", response="y", reward=rnd.random(), version=0, meta=meta))
         out.append(group)
     return out
@@ -102,11 +107,12 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointin
 
     one = Learner(resolve_model("tiny-random"), gradient_checkpointing=checkpointing, **KW)
     t0 = time.perf_counter()
-    want = one.step(batch())
+    want = one.step(batch(), SCREEN)
     one_s = time.perf_counter() - t0
     got = _torchrun(tmp_path, checkpointing)
 
     assert got["tokens"] == want.tokens
+    assert got["withheld"] == want.withheld == [True] * 3 + [False] * 12
     assert got["loss"] == pytest.approx(want.loss, rel=1e-6, abs=1e-9)
     assert got["kl"] == pytest.approx(want.kl, rel=1e-5, abs=1e-9)
     assert got["grad_norm"] == pytest.approx(want.grad_norm, rel=1e-5)

@@ -60,16 +60,19 @@ def _run_with_liar(tmp_path: Path, *lie: str, steps: int = 16) -> tuple[Trainer,
 
 
 def _check_gap_detection(tr: Trainer, summary: dict, rows: list[dict]) -> None:
-    threshold = tr.cfg.learner.lie_threshold
-    assert list(summary["quarantined"]) == ["liar"] and "sampler log-prob gap" in summary["quarantined"]["liar"]
-    history = tr.audit.history
+    threshold, var_threshold = tr.cfg.learner.lie_threshold, tr.cfg.learner.lie_var_threshold
+    assert list(summary["quarantined"]) == ["liar"] and "sampler log-prob gap statistic" in summary["quarantined"]["liar"]
+    history = tr.audit.history  # every audited batch: the stepped ones and those withheld whole
     with_liar = [h for h in history if "liar" in h]
-    assert len(with_liar) == 2  # flagged at its 2nd step; none of its records trained on after that
-    assert all(h["liar"] > threshold for h in with_liar)
-    honest = [g for h in history for w, g in h.items() if w != "liar"]
-    assert honest and max(honest) < threshold
+    assert len(with_liar) == 2  # flagged at its 2nd step; none of its records reached a batch after that
+    assert all(h["liar"].gap > threshold for h in with_liar)
+    honest = [s for h in history for w, s in h.items() if w != "liar"]
+    assert honest and max(s.gap for s in honest) < threshold and not any(s.var > var_threshold for s in honest)
+    # the screen withheld every record of the liar before its gradient was taken, and no honest record
+    assert set(summary["records_withheld_by_worker"]) == {"liar"}
+    assert summary["records_withheld_by_worker"]["liar"] >= 8  # at least a group of 4 in each of its 2 steps
     assert rows[-1]["workers_quarantined"] == 1
-    assert [r["sampler_gap"] for r in rows] == history
+    assert all(g < threshold for r in rows for w, g in r["sampler_gap"].items() if w != "liar")
 
 
 def test_fabricated_logprobs_are_quarantined_within_two_steps(tmp_path):
@@ -85,5 +88,5 @@ def test_a_version_never_installed_is_quarantined_at_once(tmp_path):
     tr, summary, rows = _run_with_liar(tmp_path, "--claim-newest", steps=8)
     assert list(summary["quarantined"]) == ["liar"] and "never reported installed" in summary["quarantined"]["liar"]
     threshold = tr.cfg.learner.lie_threshold
-    assert max(g for h in tr.audit.history for g in h.values()) < threshold  # its v0 records were honest
+    assert max(s.gap for h in tr.audit.history for s in h.values()) < threshold  # its v0 records were honest
     assert rows[-1]["workers_quarantined"] == 1
