@@ -116,6 +116,10 @@ class LearnerConfig(_Section):
         "learner.data_timeout_s ends a run that gets none)"
     )
     is_cap: float = Field(2.0, gt=0, description="C: truncation of min(pi_old / pi_sampler, C)")
+    importance_weight: bool = Field(
+        True, description="multiply each token's loss by w_t = min(pi_old / pi_sampler, C), the correction for "
+        "the sampler's staleness; false: w_t = 1 (an ablation, bench/staleness.py)"
+    )
     adv_eps: float = Field(1e-4, gt=0, description="eps in (R_i - mean_G) / (std_G + eps)")
     grad_clip: float = Field(1.0, gt=0)
     micro_batch: int = Field(8, ge=1, description="sequences per forward/backward (gradient accumulation)")

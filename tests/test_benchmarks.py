@@ -54,3 +54,25 @@ def test_bootstrap_bench_prints_both_modes_with_the_bytes_received():
     assert [r["mode"] for r in rows] == ["local", "bootstrap"]
     assert all(r["seconds_to_first_rollout"] > 0 for r in rows)
     assert rows[1]["files"] >= 2 and rows[1]["weight_bytes"] > 0 and rows[1]["bootstrap_s"] >= 0
+
+
+@pytest.mark.slow
+def test_staleness_bench_prints_a_line_per_run_a_summary_and_a_png(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "staleness.py"), "--model", "tiny-random", "--steps", "2", "--S", "2,3",
+         "--importance-weight", "off", "--set", "learner.filter_zero_variance=false", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=True,
+    ).stdout
+    *runs, summary = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["S"], r["kappa"], r["importance_weight"]) for r in runs] == [(2, 1, False), (3, 2, False)]
+    for r in runs:
+        assert "error" not in r, r
+        assert len(r["reward"]) == len(r["time_s"]) == len(r["staleness"]["per_step_max"]) == 2
+        assert r["staleness"]["n"] == 2 * r["R"] and r["staleness"]["max"] <= r["S"]
+        assert (r["is_weight_mean"], r["is_truncated_frac"]) == (1.0, 0.0)  # the weight is off: w_t = 1
+        config = json.loads((Path(r["run_dir"]) / "config.json").read_text())
+        assert config["learner"]["importance_weight"] is False and config["learner"]["staleness"] == r["S"]
+    assert summary["summary"] and summary["failed"] == 0
+    assert [(c["S"], c["baseline_S"]) for c in summary["configs"]] == [(2, 2), (3, 2)]
+    assert (tmp_path / "staleness.png").stat().st_size > 0
+    assert (tmp_path / "results.jsonl").read_text().count("\n") == 3

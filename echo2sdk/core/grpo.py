@@ -4,7 +4,7 @@ For response token t of sequence i in a batch of G sequences (docs/recipes.md ha
 
     A_i    = (R_i - mean_G) / (std_G + eps)          scale_rewards (Dr. GRPO: A_i = R_i - mean_G)
     r_t    = pi_theta / pi_old                       pi_old: the policy at the start of the learner step
-    w_t    = min(pi_old / pi_sampler, C)             truncated importance weight (C = is_cap)
+    w_t    = min(pi_old / pi_sampler, C)             truncated importance weight (C = is_cap); 1 without it
     l_t    = w_t * ( -min(r_t A_i, clip(r_t, 1 - eps_low, 1 + eps_high) A_i) + beta * KL_t )
     KL_t   = pi_ref / pi_theta - log(pi_ref / pi_theta) - 1        (k3 estimator, >= 0)
 
@@ -60,14 +60,18 @@ def token_terms(
     epsilon_high: float | None = None,
     is_cap: float,
     beta: float = 0.0,
+    importance_weight: bool = True,
 ) -> TokenTerms:
     """l_t and its parts from log pi_theta (`logp`, carries the gradient), log pi_old, log pi_sampler,
-    A (broadcast against `logp`) and log pi_ref (None: no KL term)."""
+    A (broadcast against `logp`) and log pi_ref (None: no KL term). `importance_weight=False`: w_t = 1 on every
+    token (no correction for the sampler's staleness; `sampler_logp` is then unused)."""
     eps_low, eps_high = epsilon, epsilon if epsilon_high is None else epsilon_high
     old_logp = old_logp.detach()
     ratio = torch.exp(logp - old_logp)  # r_t
-    raw_w = torch.exp(old_logp - sampler_logp)  # pi_old / pi_sampler
-    w = raw_w.clamp(max=is_cap)  # w_t
+    w, truncated = torch.ones_like(old_logp), torch.zeros_like(old_logp)  # w_t = 1 without the weight
+    if importance_weight:
+        raw_w = torch.exp(old_logp - sampler_logp)  # pi_old / pi_sampler
+        w, truncated = raw_w.clamp(max=is_cap), (raw_w > is_cap).float()  # w_t
     clipped_ratio = ratio.clamp(1 - eps_low, 1 + eps_high)
     surr = torch.minimum(ratio * advantages, clipped_ratio * advantages)
     kl = torch.zeros_like(logp)
@@ -77,7 +81,7 @@ def token_terms(
     loss = w * (-surr + beta * kl)
     with torch.no_grad():
         clipped = ((ratio < 1 - eps_low) & (advantages < 0)) | ((ratio > 1 + eps_high) & (advantages > 0))
-    return TokenTerms(loss, kl, clipped.float(), w, (raw_w > is_cap).float())
+    return TokenTerms(loss, kl, clipped.float(), w, truncated)
 
 
 def sequence_weights(lengths: Sequence[float], loss_type: str, max_completion_length: int | None = None) -> list[float]:
@@ -110,10 +114,12 @@ def grpo_loss(
     epsilon_high: float | None = None,
     is_cap: float,
     beta: float = 0.0,
+    importance_weight: bool = True,
     max_completion_length: int | None = None,
 ) -> torch.Tensor:
     """L for a padded batch: (B, T) log-prob tensors, `advantages` (B,), `mask` (B, T) 1.0 on loss tokens."""
     terms = token_terms(logp, old_logp, sampler_logp, advantages[:, None], ref_logp,
-                        epsilon=epsilon, epsilon_high=epsilon_high, is_cap=is_cap, beta=beta)
+                        epsilon=epsilon, epsilon_high=epsilon_high, is_cap=is_cap, beta=beta,
+                        importance_weight=importance_weight)
     c = sequence_weights(mask.sum(-1).tolist(), loss_type, max_completion_length)
     return (terms.loss * mask * torch.tensor(c, dtype=terms.loss.dtype)[:, None]).sum()

@@ -4,7 +4,7 @@ sampling against the (possibly stale) sampler. The objective's maths are the pur
 
     A_i      = (R_i - mean_G) / (std_G + eps)                      group-normalized advantage (scale_rewards)
     r_t      = pi_theta / pi_old                                    (pi_old = pi_theta at the step's start)
-    w_t      = min(pi_old / pi_sampler, C)                          truncated importance weight
+    w_t      = min(pi_old / pi_sampler, C)                          truncated importance weight (1 when off)
     l_t      = w_t * ( -min(r_t A, clip(r_t, 1-eps_low, 1+eps_high) A) + beta * KL_t(pi_theta || pi_ref) )
     L        = sum_i c_i sum_t l_t                                  c_i by loss_type: grpo, dr_grpo, dapo
 
@@ -145,6 +145,7 @@ class Learner:
         epsilon: float = 0.2,
         epsilon_high: float | None = None,
         is_cap: float = 2.0,
+        importance_weight: bool = True,
         adv_eps: float = 1e-4,
         loss_type: str = "dapo",
         scale_rewards: bool = True,
@@ -171,7 +172,8 @@ class Learner:
         over the process group that is up (torchrun). `gradient_checkpointing`: recompute activations in the
         backward pass (less memory, ~1/3 more compute; the prompt is then run once per row). `device`:
         default the current CUDA device when there is one, else the CPU. The GRPO knobs (`loss_type`,
-        `epsilon`, `epsilon_high`, `scale_rewards`, `max_completion_length`: core/grpo.py) and the schedule
+        `epsilon`, `epsilon_high`, `scale_rewards`, `max_completion_length`, `is_cap`, `importance_weight`:
+        core/grpo.py) and the schedule
         (`updates_per_step` optimizer updates per step, `lr_scheduler` over `total_steps` steps with
         `warmup_steps`: core/lr_schedule.py) are described in docs/recipes.md."""
         from transformers import AutoModelForCausalLM
@@ -207,6 +209,7 @@ class Learner:
             if self._ref_fwd is not None:
                 _shard(self._ref_fwd, self.ref)
         self.beta, self.epsilon, self.epsilon_high, self.is_cap = beta, epsilon, epsilon_high, is_cap
+        self.importance_weight = importance_weight
         self.adv_eps, self.loss_type, self.scale_rewards = adv_eps, loss_type, scale_rewards
         self.max_completion_length, self.updates_per_step = max_completion_length, updates_per_step
         self.grad_clip, self.micro_batch, self.temperature = grad_clip, micro_batch, temperature
@@ -305,7 +308,8 @@ class Learner:
             off = torch.tensor([r.off_policy for r in mb for _ in r.mask], device=self.device)
             sampler = torch.where(off, logp_old, sampler)
         t = grpo.token_terms(logp, logp_old, sampler, adv, ref_logp, epsilon=self.epsilon,
-                             epsilon_high=self.epsilon_high, is_cap=self.is_cap, beta=self.beta)
+                             epsilon_high=self.epsilon_high, is_cap=self.is_cap, beta=self.beta,
+                             importance_weight=self.importance_weight)
         keep = torch.tensor([0.0 if r.withheld else 1.0 for r in mb for _ in r.mask], device=self.device)
         loss = (t.loss * coef * keep).sum()
         with torch.no_grad():

@@ -71,6 +71,7 @@ def learner_args(cfg: Config) -> dict[str, Any]:
         epsilon=L.epsilon,
         epsilon_high=L.epsilon_high,
         is_cap=L.is_cap,
+        importance_weight=L.importance_weight,
         loss_type=L.loss_type,
         scale_rewards=L.advantages_scaled,
         max_completion_length=cfg.rollout.max_new_tokens,

@@ -73,6 +73,28 @@ def test_importance_weight_is_truncated_and_multiplies_the_kl_term():
     assert t.loss.item() == pytest.approx(2.0 * 0.5 * k3)  # w_t * beta * KL_t (A = 0)
 
 
+def test_without_the_importance_weight_w_is_1_whatever_the_sampler():
+    """importance_weight=False: l_t = -min(r_t A, clip(r_t) A) + beta KL_t, as with pi_sampler = pi_old."""
+    logp = torch.tensor([math.log(1.1), math.log(0.5)], requires_grad=True)  # pi_old = 1: r_t = 1.1, 0.5
+    old, adv = torch.zeros(2), torch.tensor([1.0, -1.0])
+    sampler = old - math.log(4.0)  # pi_old / pi_sampler = 4: w_t = C = 2 with the weight
+    on = token_terms(logp, old, sampler, adv, epsilon=0.2, is_cap=2.0)
+    off = token_terms(logp, old, sampler, adv, epsilon=0.2, is_cap=2.0, importance_weight=False)
+    same = token_terms(logp, old, old, adv, epsilon=0.2, is_cap=2.0)  # pi_sampler = pi_old: w_t = 1
+    assert on.weight.tolist() == [2.0, 2.0] and on.truncated.tolist() == [1.0, 1.0]
+    assert off.weight.tolist() == [1.0, 1.0] and off.truncated.tolist() == [0.0, 0.0]
+    assert off.loss.tolist() == pytest.approx([-1.1, 0.8])  # -r A inside the clip; -(0.8)(-1) clipped below
+    assert on.loss.tolist() == pytest.approx([-2.2, 1.6])
+    (g_off,) = torch.autograd.grad(off.loss.sum(), logp)
+    (g_same,) = torch.autograd.grad(same.loss.sum(), logp)
+    assert torch.equal(g_off, g_same) and g_off.tolist() == pytest.approx([-1.1, 0.0])
+    a = torch.tensor([1.0, -0.5])
+    kw = dict(loss_type="dapo", epsilon=0.2, is_cap=2.0)
+    assert grpo_loss(LOGP, LOGP, LOGP - 3.0, a, MASK, importance_weight=False, **kw).item() == pytest.approx(
+        grpo_loss(LOGP, LOGP, LOGP, a, MASK, **kw).item())  # -0.1, the dapo value above
+    assert grpo_loss(LOGP, LOGP, LOGP - 3.0, a, MASK, **kw).item() == pytest.approx(2 * -0.1)  # w_t = C = 2
+
+
 def test_group_advantages_with_and_without_std_scaling():
     assert group_advantages([1.0, 0.0, 0.0, 1.0], eps=1e-6) == pytest.approx([1, -1, -1, 1], abs=1e-5)
     assert group_advantages([1.0, 0.0, 0.0, 1.0], eps=1e-6, scale=False) == [0.5, -0.5, -0.5, 0.5]

@@ -78,6 +78,31 @@ def test_importance_weight_is_truncated_at_C(tiny):
     assert st.is_weight_mean == pytest.approx(1.0, abs=1e-4) and st.is_truncated_frac == 0.0
 
 
+def test_a_step_without_the_importance_weight_is_a_step_with_pi_sampler_equal_to_pi_old(tiny):
+    """importance_weight=False ignores the sampler's log-probs: the same update as sampler log-probs = log pi_old
+    (w_t = 1), and not the update the weight makes of stale sampler log-probs (w_t from 1 to C, token by token;
+    a w_t equal on every token would not show: Adam's update does not change with the gradient's scale)."""
+    responses, rewards = [[21, 22, 23], [31, 32], [41, 42, 43, 44], [51]], [1.0, 0.0, 0.5, 0.0]
+
+    def stepped(importance_weight, stale):
+        lr = Learner(tiny, lr=1e-2, precision="fp32", micro_batch=2, updates_per_step=2,
+                     importance_weight=importance_weight)
+        old = _logp_tokens(lr, responses)  # log pi_old: the step's first forward computes the same
+        shift = (lambda t: 0.3 * (t % 4)) if stale else (lambda t: 0.0)  # pi_old / pi_sampler = e^{0.3 (t mod 4)}
+        sampler = lambda r: [x - shift(t) for t, x in enumerate(old[tuple(r)])]  # noqa: E731
+        st = lr.step([_group("g", responses, rewards, sampler_lp=sampler)])
+        return st, {k: v.clone() for k, v in lr.model.state_dict().items()}
+
+    off, w_off = stepped(False, stale=True)
+    same, w_same = stepped(True, stale=False)
+    on, w_on = stepped(True, stale=True)
+    assert (off.is_weight_mean, off.is_truncated_frac) == (1.0, 0.0)
+    assert same.is_weight_mean == pytest.approx(1.0, abs=1e-5) and on.is_weight_mean > 1.2 and on.is_truncated_frac > 0
+    assert off.loss == pytest.approx(same.loss, rel=1e-5, abs=1e-7)
+    assert all(torch.allclose(w_off[k], w_same[k], atol=1e-6) for k in w_off)
+    assert not all(torch.allclose(w_off[k], w_on[k], atol=1e-6) for k in w_off)
+
+
 def _logp_tokens(learner, responses):
     rows = learner._rows([_group("g", responses, [0.0] * len(responses))])
     with torch.no_grad():

@@ -18,6 +18,7 @@ def test_defaults_follow_the_paper_and_the_current_token_level_loss():
     args = learner_args(_cfg())
     assert (args["loss_type"], args["updates_per_step"], args["epsilon"], args["epsilon_high"]) == ("dapo", 2, 0.2, None)
     assert (args["scale_rewards"], args["lr_scheduler"], args["warmup_steps"]) == (True, "constant", 0)
+    assert (args["is_cap"], args["importance_weight"]) == (2.0, True)
     assert buffer_args(_cfg())["filter_zero_variance"] is True
     assert buffer_args(_cfg())["fallback_after"] == 4 * 2  # filter_patience x R/n
 
@@ -26,6 +27,10 @@ def test_dr_grpo_drops_std_scaling_unless_told_and_divides_by_max_new_tokens():
     args = learner_args(_cfg('learner.loss_type="dr_grpo"', "rollout.max_new_tokens=40"))
     assert (args["scale_rewards"], args["max_completion_length"]) == (False, 40)
     assert learner_args(_cfg('learner.loss_type="dr_grpo"', "learner.scale_rewards=true"))["scale_rewards"] is True
+
+
+def test_the_importance_weight_can_be_switched_off():
+    assert learner_args(_cfg("learner.importance_weight=false"))["importance_weight"] is False
 
 
 def test_warmup_ratio_and_steps():
