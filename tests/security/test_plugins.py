@@ -107,3 +107,23 @@ def test_allowances_name_exactly_what_a_config_needs():
     assert allowances(cfg) == ["echo2sdk.testing:CheckResult", "my.pkg:Ser"]  # MockBackend, ToyAdapter are registered
     check_plugins(WorkerConfig.from_mapping(cfg), allowances(cfg))
     assert allowances({"adapter": "math", "backend": "hf"}) == []
+
+
+@pytest.mark.parametrize("adapter,env", [("verifiers", "verifiers://echo2_wire_probe"),
+                                         ("echo2sdk.adapters.verifiers:verifiers_adapter", "echo2_wire_probe")])
+def test_a_verifiers_env_is_an_import_too(tmp_path, monkeypatch, adapter, env):
+    """The verifiers adapter imports the module its env names and calls its load_environment(**env_args): a
+    module that is on the worker's path but no installed verifiers environment needs the operator's allowance."""
+    (tmp_path / "echo2_wire_probe.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n"
+        "def load_environment(**kw):\n    raise RuntimeError('called')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = _cfg(adapter=adapter, adapter_options={"env": env, "env_args": {"cmd": "x"}})
+    with pytest.raises(ConfigError, match="--allow-plugin verifiers://echo2_wire_probe"):
+        check_plugins(cfg)
+    assert not (tmp_path / "imported").exists()
+    from echo2sdk.runtime.plugin_policy import allowances
+
+    assert allowances(cfg) == ["verifiers://echo2_wire_probe"]
+    check_plugins(cfg, allowed=allowances(cfg))  # the operator's (or the learner's own) allowance
