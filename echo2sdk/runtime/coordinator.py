@@ -107,6 +107,7 @@ class _Conn:
     def __init__(self, info: WorkerInfo, writer: asyncio.StreamWriter, keys: session.Session, owner: Coordinator):
         self.info, self.writer, self.keys, self.owner = info, writer, keys, owner
         self._lock = asyncio.Lock()
+        self.base_task: asyncio.Task | None = None  # its get_base being answered: one at a time
 
     @property
     def worker_id(self) -> str:
@@ -496,7 +497,8 @@ class Coordinator:
                                                **r.model_dump(exclude_none=True)})
             self.delivery.on_report(conn.worker_id, msg)
         elif isinstance(msg, GetBase):  # on its own task: reading the base may take longer than a heartbeat
-            asyncio.get_running_loop().create_task(self._send_base(conn))
+            if conn.base_task is None or conn.base_task.done():  # asked again meanwhile: the answer is on its way
+                conn.base_task = asyncio.get_running_loop().create_task(self._send_base(conn))
         elif isinstance(msg, SnapshotRejected):
             log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, shown(msg.reason, 200))
 

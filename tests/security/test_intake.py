@@ -163,3 +163,49 @@ def test_intake_runs_off_the_event_loop_and_a_push_of_1000_bad_groups_is_counted
     assert coord.rejected == {"reward_out_of_range": 2000} and coord.workers["bulk"].trajectories == GROUP
     assert threads and coord._thread not in threads
     assert caplog.text.count("reward_out_of_range") == 8 + 1
+
+
+class _SlowBase:
+    """A model folder that counts how often it is read (each read holds the files' bytes in memory)."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def message(self):
+        import hashlib
+        import time
+
+        from echo2sdk.runtime.messages import BaseFile, BaseFiles
+
+        self.reads += 1
+        time.sleep(0.2)
+        data = b"{}"
+        return BaseFiles(files=(BaseFile(name="config.json", nbytes=2, sha256=hashlib.sha256(data).hexdigest()),)), data
+
+    def weights(self) -> bytes:
+        return b"\0" * 16
+
+
+def test_a_flood_of_get_base_reads_the_base_once_at_a_time(loop):
+    """Each get_base reads the model's files (up to 256 MiB) into memory before it is sent: a worker asking
+    again while its answer is on the way gets no second read, so 50 asks cannot hold 50 copies."""
+    base = _SlowBase()
+    c = make_coordinator(base=base)
+
+    async def flood() -> dict:
+        client = await Client.join(c.port, worker_id="greedy")
+        try:
+            from echo2sdk.runtime.wire import MAX_HEADER, read_frame
+
+            for _ in range(50):
+                await client.send({"type": "get_base"})
+            return (await read_frame(client.reader, 1 << 20, key=client.keys.recv, max_header=MAX_HEADER))[0]
+        finally:
+            await client.close()
+
+    try:
+        assert loop.run(flood())["type"] == "base_files"
+        assert wait(lambda: c.bases_served >= 1)
+        assert base.reads == 1, base.reads
+    finally:
+        c.stop()
