@@ -61,6 +61,8 @@ def _as_tuple(value: object) -> object:
 
 Seq = Annotated[tuple[T, ...], BeforeValidator(_as_tuple)]
 Id = Annotated[str, Field(max_length=MAX_ID)]
+# the id a worker asks for: it reaches log lines, metrics and relay plans, so no whitespace or control character
+WorkerId = Annotated[str, Field(max_length=MAX_ID, pattern=r"^[^\s\x00-\x1f\x7f-\x9f]*$")]
 Name = Annotated[str, Field(max_length=MAX_NAME)]
 Reason = Annotated[str, Field(max_length=MAX_REASON)]
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
@@ -185,7 +187,7 @@ class Hello(WireMessage):
 
     type: Literal["hello"] = "hello"
     nonce: Bytes32  # the worker's half of the session key
-    worker_id: Id = ""  # "": the coordinator names it
+    worker_id: WorkerId = ""  # "": the coordinator names it
     session: Id = ""
     price_per_hour: NonNeg = 0.0
     relay_port: Port | None = None

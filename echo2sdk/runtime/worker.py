@@ -137,6 +137,8 @@ class RolloutWorker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         if len(self.worker_id) > MAX_ID:
             raise ConfigError(f"worker id {self.worker_id!r} is longer than {MAX_ID} characters")
+        if any(c.isspace() or not c.isprintable() for c in self.worker_id):
+            raise ConfigError(f"worker id {self.worker_id!r}: no whitespace or control characters")
         if not (math.isfinite(price_per_hour) and price_per_hour >= 0):
             raise ConfigError(f"price_per_hour = {price_per_hour!r} must be a finite number >= 0")
         self.price_per_hour, self.max_batches = price_per_hour, max_batches

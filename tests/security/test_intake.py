@@ -209,3 +209,24 @@ def test_a_flood_of_get_base_reads_the_base_once_at_a_time(loop):
         assert base.reads == 1, base.reads
     finally:
         c.stop()
+
+
+@pytest.mark.parametrize("wid", ["w\n2026-12-04 12:00:00 WARNING worker honest quarantined", "w\x1b[2J", "w\r", "w\u2028x"])
+def test_a_worker_id_that_would_forge_a_log_line_is_refused(loop, caplog, wid):
+    """Worker ids reach run.log (joins, drops, rejections), metrics and the relay plans: a line break or a
+    terminal escape in one is a malformed hello, so no log line carries it."""
+    coord = make_coordinator()
+
+    async def hello():
+        reader, writer = await asyncio.open_connection("127.0.0.1", coord.port, ssl=client_context())
+        fields = {**Hello(nonce=session.new_nonce()).model_dump(), "worker_id": wid}
+        _, answer = await session.client_handshake(reader, writer, TOKEN, fields)
+        writer.close()
+        return answer
+
+    try:
+        answer = loop.run(hello())
+    finally:
+        coord.stop()
+    assert answer["type"] == "refused" and "malformed hello" in answer["reason"]
+    assert not coord.workers and wid not in caplog.text
