@@ -589,6 +589,11 @@ class Coordinator:
         log.warning("worker %s quarantined: %s; %d buffered record(s) dropped", shown(worker_id, 60), reason, dropped)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._close_quarantined, worker_id)
+        info = self.workers.get(worker_id)
+        if info is not None and info.credential:  # a credential is one principal, whatever id its connection got:
+            self.quarantine(info.credential, f"credential of quarantined worker {shown(worker_id, 60)}")  # its name
+            for other in [w for w in list(self.workers.values()) if w.credential == info.credential]:
+                self.quarantine(other.worker_id, f"credential {info.credential} is quarantined")
 
     def _close_quarantined(self, worker_id: str) -> None:
         conn = self._conns.get(worker_id)
