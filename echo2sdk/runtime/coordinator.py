@@ -95,6 +95,7 @@ class WorkerInfo:
     credential: str = ""  # the name of the worker credential it logged in with ("": the run token)
     rejoins: int = 0
     batches: deque[str] = field(default_factory=lambda: deque(maxlen=64), repr=False)  # recent pushes' ids
+    installed: set[int] = field(default_factory=set, repr=False)  # published versions it reported installed (audit)
     adapter_failures: dict[str, int] = field(default_factory=dict)  # rollouts its adapter failed, by reason
     groups_dropped: int = 0  # groups it did not send because a member's rollout failed
 
@@ -203,7 +204,6 @@ class Coordinator:
         self._conns: dict[str, _Conn] = {}
         self.quarantined: OrderedDict[str, str] = OrderedDict()  # worker id -> why (core/audit.py): refused by name
         self.quarantines = 0  # workers quarantined in this run (the dict keeps the newest KEEP_QUARANTINED)
-        self._installed: dict[tuple[str, str], set[int]] = {}  # (worker id, session) -> versions it reported
         self._ids = itertools.count(1)
         self._task_lock = threading.Lock()
         self._latest: tuple[int, bytes] | None = None
@@ -319,7 +319,7 @@ class Coordinator:
         return {"adapter_failures": dict(total), "groups_dropped": sum(w.groups_dropped for w in self.workers.values())}
 
     def worker_table(self) -> list[dict[str, Any]]:
-        hidden = ("batches", "session", "relay_fingerprint")
+        hidden = ("batches", "installed", "session", "relay_fingerprint")
         return [{k: v for k, v in asdict(w).items() if k not in hidden} for w in self.workers.values()]
 
     # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) ---------------------------------
@@ -442,7 +442,7 @@ class Coordinator:
         if rejoin and before is not None:  # its record goes on: counts, activation (the scheduler's choice)
             info.joined_at, info.trajectories, info.rejected = before.joined_at, before.trajectories, before.rejected
             info.rollouts_per_s, info.active = before.rollouts_per_s, before.active
-            info.rejoins, info.batches = before.rejoins + 1, before.batches
+            info.rejoins, info.batches, info.installed = before.rejoins + 1, before.batches, before.installed
             info.adapter_failures, info.groups_dropped = before.adapter_failures, before.groups_dropped
         self.workers[wid], self._conns[wid] = info, conn
         self._forget_departed()
@@ -604,12 +604,12 @@ class Coordinator:
     def _note_installed(self, conn: _Conn, version: int) -> None:
         """Record a version the worker reports installed (a published one only: nothing else exists)."""
         if self._latest is not None and 0 < version <= self._latest[0]:
-            self._installed.setdefault((conn.worker_id, conn.info.session), set()).add(version)
+            conn.info.installed.add(version)
 
     def _claims_lie(self, conn: _Conn, groups: tuple[Any, ...]) -> bool:
         """True, with the worker quarantined, when a pushed record names another worker or claims a version
         (other than the initial 0) this worker never reported installed. Malformed records are left to intake."""
-        installed = self._installed.get((conn.worker_id, conn.info.session), set())
+        installed = conn.info.installed
         for obj in (o for g in groups if isinstance(g, (list, tuple)) for o in g if isinstance(o, dict)):
             meta, v = obj.get("meta"), obj.get("version")
             who = meta.get("worker") if isinstance(meta, dict) else None

@@ -230,3 +230,31 @@ def test_a_worker_id_that_would_forge_a_log_line_is_refused(loop, caplog, wid):
         coord.stop()
     assert answer["type"] == "refused" and "malformed hello" in answer["reason"]
     assert not coord.workers and wid not in caplog.text
+
+
+def test_the_versions_a_worker_reported_are_forgotten_with_its_record(loop, monkeypatch):
+    """What `installed` reports the audit keeps (core/audit.py: a record's version must be one of them) lives on
+    the worker's record: bounded with the registry (KEEP_DEPARTED), not one entry per id and session for ever."""
+    from echo2sdk.runtime import coordinator
+
+    monkeypatch.setattr(coordinator, "KEEP_DEPARTED", 2)
+    c = make_coordinator(tls=False)
+    c.publish(1, b"\0" * 8)
+    assert wait(lambda: c._latest is not None)
+
+    async def come_and_go(wid: str, sess: str) -> None:
+        client = await Client.join(c.port, tls=False, worker_id=wid, session=sess)
+        await client.send({"type": "installed", "version": 1})
+        await client.close()
+
+    try:
+        for i in range(6):
+            loop.run(come_and_go(f"w{i}", f"s{i}"))
+            assert wait(lambda: not any(w.alive for w in c.workers.values()))
+        loop.run(come_and_go("w7", "s7"))  # one more join: the registry forgets the longest gone
+        assert wait(lambda: not any(w.alive for w in c.workers.values()))
+        assert len(c.workers) <= 3
+        assert all(w.installed == {1} for w in c.workers.values())
+        assert "installed" not in c.worker_table()[0]  # internal: not in the run's worker table
+    finally:
+        c.stop()
