@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Signer, build_manifest
+from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Manifest, Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, plan_chains
 from echo2sdk.runtime import session
 from echo2sdk.runtime.delivery import Peer, send_all
@@ -70,6 +70,7 @@ class ChainBroadcast:
         )
         self._root = session.token_key(token)
         self._newest = 0  # the newest version delivered: the welcome hands out its relay key and the next one's
+        self._manifest: Manifest | None = None  # the newest version's, made once: late joiners get it as it is
         self.scores = WorkerScores()
         self.plans: dict[int, ChainPlan] = {}
         self.reports: dict[int, dict[str, dict[str, Any]]] = {}  # version -> worker -> its `received`, as a map
@@ -91,9 +92,13 @@ class ChainBroadcast:
         return tuple((v, session.relay_key(self._root, v)) for v in range(version, version + self.relay_key_lookahead + 1))
 
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
-        manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer)
+        if self._manifest is not None and self._manifest.version == version:
+            manifest = self._manifest  # a late joiner: this version is signed and served already
+        else:
+            manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer)
+            self._manifest = manifest
+            self.source.publish(manifest, weights)
         self._newest = max(self._newest, version)
-        self.source.publish(manifest, weights)
         now = time.monotonic()
         relay_addr = {p.worker_id: p.relay_addr for p in peers}
         ranked = self.scores.rank([p.worker_id for p in peers], now)
