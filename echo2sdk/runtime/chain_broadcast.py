@@ -70,7 +70,7 @@ class ChainBroadcast:
         )
         self._root = session.token_key(token)
         self._newest = 0  # the newest version delivered: the welcome hands out its relay key and the next one's
-        self._manifest: Manifest | None = None  # the newest version's, made once: late joiners get it as it is
+        self._made: tuple[bytes, Manifest] | None = None  # the newest weights and their manifest, made once
         self.scores = WorkerScores()
         self.plans: dict[int, ChainPlan] = {}
         self.reports: dict[int, dict[str, dict[str, Any]]] = {}  # version -> worker -> its `received`, as a map
@@ -92,11 +92,11 @@ class ChainBroadcast:
         return tuple((v, session.relay_key(self._root, v)) for v in range(version, version + self.relay_key_lookahead + 1))
 
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
-        if self._manifest is not None and self._manifest.version == version:
-            manifest = self._manifest  # a late joiner: this version is signed and served already
+        if self._made is not None and self._made[0] is weights and self._made[1].version == version:
+            manifest = self._made[1]  # a late joiner: this snapshot is signed and served already
         else:
             manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer)
-            self._manifest = manifest
+            self._made = (weights, manifest)
             self.source.publish(manifest, weights)
         self._newest = max(self._newest, version)
         now = time.monotonic()

@@ -121,3 +121,21 @@ def test_late_joiners_reuse_the_versions_manifest(chain, monkeypatch):
     _publish(chain, 2, ["a", "b"])
     assert built == [1, 2]
     assert chain.source.assembly(2) is not None and chain.source.assembly(2).complete
+
+
+def test_a_direct_push_hashes_each_snapshot_once(monkeypatch):
+    """DirectPush: the snapshot's SHA-256 (in its MACed header) is computed once per published snapshot, on a
+    thread, not again on the coordinator's event loop for every late joiner."""
+    from echo2sdk.runtime import delivery
+
+    hashed = []
+    real = delivery.digest
+    monkeypatch.setattr(delivery, "digest", lambda data: hashed.append(len(data)) or real(data))
+    push, peers = delivery.DirectPush(), [_Peer(f"w{i}") for i in range(6)]
+    asyncio.run(push.deliver(1, WEIGHTS, peers[:2]))
+    for p in peers[2:]:
+        asyncio.run(push.deliver(1, WEIGHTS, [p]))
+    assert {p.sent[-1].sha256 for p in peers} == {real(WEIGHTS)} and len(hashed) == 1
+    other = os.urandom(len(WEIGHTS))
+    asyncio.run(push.deliver(2, other, peers[:1]))
+    assert peers[0].sent[-1].sha256 == real(other) and len(hashed) == 2
