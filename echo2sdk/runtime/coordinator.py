@@ -390,20 +390,23 @@ class Coordinator:
         except AuthError:
             self.admission.failed(ticket.ip)
             return await self._refuse(writer, f"{address}: wrong token, or an interceptor in between (hello MAC)",
-                                      "wrong token, or an interceptor in between")
+                                      "authentication failed: wrong token, or an interceptor in between")
         except ProtocolError as e:
             self.admission.failed(ticket.ip)
-            return await self._refuse(writer, f"{address}: {e}", "malformed hello")
+            return await self._refuse(writer, f"{address}: {e}", "authentication failed: malformed hello")
         try:
             hello = parse(header, (Hello,))
         except ProtocolError as e:
-            return await self._refuse(writer, f"{address}: {e}", "malformed hello")
+            return await self._refuse(writer, f"{address}: {e}", "authentication failed: malformed hello")
         keys = session.derive(root, session.CONTROL, nonce, hello.nonce, self.fingerprint, raw, server=True)
+        who = f"{address}: worker {shown(hello.worker_id, 60)}"
         if hello.worker_id in self.quarantined:
-            return await self._refuse_quarantined(writer, address, hello.worker_id)
+            return await self._refuse(writer, f"{who} is quarantined",
+                                      f"worker {hello.worker_id} is quarantined for the rest of the run")
         self._check_revocations()
         if hello.worker_id in self.revocations:
-            return await self._refuse_revoked(writer, address, hello.worker_id)
+            self.refused_revoked += 1
+            return await self._refuse(writer, f"{who} is revoked", f"worker {hello.worker_id} is revoked")
         self.admission.authenticated(ticket)
         conn = self._register(hello, keys, writer, address, credential=root != session.token_key(self.token))
         self._note_installed(conn, hello.version)  # a re-join's version: its `installed` report may have been lost
@@ -464,10 +467,10 @@ class Coordinator:
             await self.delivery.deliver(self._latest[0], self._latest[1], [conn])
 
     async def _refuse(self, writer: asyncio.StreamWriter, detail: str, reason: str) -> None:
-        """Count and log a failed handshake and tell the peer why (`reason`: short, nothing it sent)."""
+        """Count and log (`detail`) a refused hello and tell the peer why (`reason`: short)."""
         self.refused += 1
         log.warning("refused %s", detail)
-        await write_frame(writer, to_header(Refused(reason=f"authentication failed: {reason}")))
+        await write_frame(writer, to_header(Refused(reason=reason)))
 
     async def _dispatch(self, conn: _Conn, header: dict[str, Any]) -> None:
         msg = parse(header, FROM_WORKER)
@@ -623,11 +626,6 @@ class Coordinator:
             return True
         return False
 
-    async def _refuse_quarantined(self, writer: asyncio.StreamWriter, address: str, worker_id: str) -> None:
-        self.refused += 1
-        log.warning("refused %s: worker %s is quarantined", address, shown(worker_id, 60))
-        await write_frame(writer, to_header(Refused(reason=f"worker {worker_id} is quarantined for the rest of the run")))
-
     def _drop(self, conn: _Conn, why: str) -> None:
         if conn.info.alive:
             conn.info.alive = False
@@ -667,19 +665,13 @@ class Coordinator:
                 self._revoke(info)
 
     def _revoke(self, info: WorkerInfo) -> None:
-        dropped = self.buffer.drop_worker(info.worker_id) if hasattr(self.buffer, "drop_worker") else 0
+        dropped = self.buffer.drop_worker(info.worker_id)
         conn = self._conns.get(info.worker_id)
         if conn is not None:
             self._drop(conn, "revoked")
             _abort(conn.writer)
         log.warning("worker %s revoked: disconnected, %d buffered record(s) dropped", shown(info.worker_id, 60),
                     dropped)
-
-    async def _refuse_revoked(self, writer: asyncio.StreamWriter, address: str, worker_id: str) -> None:
-        self.refused += 1
-        self.refused_revoked += 1
-        log.warning("refused %s: worker %s is revoked", address, shown(worker_id, 60))
-        await write_frame(writer, to_header(Refused(reason=f"worker {worker_id} is revoked")))
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:
