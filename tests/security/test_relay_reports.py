@@ -139,3 +139,20 @@ def test_a_direct_push_hashes_each_snapshot_once(monkeypatch):
     other = os.urandom(len(WEIGHTS))
     asyncio.run(push.deliver(2, other, peers[:1]))
     assert peers[0].sent[-1].sha256 == real(other) and len(hashed) == 2
+
+
+def test_a_stored_report_is_bounded_whatever_its_size_on_the_wire(chain):
+    """A `received` may carry 4096 repairs with 1 KiB reasons and 4096 rates (~5 MB): kept whole for each worker
+    and each of the last KEEP_VERSIONS versions, a token holder's connections could hold gigabytes. The report
+    kept for the run's record holds at most KEEP_REPORT_ENTRIES repairs and rates; scoring is unchanged."""
+    from echo2sdk.runtime.chain_broadcast import KEEP_REPORT_ENTRIES
+
+    _publish(chain, 1, ["a", "b"])
+    huge = Received(version=1, ok=True, parent="a",
+                    served_bps={f"n{i:04d}" + "x" * 120: 1e6 for i in range(4095)} | {"a": 5e6},
+                    repairs=[Repair(parent="a", reason="r" * 1024, chunk=i) for i in range(4096)])
+    chain.on_report("b", huge)
+    kept = chain.reports[1]["b"]
+    assert len(kept["repairs"]) == KEEP_REPORT_ENTRIES and len(kept["served_bps"]) <= KEEP_REPORT_ENTRIES
+    assert kept["served_bps"]["a"] == 5e6  # the planned parent's rate is the one kept first
+    assert chain.scores.recent_failures("a", time.monotonic()) == 1  # its complaint still counts, once
