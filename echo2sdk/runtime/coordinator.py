@@ -416,7 +416,7 @@ class Coordinator:
         self, hello: Hello, keys: session.Session, writer: asyncio.StreamWriter, address: str, credential: bool = False
     ) -> _Conn:
         """Enter an authenticated worker in the registry: a re-join from the same process keeps its id and
-        record; another process asking for a taken id gets `id-N`."""
+        record; another process asking for a taken id gets a free `id~N`."""
         peer_host = address.rpartition(":")[0]
         wid, sess = hello.worker_id or f"w{next(self._ids)}", hello.session
         before = self.workers.get(wid)
@@ -426,9 +426,11 @@ class Coordinator:
                 old = self._conns[wid]
                 self._drop(old, "re-joined on a new connection")
                 old.close()
-            else:  # another process under a taken id
-                suffix = f"-{next(self._ids)}"
-                wid = wid[: MAX_ID - len(suffix)] + suffix
+            else:  # another process under a taken id: a free one no credential can be named (runtime/worker_keys.py)
+                base = wid
+                while wid in self.workers:
+                    suffix = f"~{next(self._ids)}"
+                    wid = base[: MAX_ID - len(suffix)] + suffix
         info = WorkerInfo(
             worker_id=wid,
             address=address,

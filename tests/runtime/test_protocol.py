@@ -288,7 +288,7 @@ def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
         return id1, id2, id3, first_closed, still_registered
 
     id1, id2, id3, first_closed, still_registered = asyncio.run(scenario())
-    assert id1 == "gpu-1" and id2.startswith("gpu-1-") and id3 == "gpu-1"
+    assert id1 == "gpu-1" and id2.startswith("gpu-1~") and id3 == "gpu-1"
     assert first_closed and coord.workers["gpu-1"].rejoins == 1
     assert still_registered  # the old connection's clean-up did not unregister the new one
 
