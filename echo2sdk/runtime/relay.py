@@ -355,8 +355,14 @@ class RelayNode:
             send_frame(conn, to_header(Unavailable(version=req.version)), key=keys.send)
             raise OSError("relay busy")
         self._conns.add(conn)
-        threading.Thread(target=self._serve, args=(conn, req, keys, ticket), daemon=True,
-                         name=f"echo2-relay-{self.node_id}-stream").start()
+        try:
+            threading.Thread(target=self._serve, args=(conn, req, keys, ticket), daemon=True,
+                             name=f"echo2-relay-{self.node_id}-stream").start()
+        except RuntimeError as e:  # out of threads: this child is closed (it repairs elsewhere), the relay goes on
+            with self._lock:
+                self.streams -= 1
+            self._conns.discard(conn)
+            raise OSError(f"cannot start a stream thread: {e}") from None
 
     # -- relay keys ---------------------------------------------------------------------------------------
     def add_relay_keys(self, keys: Sequence[tuple[int, bytes]]) -> None:
