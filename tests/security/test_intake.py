@@ -95,6 +95,7 @@ def test_the_reward_bound_is_the_buffers_and_0_1_as_a_string_is_no_reward():
     ({"type": "heartbeat", "version": 0, "rollouts_per_s": math.nan}, "rollouts_per_s"),
     ({"type": "heartbeat", "version": 0, "rollouts_per_s": -1.0}, "rollouts_per_s"),
     ({"type": "heartbeat", "version": 0, "rollouts_per_s": 1e400}, "rollouts_per_s"),
+    ({"type": "heartbeat", "version": 0, "rollouts_per_s": 1e308}, "rollouts_per_s"),  # two of them: fmean overflows
     ({"type": "heartbeat", "version": 0, "failures": {"adapter_nan": -1}}, "failures.adapter_nan"),
     ({"type": "heartbeat", "version": 0, "failures": {f"r{i}": 1 for i in range(65)}}, "failures"),
 ])
@@ -119,7 +120,7 @@ def test_a_bad_heartbeat_is_counted_and_closes_the_connection_without_touching_t
     assert f"field '{field}'" in caplog.text
 
 
-@pytest.mark.parametrize("price", [math.nan, -1.0, math.inf, "0.1"])
+@pytest.mark.parametrize("price", [math.nan, -1.0, math.inf, "0.1", 1e308])
 def test_a_hello_with_a_bad_price_is_refused(loop, price):
     coord = make_coordinator()
 
@@ -245,6 +246,10 @@ def test_the_versions_a_worker_reported_are_forgotten_with_its_record(loop, monk
     async def come_and_go(wid: str, sess: str) -> None:
         client = await Client.join(c.port, tls=False, worker_id=wid, session=sess)
         await client.send({"type": "installed", "version": 1})
+        for _ in range(500):  # read by the coordinator before we leave
+            if c.workers[wid].installed:
+                break
+            await asyncio.sleep(0.01)
         await client.close()
 
     try:
