@@ -13,8 +13,12 @@ The same holds for reference-like strings anywhere in the options (a sandbox ada
 serializer, renderer and specs from such strings), and for the environment of the `verifiers` adapter, which
 imports the module its env id names (`vf-x` -> `vf_x`) and calls its `load_environment(**env_args)`: that env
 must be an installed verifiers environment package here (a distribution that requires verifiers), or allowed
-with `--allow-plugin verifiers://ID`. Options themselves go to the plug-in, which validates them: a factory
-that rejects them (TypeError) is a clean refusal, not a crash.
+with `--allow-plugin verifiers://ID`. Two kinds of options load code without naming an import the way the
+above does, so a coordinator sets them only with the operator's allowance: a backend's `engine_options` (vllm
+and sglang hand them to their engine as they are; vLLM imports the dotted class names some of them hold) needs
+`--allow-plugin backend_options.engine_options`, and a true `trust_remote_code` anywhere (it runs the model
+repository's Python) needs `--allow-plugin trust_remote_code`. Options themselves go to the plug-in, which
+validates them: a factory that rejects them (TypeError) is a clean refusal, not a crash.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from echo2sdk.runtime.messages import WorkerConfig, shown
 
 __all__ = ["check_plugins", "allowances", "REFERENCE"]
 
+PASS_THROUGH = "backend_options.engine_options"  # vllm / sglang: the engine's own keyword arguments, as they are
+REMOTE_CODE = "trust_remote_code"
 VERIFIERS = "verifiers"  # the adapter (adapters/verifiers.py) whose env id names a module it imports
 REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # what plugins.import_reference would import
 _MAX_WALK = 100_000  # option values inspected (the welcome's size bounds them anyway)
@@ -47,6 +53,12 @@ def check_plugins(cfg: WorkerConfig, allowed: Collection[str] = ()) -> None:
             f"an installed verifiers environment package on this worker: pip install it, or start the worker with "
             f" --allow-plugin {shown(env)[1:-1]}"
         )
+    for what in _code_options(cfg):
+        if what not in allowed:
+            raise ConfigError(
+                f"the coordinator sets {what}, which lets the backend load code; this worker takes it only when "
+                f"started with  --allow-plugin {what}"
+            )
     for field in ("adapter_options", "backend_options"):
         for ref in _references(getattr(cfg, field)):
             if ref not in allowed:
@@ -72,6 +84,7 @@ def allowances(cfg: WorkerConfig | Any) -> list[str]:
     env = _verifiers_env(cfg)
     if env is not None and not _installed_verifiers_env(env):
         out.add(env)
+    out.update(_code_options(cfg))
     return sorted(out)
 
 
@@ -92,6 +105,24 @@ def _check_name(group: str, kind: str, name: str, allowed: frozenset[str]) -> No
         f"the coordinator named {kind} {shown(name)}, which is not registered in group {group!r} on this worker; "
         f"a 'pkg.mod:Attr' {kind} is imported only when the worker is started with  --allow-plugin {shown(name)[1:-1]}"
     )
+
+
+def _code_options(cfg: WorkerConfig) -> Iterator[str]:
+    """The allowances `cfg`'s options need because they load code: a non-empty engine pass-through, a true
+    trust_remote_code anywhere in the options."""
+    if cfg.backend_options.get("engine_options"):
+        yield PASS_THROUGH
+    stack, seen = [cfg.adapter_options, cfg.backend_options], 0
+    while stack and seen < _MAX_WALK:
+        obj = stack.pop()
+        seen += 1
+        if isinstance(obj, dict):
+            if obj.get(REMOTE_CODE):
+                yield REMOTE_CODE
+                return
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
 
 
 def _verifiers_env(cfg: WorkerConfig) -> str | None:

@@ -127,3 +127,23 @@ def test_a_verifiers_env_is_an_import_too(tmp_path, monkeypatch, adapter, env):
 
     assert allowances(cfg) == ["verifiers://echo2_wire_probe"]
     check_plugins(cfg, allowed=allowances(cfg))  # the operator's (or the learner's own) allowance
+
+
+@pytest.mark.parametrize("options, needs", [
+    ({"engine_options": {"worker_extension_cls": "os.path.join"}}, "backend_options.engine_options"),
+    ({"engine_options": {"trust_remote_code": True}}, "backend_options.engine_options"),
+    ({"dtype": "float32", "trust_remote_code": True}, "trust_remote_code"),
+])
+def test_engine_pass_through_and_remote_code_need_the_operators_allowance(options, needs):
+    """vllm and sglang hand `engine_options` to their engine as they are: vLLM imports the dotted class names
+    some of them hold (worker_extension_cls, worker_cls, scheduler_cls, logits_processors), and
+    trust_remote_code runs the model repository's Python. A coordinator sets neither on its own."""
+    from echo2sdk.runtime.plugin_policy import allowances
+
+    cfg = _cfg(adapter="math", backend="vllm", model="someone/model", backend_options=options)
+    with pytest.raises(ConfigError, match=f"--allow-plugin {needs}"):
+        check_plugins(cfg)
+    assert needs in allowances(cfg)
+    check_plugins(cfg, allowed=allowances(cfg))  # the operator's (or the learner's own) allowance
+    check_plugins(_cfg(adapter="math", backend="vllm", backend_options={"engine_options": {},
+                                                                          "trust_remote_code": False}))
