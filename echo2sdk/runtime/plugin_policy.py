@@ -112,17 +112,8 @@ def _code_options(cfg: WorkerConfig) -> Iterator[str]:
     trust_remote_code anywhere in the options."""
     if cfg.backend_options.get("engine_options"):
         yield PASS_THROUGH
-    stack, seen = [cfg.adapter_options, cfg.backend_options], 0
-    while stack and seen < _MAX_WALK:
-        obj = stack.pop()
-        seen += 1
-        if isinstance(obj, dict):
-            if obj.get(REMOTE_CODE):
-                yield REMOTE_CODE
-                return
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
+    if any(isinstance(o, dict) and o.get(REMOTE_CODE) for o in _walk(cfg.adapter_options, cfg.backend_options)):
+        yield REMOTE_CODE
 
 
 def _verifiers_env(cfg: WorkerConfig) -> str | None:
@@ -150,14 +141,17 @@ def _installed_verifiers_env(env: str) -> bool:
 
 def _references(options: Any) -> Iterator[str]:
     """Every string in `options` (keys and values, nested) that an import would resolve."""
-    stack, seen = [options], 0
+    return (o for o in _walk(options) if isinstance(o, str) and REFERENCE.fullmatch(o))
+
+
+def _walk(*roots: Any) -> Iterator[Any]:
+    """Every value in `roots`: nested maps' keys and values, sequences' items; ConfigError past _MAX_WALK."""
+    stack, seen = list(roots), 0
     while stack and seen < _MAX_WALK:
         obj = stack.pop()
         seen += 1
-        if isinstance(obj, str):
-            if REFERENCE.fullmatch(obj):
-                yield obj
-        elif isinstance(obj, dict):
+        yield obj
+        if isinstance(obj, dict):
             stack.extend(obj.keys())
             stack.extend(obj.values())
         elif isinstance(obj, (list, tuple)):

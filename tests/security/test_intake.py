@@ -120,19 +120,20 @@ def test_a_bad_heartbeat_is_counted_and_closes_the_connection_without_touching_t
     assert f"field '{field}'" in caplog.text
 
 
+async def _answer(port: int, **fields) -> dict:
+    """The coordinator's answer to a hello holding `fields` as they are (not validated on our side)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context())
+    hello = {**Hello(nonce=session.new_nonce()).model_dump(), **fields}
+    _, answer = await session.client_handshake(reader, writer, TOKEN, hello)
+    writer.close()
+    return answer
+
+
 @pytest.mark.parametrize("price", [math.nan, -1.0, math.inf, "0.1", 1e308])
 def test_a_hello_with_a_bad_price_is_refused(loop, price):
     coord = make_coordinator()
-
-    async def hello():
-        reader, writer = await asyncio.open_connection("127.0.0.1", coord.port, ssl=client_context())
-        fields = {**Hello(nonce=session.new_nonce(), worker_id="cheat").model_dump(), "price_per_hour": price}
-        _, answer = await session.client_handshake(reader, writer, TOKEN, fields)
-        writer.close()
-        return answer
-
     try:
-        answer = loop.run(hello())
+        answer = loop.run(_answer(coord.port, worker_id="cheat", price_per_hour=price))
     finally:
         coord.stop()
     assert answer["type"] == "refused" and "malformed hello" in answer["reason"]
@@ -217,16 +218,8 @@ def test_a_worker_id_that_would_forge_a_log_line_is_refused(loop, caplog, wid):
     """Worker ids reach run.log (joins, drops, rejections), metrics and the relay plans: a line break or a
     terminal escape in one is a malformed hello, so no log line carries it."""
     coord = make_coordinator()
-
-    async def hello():
-        reader, writer = await asyncio.open_connection("127.0.0.1", coord.port, ssl=client_context())
-        fields = {**Hello(nonce=session.new_nonce()).model_dump(), "worker_id": wid}
-        _, answer = await session.client_handshake(reader, writer, TOKEN, fields)
-        writer.close()
-        return answer
-
     try:
-        answer = loop.run(hello())
+        answer = loop.run(_answer(coord.port, worker_id=wid))
     finally:
         coord.stop()
     assert answer["type"] == "refused" and "malformed hello" in answer["reason"]
