@@ -40,9 +40,13 @@ def as_reward(value: object, what: str = "reward") -> float:
     """`value` as a float when it is a finite int or float (not a bool); RewardError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RewardError("adapter_type", value, what)
-    if not math.isfinite(value):
+    try:
+        reward = float(value)  # an int beyond the float range overflows: not finite either
+    except OverflowError:
+        raise RewardError("adapter_nan", value, what) from None
+    if not math.isfinite(reward):
         raise RewardError("adapter_nan", value, what)
-    return float(value)
+    return reward
 
 
 def failure_reason(exc: BaseException) -> str:

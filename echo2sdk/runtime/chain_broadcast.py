@@ -7,7 +7,8 @@ failed. Those reports feed the C.3 scores, so the next publication's plan puts f
 first and degrades failing ones seed -> tail -> rollout-only.
 
 A report is a claim by a token holder, so it is taken only as far as the plan backs it: one report per
-worker and version, for one of the last KEEP_VERSIONS versions; a relay is credited only by a receiver it
+worker and version, for one of the last KEEP_VERSIONS versions (kept with at most KEEP_REPORT_ENTRIES repairs and
+rates); a relay is credited only by a receiver it
 was planned to serve (the last chunk's sender among the receiver's planned upstream), and blamed only by
 its planned child; speeds are clamped and each receiver has one vote (planner.WorkerScores).
 """
@@ -20,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Signer, build_manifest
+from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Manifest, Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, plan_chains
 from echo2sdk.runtime import session
 from echo2sdk.runtime.delivery import Peer, send_all
@@ -34,6 +35,7 @@ log = logging.getLogger("echo2sdk.broadcast")
 
 Topology = Literal["chain", "star"]
 KEEP_VERSIONS = 16  # plans and fetch reports kept, newest versions; reports of older ones are ignored
+KEEP_REPORT_ENTRIES = 16  # repairs and rates a kept report holds (a fetch repairs once per upstream node at most)
 
 
 class ChainBroadcast:
@@ -70,6 +72,7 @@ class ChainBroadcast:
         )
         self._root = session.token_key(token)
         self._newest = 0  # the newest version delivered: the welcome hands out its relay key and the next one's
+        self._made: tuple[bytes, Manifest] | None = None  # the newest weights and their manifest, made once
         self.scores = WorkerScores()
         self.plans: dict[int, ChainPlan] = {}
         self.reports: dict[int, dict[str, dict[str, Any]]] = {}  # version -> worker -> its `received`, as a map
@@ -91,9 +94,13 @@ class ChainBroadcast:
         return tuple((v, session.relay_key(self._root, v)) for v in range(version, version + self.relay_key_lookahead + 1))
 
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
-        manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer)
+        if self._made is not None and self._made[0] is weights and self._made[1].version == version:
+            manifest = self._made[1]  # a late joiner: this snapshot is signed and served already
+        else:
+            manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer)
+            self._made = (weights, manifest)
+            self.source.publish(manifest, weights)
         self._newest = max(self._newest, version)
-        self.source.publish(manifest, weights)
         now = time.monotonic()
         relay_addr = {p.worker_id: p.relay_addr for p in peers}
         ranked = self.scores.rank([p.worker_id for p in peers], now)
@@ -129,11 +136,13 @@ class ChainBroadcast:
         reports, plan = self.reports.get(report.version), self.plans.get(report.version)
         if reports is None or plan is None or worker_id in reports:
             return  # an unknown or forgotten version, or a second report: nothing more to learn from it
-        reports[worker_id] = report.model_dump(exclude_none=True)
         try:
             upstream = plan.upstream(worker_id)
         except KeyError:
-            return  # a late joiner: its own order named the learner only
+            upstream = None  # a late joiner: its own order named the learner only
+        reports[worker_id] = _kept(report, upstream or ())
+        if upstream is None:
+            return
         now = time.monotonic()
         parent = upstream[0]
         if parent != SOURCE and any(r.parent == parent for r in report.repairs):
@@ -143,3 +152,14 @@ class ChainBroadcast:
 
     def close(self) -> None:
         self.source.close()
+
+
+def _kept(report: Received, upstream: Sequence[str]) -> dict[str, Any]:
+    """`report` as kept for the run's record: at most KEEP_REPORT_ENTRIES repairs and rates (the planned upstream
+    nodes' rates first). A report on the wire may hold 4096 of each (~5 MB); an honest one holds a few."""
+    planned = set(upstream)
+    rates = sorted(report.served_bps.items(), key=lambda kv: kv[0] not in planned)[:KEEP_REPORT_ENTRIES]
+    kept = report.model_dump(exclude_none=True, exclude={"served_bps", "repairs"})
+    kept["served_bps"] = dict(rates)
+    kept["repairs"] = [r.model_dump(exclude_none=True) for r in report.repairs[:KEEP_REPORT_ENTRIES]]
+    return kept

@@ -95,6 +95,7 @@ class WorkerInfo:
     credential: str = ""  # the name of the worker credential it logged in with ("": the run token)
     rejoins: int = 0
     batches: deque[str] = field(default_factory=lambda: deque(maxlen=64), repr=False)  # recent pushes' ids
+    installed: set[int] = field(default_factory=set, repr=False)  # published versions it reported installed (audit)
     adapter_failures: dict[str, int] = field(default_factory=dict)  # rollouts its adapter failed, by reason
     groups_dropped: int = 0  # groups it did not send because a member's rollout failed
 
@@ -107,6 +108,7 @@ class _Conn:
     def __init__(self, info: WorkerInfo, writer: asyncio.StreamWriter, keys: session.Session, owner: Coordinator):
         self.info, self.writer, self.keys, self.owner = info, writer, keys, owner
         self._lock = asyncio.Lock()
+        self.base_task: asyncio.Task | None = None  # its get_base being answered: one at a time
 
     @property
     def worker_id(self) -> str:
@@ -202,7 +204,6 @@ class Coordinator:
         self._conns: dict[str, _Conn] = {}
         self.quarantined: OrderedDict[str, str] = OrderedDict()  # worker id -> why (core/audit.py): refused by name
         self.quarantines = 0  # workers quarantined in this run (the dict keeps the newest KEEP_QUARANTINED)
-        self._installed: dict[tuple[str, str], set[int]] = {}  # (worker id, session) -> versions it reported
         self._ids = itertools.count(1)
         self._task_lock = threading.Lock()
         self._latest: tuple[int, bytes] | None = None
@@ -318,7 +319,7 @@ class Coordinator:
         return {"adapter_failures": dict(total), "groups_dropped": sum(w.groups_dropped for w in self.workers.values())}
 
     def worker_table(self) -> list[dict[str, Any]]:
-        hidden = ("batches", "session", "relay_fingerprint")
+        hidden = ("batches", "installed", "session", "relay_fingerprint")
         return [{k: v for k, v in asdict(w).items() if k not in hidden} for w in self.workers.values()]
 
     # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) ---------------------------------
@@ -389,20 +390,23 @@ class Coordinator:
         except AuthError:
             self.admission.failed(ticket.ip)
             return await self._refuse(writer, f"{address}: wrong token, or an interceptor in between (hello MAC)",
-                                      "wrong token, or an interceptor in between")
+                                      "authentication failed: wrong token, or an interceptor in between")
         except ProtocolError as e:
             self.admission.failed(ticket.ip)
-            return await self._refuse(writer, f"{address}: {e}", "malformed hello")
+            return await self._refuse(writer, f"{address}: {e}", "authentication failed: malformed hello")
         try:
             hello = parse(header, (Hello,))
         except ProtocolError as e:
-            return await self._refuse(writer, f"{address}: {e}", "malformed hello")
+            return await self._refuse(writer, f"{address}: {e}", "authentication failed: malformed hello")
         keys = session.derive(root, session.CONTROL, nonce, hello.nonce, self.fingerprint, raw, server=True)
+        who = f"{address}: worker {shown(hello.worker_id, 60)}"
         if hello.worker_id in self.quarantined:
-            return await self._refuse_quarantined(writer, address, hello.worker_id)
+            return await self._refuse(writer, f"{who} is quarantined",
+                                      f"worker {hello.worker_id} is quarantined for the rest of the run")
         self._check_revocations()
         if hello.worker_id in self.revocations:
-            return await self._refuse_revoked(writer, address, hello.worker_id)
+            self.refused_revoked += 1
+            return await self._refuse(writer, f"{who} is revoked", f"worker {hello.worker_id} is revoked")
         self.admission.authenticated(ticket)
         conn = self._register(hello, keys, writer, address, credential=root != session.token_key(self.token))
         self._note_installed(conn, hello.version)  # a re-join's version: its `installed` report may have been lost
@@ -412,7 +416,7 @@ class Coordinator:
         self, hello: Hello, keys: session.Session, writer: asyncio.StreamWriter, address: str, credential: bool = False
     ) -> _Conn:
         """Enter an authenticated worker in the registry: a re-join from the same process keeps its id and
-        record; another process asking for a taken id gets `id-N`."""
+        record; another process asking for a taken id gets a free `id~N`."""
         peer_host = address.rpartition(":")[0]
         wid, sess = hello.worker_id or f"w{next(self._ids)}", hello.session
         before = self.workers.get(wid)
@@ -422,9 +426,11 @@ class Coordinator:
                 old = self._conns[wid]
                 self._drop(old, "re-joined on a new connection")
                 old.close()
-            else:  # another process under a taken id
-                suffix = f"-{next(self._ids)}"
-                wid = wid[: MAX_ID - len(suffix)] + suffix
+            else:  # another process under a taken id: a free one no credential can be named (runtime/worker_keys.py)
+                base = wid
+                while wid in self.workers:
+                    suffix = f"~{next(self._ids)}"
+                    wid = base[: MAX_ID - len(suffix)] + suffix
         info = WorkerInfo(
             worker_id=wid,
             address=address,
@@ -441,7 +447,7 @@ class Coordinator:
         if rejoin and before is not None:  # its record goes on: counts, activation (the scheduler's choice)
             info.joined_at, info.trajectories, info.rejected = before.joined_at, before.trajectories, before.rejected
             info.rollouts_per_s, info.active = before.rollouts_per_s, before.active
-            info.rejoins, info.batches = before.rejoins + 1, before.batches
+            info.rejoins, info.batches, info.installed = before.rejoins + 1, before.batches, before.installed
             info.adapter_failures, info.groups_dropped = before.adapter_failures, before.groups_dropped
         self.workers[wid], self._conns[wid] = info, conn
         self._forget_departed()
@@ -463,10 +469,10 @@ class Coordinator:
             await self.delivery.deliver(self._latest[0], self._latest[1], [conn])
 
     async def _refuse(self, writer: asyncio.StreamWriter, detail: str, reason: str) -> None:
-        """Count and log a failed handshake and tell the peer why (`reason`: short, nothing it sent)."""
+        """Count and log (`detail`) a refused hello and tell the peer why (`reason`: short)."""
         self.refused += 1
         log.warning("refused %s", detail)
-        await write_frame(writer, to_header(Refused(reason=f"authentication failed: {reason}")))
+        await write_frame(writer, to_header(Refused(reason=reason)))
 
     async def _dispatch(self, conn: _Conn, header: dict[str, Any]) -> None:
         msg = parse(header, FROM_WORKER)
@@ -496,7 +502,8 @@ class Coordinator:
                                                **r.model_dump(exclude_none=True)})
             self.delivery.on_report(conn.worker_id, msg)
         elif isinstance(msg, GetBase):  # on its own task: reading the base may take longer than a heartbeat
-            asyncio.get_running_loop().create_task(self._send_base(conn))
+            if conn.base_task is None or conn.base_task.done():  # asked again meanwhile: the answer is on its way
+                conn.base_task = asyncio.get_running_loop().create_task(self._send_base(conn))
         elif isinstance(msg, SnapshotRejected):
             log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, shown(msg.reason, 200))
 
@@ -587,6 +594,11 @@ class Coordinator:
         log.warning("worker %s quarantined: %s; %d buffered record(s) dropped", shown(worker_id, 60), reason, dropped)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._close_quarantined, worker_id)
+        info = self.workers.get(worker_id)
+        if info is not None and info.credential:  # a credential is one principal, whatever id its connection got:
+            self.quarantine(info.credential, f"credential of quarantined worker {shown(worker_id, 60)}")  # its name
+            for other in [w for w in list(self.workers.values()) if w.credential == info.credential]:
+                self.quarantine(other.worker_id, f"credential {info.credential} is quarantined")
 
     def _close_quarantined(self, worker_id: str) -> None:
         conn = self._conns.get(worker_id)
@@ -597,12 +609,12 @@ class Coordinator:
     def _note_installed(self, conn: _Conn, version: int) -> None:
         """Record a version the worker reports installed (a published one only: nothing else exists)."""
         if self._latest is not None and 0 < version <= self._latest[0]:
-            self._installed.setdefault((conn.worker_id, conn.info.session), set()).add(version)
+            conn.info.installed.add(version)
 
     def _claims_lie(self, conn: _Conn, groups: tuple[Any, ...]) -> bool:
         """True, with the worker quarantined, when a pushed record names another worker or claims a version
         (other than the initial 0) this worker never reported installed. Malformed records are left to intake."""
-        installed = self._installed.get((conn.worker_id, conn.info.session), set())
+        installed = conn.info.installed
         for obj in (o for g in groups if isinstance(g, (list, tuple)) for o in g if isinstance(o, dict)):
             meta, v = obj.get("meta"), obj.get("version")
             who = meta.get("worker") if isinstance(meta, dict) else None
@@ -615,11 +627,6 @@ class Coordinator:
             self.quarantine(conn.worker_id, reason)
             return True
         return False
-
-    async def _refuse_quarantined(self, writer: asyncio.StreamWriter, address: str, worker_id: str) -> None:
-        self.refused += 1
-        log.warning("refused %s: worker %s is quarantined", address, shown(worker_id, 60))
-        await write_frame(writer, to_header(Refused(reason=f"worker {worker_id} is quarantined for the rest of the run")))
 
     def _drop(self, conn: _Conn, why: str) -> None:
         if conn.info.alive:
@@ -660,19 +667,13 @@ class Coordinator:
                 self._revoke(info)
 
     def _revoke(self, info: WorkerInfo) -> None:
-        dropped = self.buffer.drop_worker(info.worker_id) if hasattr(self.buffer, "drop_worker") else 0
+        dropped = self.buffer.drop_worker(info.worker_id)
         conn = self._conns.get(info.worker_id)
         if conn is not None:
             self._drop(conn, "revoked")
             _abort(conn.writer)
         log.warning("worker %s revoked: disconnected, %d buffered record(s) dropped", shown(info.worker_id, 60),
                     dropped)
-
-    async def _refuse_revoked(self, writer: asyncio.StreamWriter, address: str, worker_id: str) -> None:
-        self.refused += 1
-        self.refused_revoked += 1
-        log.warning("refused %s: worker %s is revoked", address, shown(worker_id, 60))
-        await write_frame(writer, to_header(Refused(reason=f"worker {worker_id} is revoked")))
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:

@@ -79,10 +79,16 @@ async def send_all(peers: Sequence[Peer], msg: WireMessage, payload: bytes | mem
 
 
 class DirectPush:
-    """Learner pushes the full snapshot to every worker over its own connection, to all at once."""
+    """Learner pushes the full snapshot to every worker over its own connection, to all at once. The snapshot's
+    SHA-256 is computed once per version, off the event loop (late joiners get the newest version again)."""
+
+    def __init__(self) -> None:
+        self._sha: tuple[int, bytes, str] | None = None  # (version, its weights, their SHA-256)
 
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
-        await send_all(peers, Snapshot(version=version, nbytes=len(weights), sha256=digest(weights)), weights)
+        if self._sha is None or self._sha[0] != version or self._sha[1] is not weights:
+            self._sha = (version, weights, await asyncio.to_thread(digest, weights))
+        await send_all(peers, Snapshot(version=version, nbytes=len(weights), sha256=self._sha[2]), weights)
 
     def welcome_info(self) -> None:
         return None

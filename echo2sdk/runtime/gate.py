@@ -188,6 +188,9 @@ class Gate:
             self._close(p)
         except OSError:
             self._close(p)
+        except Exception:  # noqa: BLE001 - a bug in `accept` costs this connection, not the gate thread
+            log.exception("gate: accepting a connection failed")
+            self._close(p)
 
     def _fail(self, p: _Pending, e: ProtocolError) -> None:
         self._answer(p, e)

@@ -48,6 +48,8 @@ MAX_ENTRIES = 256  # keys of an options or info map, messages of one task
 MAX_PEERS = 4096  # nodes of an upstream list, and so repairs and rates of one fetch
 # MAX_REASONS (core.failures): distinct reasons of a counter a peer reports (adapter failures)
 MAX_INT = (1 << 63) - 1  # versions, counts, request ids
+MAX_RATE = 1e6  # rollouts per second one worker claims (the scheduler's calibration averages them)
+MAX_PRICE = 1e6  # $ per hour a worker announces
 MAX_SNAPSHOT_BYTES = 1 << 40  # a chunked snapshot
 MAX_BASE_FILES = 32  # files of a model's base (config, tokenizer, generation config)
 MAX_BASE_BYTES = 256 << 20  # their bytes together (one file: bootstrap.MAX_FILE_BYTES)
@@ -61,6 +63,8 @@ def _as_tuple(value: object) -> object:
 
 Seq = Annotated[tuple[T, ...], BeforeValidator(_as_tuple)]
 Id = Annotated[str, Field(max_length=MAX_ID)]
+# the id a worker asks for: it reaches log lines, metrics and relay plans, so no whitespace or control character
+WorkerId = Annotated[str, Field(max_length=MAX_ID, pattern=r"^[^\s\x00-\x1f\x7f-\x9f]*$")]
 Name = Annotated[str, Field(max_length=MAX_NAME)]
 Reason = Annotated[str, Field(max_length=MAX_REASON)]
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
@@ -185,9 +189,9 @@ class Hello(WireMessage):
 
     type: Literal["hello"] = "hello"
     nonce: Bytes32  # the worker's half of the session key
-    worker_id: Id = ""  # "": the coordinator names it
+    worker_id: WorkerId = ""  # "": the coordinator names it
     session: Id = ""
-    price_per_hour: NonNeg = 0.0
+    price_per_hour: Annotated[float, Field(ge=0.0, le=MAX_PRICE, allow_inf_nan=False)] = 0.0
     relay_port: Port | None = None
     relay_fingerprint: Fingerprint = b""  # its relay port's TLS certificate (b"": plaintext)
     version: Count = 0
@@ -238,7 +242,7 @@ class Heartbeat(WireMessage):
     type: Literal["heartbeat"] = "heartbeat"
     version: Count
     rollouts: Count = 0
-    rollouts_per_s: NonNeg = 0.0
+    rollouts_per_s: Annotated[float, Field(ge=0.0, le=MAX_RATE, allow_inf_nan=False)] = 0.0
     # the worker's adapter failures so far (score raised, NaN, not a number), by reason, and the groups it
     # dropped for them: totals, so a lost heartbeat loses nothing
     failures: Annotated[dict[Id, Count], Field(max_length=MAX_REASONS)] = Field(default_factory=dict)

@@ -76,6 +76,7 @@ HANDSHAKE_S = 10.0  # one deadline for a child's whole handshake (TLS, challenge
 WRITE_SLICE = 4 << 20  # unpaced sends go out in slices of this size, each under the write deadline
 MAX_STREAMS = 512  # children served at a time (threads); more get `unavailable` and repair elsewhere
 KEEP_RELAY_KEYS = 8  # relay keys (newest versions) a node keeps
+MAX_WAIT_STALLS = 6  # stall timeouts a parent may send keep-alives without a chunk (its own repair) before it is dropped
 
 
 class TokenBucket:
@@ -354,8 +355,14 @@ class RelayNode:
             send_frame(conn, to_header(Unavailable(version=req.version)), key=keys.send)
             raise OSError("relay busy")
         self._conns.add(conn)
-        threading.Thread(target=self._serve, args=(conn, req, keys, ticket), daemon=True,
-                         name=f"echo2-relay-{self.node_id}-stream").start()
+        try:
+            threading.Thread(target=self._serve, args=(conn, req, keys, ticket), daemon=True,
+                             name=f"echo2-relay-{self.node_id}-stream").start()
+        except RuntimeError as e:  # out of threads: this child is closed (it repairs elsewhere), the relay goes on
+            with self._lock:
+                self.streams -= 1
+            self._conns.discard(conn)
+            raise OSError(f"cannot start a stream thread: {e}") from None
 
     # -- relay keys ---------------------------------------------------------------------------------------
     def add_relay_keys(self, keys: Sequence[tuple[int, bytes]]) -> None:
@@ -498,12 +505,15 @@ class RelayNode:
         sock = self._dial(up)
         try:
             keys = self._hello(sock, up, m.version, asm.ready)
+            last_chunk = time.monotonic()
             while asm.ready < m.n_chunks:
                 if asm.failed:
                     raise _ParentFailed("superseded")
                 header, plen = recv_frame(sock, m.chunk_bytes, key=keys.recv, plain=("refused",))
                 msg = parse(header, (Chunk, Wait, Unavailable, Refused))
-                if isinstance(msg, Wait):
+                if isinstance(msg, Wait):  # its own repair takes a few stall timeouts; keep-alives alone are a stall
+                    if time.monotonic() - last_chunk > MAX_WAIT_STALLS * self.stall_timeout_s:
+                        raise _ParentFailed(f"stalled (keep-alives only for {MAX_WAIT_STALLS} stall timeouts)")
                     continue
                 if not isinstance(msg, Chunk):
                     raise _ParentFailed(msg.type)  # unavailable, refused
@@ -517,6 +527,7 @@ class RelayNode:
                 if digest != m.chunks[i]:
                     raise _ParentFailed("bad_chunk")
                 asm.advance()
+                last_chunk = time.monotonic()
                 yield i
         except TimeoutError:
             raise _ParentFailed("stalled") from None

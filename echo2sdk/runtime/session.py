@@ -39,25 +39,23 @@ from typing import Any
 
 from echo2sdk.core.records import pack
 from echo2sdk.errors import AuthError, ProtocolError
-from echo2sdk.runtime.messages import Challenge, parse, shown, to_header
+from echo2sdk.runtime.messages import Challenge, parse, to_header
 from echo2sdk.runtime.tls import check_pin, peer_fingerprint
 from echo2sdk.runtime.wire import (
     PREAUTH_MAX_HEADER,
     PREFIX_BYTES,
     SEALED,
     TAG_BYTES,
-    Frame,
     check_prefix,
     decode_header,
     encode_frame,
     read_frame,
-    read_frame_raw,
     write_frame,
 )
 
 __all__ = [
     "FrameKey", "Session", "token_key", "root_key", "worker_key", "relay_key", "hello_key", "derive", "new_nonce",
-    "client_handshake", "server_hello", "server_hello_roots", "open_hello", "CONTROL", "RELAY",
+    "client_handshake", "server_hello_roots", "open_hello", "CONTROL", "RELAY",
 ]
 
 CONTROL = b"control"  # coordinator <-> worker
@@ -177,26 +175,6 @@ async def client_handshake(
     return keys, answer
 
 
-async def server_hello(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    token: str,
-    *,
-    fingerprint: bytes,
-    purpose: bytes = CONTROL,
-) -> tuple[bytes, Frame]:
-    """The server's side up to the client's hello: send a challenge and read the hello, sealed with the hello
-    key bound to our certificate `fingerprint` (b"" without TLS); its MAC is checked before it is decoded.
-    Returns (our nonce, the hello frame): parse it, then `derive(..., frame.raw, server=True)`. AuthError on
-    a wrong MAC, ProtocolError on anything else (an unsealed or oversized hello)."""
-    nonce = new_nonce()
-    await write_frame(writer, to_header(Challenge(nonce=nonce)))
-    frame = await read_frame_raw(reader, 0, key=hello_key(token, purpose, nonce, fingerprint))
-    if not frame.sealed:
-        raise ProtocolError(f"unsealed {shown(frame.header['type'], 40)} frame in place of a hello")
-    return nonce, frame
-
-
 async def server_hello_roots(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -205,8 +183,11 @@ async def server_hello_roots(
     fingerprint: bytes,
     purpose: bytes = CONTROL,
 ) -> tuple[bytes, dict[str, Any], bytes, bytes]:
-    """`server_hello` for a server that takes several root keys (`open_hello`). Returns (our nonce, the hello's
-    header, its raw bytes, the root key it is sealed with): parse it, then `derive(root, ..., raw, server=True)`."""
+    """The server's side up to the client's hello: send a challenge, read the hello (at most PREAUTH_MAX_HEADER
+    bytes) and check that it is sealed with the hello key of one of the root keys `roots(header)` lists, bound to
+    our certificate `fingerprint` (b"" without TLS; `open_hello`). Returns (our nonce, the hello's header, its raw
+    bytes, the root key it is sealed with): parse it, then `derive(root, ..., raw, server=True)`. AuthError on a
+    wrong MAC, ProtocolError on anything else (an unsealed or oversized hello)."""
     nonce = new_nonce()
     await write_frame(writer, to_header(Challenge(nonce=nonce)))
     prefix = await reader.readexactly(PREFIX_BYTES)

@@ -39,6 +39,7 @@ from echo2sdk.runtime.bootstrap import write_base
 from echo2sdk.runtime.delivery import snapshot_frame_ok
 from echo2sdk.runtime.messages import (
     MAX_ID,
+    MAX_PRICE,
     Ack,
     BaseFiles,
     GetBase,
@@ -137,8 +138,10 @@ class RolloutWorker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         if len(self.worker_id) > MAX_ID:
             raise ConfigError(f"worker id {self.worker_id!r} is longer than {MAX_ID} characters")
-        if not (math.isfinite(price_per_hour) and price_per_hour >= 0):
-            raise ConfigError(f"price_per_hour = {price_per_hour!r} must be a finite number >= 0")
+        if any(c.isspace() or not c.isprintable() for c in self.worker_id):
+            raise ConfigError(f"worker id {self.worker_id!r}: no whitespace or control characters")
+        if not (math.isfinite(price_per_hour) and 0 <= price_per_hour <= MAX_PRICE):
+            raise ConfigError(f"price_per_hour = {price_per_hour!r} must be a number in [0, {MAX_PRICE:g}]")
         self.price_per_hour, self.max_batches = price_per_hour, max_batches
         self.connect_timeout_s = connect_timeout_s
         # a lost coordinator connection (a WAN blip, or a timeout while this machine was overloaded) is

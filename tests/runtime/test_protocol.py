@@ -288,7 +288,7 @@ def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
         return id1, id2, id3, first_closed, still_registered
 
     id1, id2, id3, first_closed, still_registered = asyncio.run(scenario())
-    assert id1 == "gpu-1" and id2.startswith("gpu-1-") and id3 == "gpu-1"
+    assert id1 == "gpu-1" and id2.startswith("gpu-1~") and id3 == "gpu-1"
     assert first_closed and coord.workers["gpu-1"].rejoins == 1
     assert still_registered  # the old connection's clean-up did not unregister the new one
 
@@ -407,9 +407,10 @@ def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s(
         identity = Identity.generate()
 
         async def handle(reader, writer):  # knows the token "t": a real coordinator, briefly
-            nonce, frame = await session.server_hello(reader, writer, "t", fingerprint=identity.fingerprint)
-            hello = parse(frame.header, (Hello,))
-            keys = session.derive("t", session.CONTROL, nonce, hello.nonce, identity.fingerprint, frame.raw, server=True)
+            nonce, header, raw, root = await session.server_hello_roots(
+                reader, writer, lambda _: [session.token_key("t")], fingerprint=identity.fingerprint)
+            hello = parse(header, (Hello,))
+            keys = session.derive(root, session.CONTROL, nonce, hello.nonce, identity.fingerprint, raw, server=True)
             welcome = Welcome(worker_id=hello.worker_id, config={"heartbeat_s": 0.2})
             await write_frame(writer, welcome.model_dump(), key=keys.send)
             joined.set()

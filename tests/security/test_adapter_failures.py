@@ -30,6 +30,21 @@ def test_check_adapter_rejects_a_reward_that_is_not_a_number(reward, shown):
         check_adapter(_Returns(reward))
 
 
+@pytest.mark.parametrize("value, reason", [(10**400, "adapter_nan"), (-(10**400), "adapter_nan"), (float("inf"), "adapter_nan"),
+                                           (2**62, None), (True, "adapter_type")])
+def test_a_reward_too_large_for_a_float_is_no_reward(value, reason):
+    """An int beyond the float range is not finite as a reward: a RewardError (adapter_nan), not an OverflowError
+    counted as adapter_error:OverflowError."""
+    from echo2sdk.core.failures import RewardError, as_reward, failure_reason
+
+    if reason is None:
+        assert as_reward(value) == float(value)
+        return
+    with pytest.raises(RewardError) as e:
+        as_reward(value)
+    assert failure_reason(e.value) == reason
+
+
 def test_check_adapter_takes_an_int_reward():
     assert check_adapter(_Returns(1))["episodic"] is False
 

@@ -175,3 +175,33 @@ def test_500_idle_connections_cost_no_threads_and_a_real_worker_still_joins():
             finish(p, 10)
         src.close()
         coord.stop()
+
+
+def test_a_stream_thread_that_cannot_start_costs_one_fetch_not_the_relay(monkeypatch):
+    """Out of threads (a container's pids limit) when a child authenticates: that child is closed and repairs
+    elsewhere; the relay's handshake thread lives on, its stream count is not leaked, the next child is served."""
+    data = os.urandom(4 * (64 << 10))
+    m = build_manifest(data, 1, 64 << 10, Signer())
+    src = RelayNode(TOKEN, node_id=SOURCE)
+    children = [RelayNode(TOKEN, node_id=f"child-{i}", stall_timeout_s=2.0) for i in range(2)]
+    real_start, failed = threading.Thread.start, []
+
+    def start(self):
+        if self.name.endswith("-stream") and not failed:
+            failed.append(self.name)
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    try:
+        src.publish(m, data)
+        up = [Upstream(SOURCE, src.host, src.port, src.fingerprint)]
+        monkeypatch.setattr(threading.Thread, "start", start)
+        first = children[0].fetch(m, up)
+        assert failed and not first.ok
+        monkeypatch.setattr(threading.Thread, "start", real_start)
+        second = children[1].fetch(m, up)
+        assert second.ok and bytes(children[1].assembly(1).view) == data
+        assert wait(lambda: src.streams == 0, 10)
+    finally:
+        for n in (*children, src):
+            n.close()

@@ -73,6 +73,57 @@ def test_credentials_log_in_as_their_name_only_and_revocation_drops_and_refuses(
         c.stop()
 
 
+def test_quarantine_holds_the_credential_not_just_the_id_it_lied_under(loop):
+    """A credential holder with two connections gets its name and `NAME-N`; quarantining the liar's `NAME-N` must
+    keep the credential out, not let it come back as `NAME-M` while its decoy holds `NAME`."""
+    c = make_coordinator()
+    alice = issue(TOKEN, "alice")
+    clients = []
+    try:
+        decoy = loop.run(Client.join(c.port, alice.key, worker_id="alice", session="s1"))
+        liar = loop.run(Client.join(c.port, alice.key, worker_id="alice", session="s2"))
+        clients += [decoy, liar]
+        assert decoy.answer["worker_id"] == "alice" and liar.answer["worker_id"] != "alice"
+        c.quarantine(liar.answer["worker_id"], "a record claims version 7, which it never reported installed")
+        again = loop.run(Client.join(c.port, alice.key, worker_id="alice", session="s3"))
+        clients.append(again)
+        assert again.answer["type"] == "refused" and "quarantined" in again.answer["reason"], again.answer
+        assert wait(lambda: not any(w.alive for w in c.workers.values()), 5)  # the decoy is dropped too
+        ordinary = loop.run(Client.join(c.port, TOKEN, worker_id="bob"))  # nobody else is affected
+        clients.append(ordinary)
+        assert ordinary.answer["type"] == "welcome"
+    finally:
+        for client in clients:
+            loop.run(client.close())
+        c.stop()
+
+
+def test_a_renamed_id_never_takes_a_registered_id_or_a_credential_name(loop):
+    """A second process asking for a taken id is renamed; the new id must be free (not overwrite the registry
+    entry of the worker already under it) and no credential's name (the quarantine and revocation of the renamed
+    worker would then hit that credential)."""
+    from echo2sdk.runtime.worker_keys import check_name
+
+    c = make_coordinator()
+    clients = []
+    try:
+        first = loop.run(Client.join(c.port, TOKEN, worker_id="gpu", session="a"))
+        clients.append(first)
+        nxt = next(c._ids) + 1  # the counter the coordinator draws suffixes from (a peer can guess it)
+        squatter = loop.run(Client.join(c.port, TOKEN, worker_id=f"gpu-{nxt}", session="b"))
+        clients.append(squatter)
+        renamed = loop.run(Client.join(c.port, TOKEN, worker_id="gpu", session="c"))
+        clients.append(renamed)
+        new_id = renamed.answer["worker_id"]
+        assert new_id not in ("gpu", f"gpu-{nxt}") and c.workers[f"gpu-{nxt}"].session == "b"
+        with pytest.raises(ConfigError):
+            check_name(new_id)  # no credential can be named so
+    finally:
+        for client in clients:
+            loop.run(client.close())
+        c.stop()
+
+
 @pytest.mark.integration
 def test_a_real_worker_with_a_credential_trains_the_run_and_is_revoked(tmp_path):
     """A run with no local worker: every trajectory comes from one `echo2 worker --credential-file` process,

@@ -95,6 +95,7 @@ def test_the_reward_bound_is_the_buffers_and_0_1_as_a_string_is_no_reward():
     ({"type": "heartbeat", "version": 0, "rollouts_per_s": math.nan}, "rollouts_per_s"),
     ({"type": "heartbeat", "version": 0, "rollouts_per_s": -1.0}, "rollouts_per_s"),
     ({"type": "heartbeat", "version": 0, "rollouts_per_s": 1e400}, "rollouts_per_s"),
+    ({"type": "heartbeat", "version": 0, "rollouts_per_s": 1e308}, "rollouts_per_s"),  # two of them: fmean overflows
     ({"type": "heartbeat", "version": 0, "failures": {"adapter_nan": -1}}, "failures.adapter_nan"),
     ({"type": "heartbeat", "version": 0, "failures": {f"r{i}": 1 for i in range(65)}}, "failures"),
 ])
@@ -119,19 +120,20 @@ def test_a_bad_heartbeat_is_counted_and_closes_the_connection_without_touching_t
     assert f"field '{field}'" in caplog.text
 
 
-@pytest.mark.parametrize("price", [math.nan, -1.0, math.inf, "0.1"])
+async def _answer(port: int, **fields) -> dict:
+    """The coordinator's answer to a hello holding `fields` as they are (not validated on our side)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context())
+    hello = {**Hello(nonce=session.new_nonce()).model_dump(), **fields}
+    _, answer = await session.client_handshake(reader, writer, TOKEN, hello)
+    writer.close()
+    return answer
+
+
+@pytest.mark.parametrize("price", [math.nan, -1.0, math.inf, "0.1", 1e308])
 def test_a_hello_with_a_bad_price_is_refused(loop, price):
     coord = make_coordinator()
-
-    async def hello():
-        reader, writer = await asyncio.open_connection("127.0.0.1", coord.port, ssl=client_context())
-        fields = {**Hello(nonce=session.new_nonce(), worker_id="cheat").model_dump(), "price_per_hour": price}
-        _, answer = await session.client_handshake(reader, writer, TOKEN, fields)
-        writer.close()
-        return answer
-
     try:
-        answer = loop.run(hello())
+        answer = loop.run(_answer(coord.port, worker_id="cheat", price_per_hour=price))
     finally:
         coord.stop()
     assert answer["type"] == "refused" and "malformed hello" in answer["reason"]
@@ -163,3 +165,94 @@ def test_intake_runs_off_the_event_loop_and_a_push_of_1000_bad_groups_is_counted
     assert coord.rejected == {"reward_out_of_range": 2000} and coord.workers["bulk"].trajectories == GROUP
     assert threads and coord._thread not in threads
     assert caplog.text.count("reward_out_of_range") == 8 + 1
+
+
+class _SlowBase:
+    """A model folder that counts how often it is read (each read holds the files' bytes in memory)."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def message(self):
+        import hashlib
+        import time
+
+        from echo2sdk.runtime.messages import BaseFile, BaseFiles
+
+        self.reads += 1
+        time.sleep(0.2)
+        data = b"{}"
+        return BaseFiles(files=(BaseFile(name="config.json", nbytes=2, sha256=hashlib.sha256(data).hexdigest()),)), data
+
+    def weights(self) -> bytes:
+        return b"\0" * 16
+
+
+def test_a_flood_of_get_base_reads_the_base_once_at_a_time(loop):
+    """Each get_base reads the model's files (up to 256 MiB) into memory before it is sent: a worker asking
+    again while its answer is on the way gets no second read, so 50 asks cannot hold 50 copies."""
+    base = _SlowBase()
+    c = make_coordinator(base=base)
+
+    async def flood() -> dict:
+        client = await Client.join(c.port, worker_id="greedy")
+        try:
+            from echo2sdk.runtime.wire import MAX_HEADER, read_frame
+
+            for _ in range(50):
+                await client.send({"type": "get_base"})
+            return (await read_frame(client.reader, 1 << 20, key=client.keys.recv, max_header=MAX_HEADER))[0]
+        finally:
+            await client.close()
+
+    try:
+        assert loop.run(flood())["type"] == "base_files"
+        assert wait(lambda: c.bases_served >= 1)
+        assert base.reads == 1, base.reads
+    finally:
+        c.stop()
+
+
+@pytest.mark.parametrize("wid", ["w\n2026-12-04 12:00:00 WARNING worker honest quarantined", "w\x1b[2J", "w\r", "w\u2028x"])
+def test_a_worker_id_that_would_forge_a_log_line_is_refused(loop, caplog, wid):
+    """Worker ids reach run.log (joins, drops, rejections), metrics and the relay plans: a line break or a
+    terminal escape in one is a malformed hello, so no log line carries it."""
+    coord = make_coordinator()
+    try:
+        answer = loop.run(_answer(coord.port, worker_id=wid))
+    finally:
+        coord.stop()
+    assert answer["type"] == "refused" and "malformed hello" in answer["reason"]
+    assert not coord.workers and wid not in caplog.text
+
+
+def test_the_versions_a_worker_reported_are_forgotten_with_its_record(loop, monkeypatch):
+    """What `installed` reports the audit keeps (core/audit.py: a record's version must be one of them) lives on
+    the worker's record: bounded with the registry (KEEP_DEPARTED), not one entry per id and session for ever."""
+    from echo2sdk.runtime import coordinator
+
+    monkeypatch.setattr(coordinator, "KEEP_DEPARTED", 2)
+    c = make_coordinator(tls=False)
+    c.publish(1, b"\0" * 8)
+    assert wait(lambda: c._latest is not None)
+
+    async def come_and_go(wid: str, sess: str) -> None:
+        client = await Client.join(c.port, tls=False, worker_id=wid, session=sess)
+        await client.send({"type": "installed", "version": 1})
+        for _ in range(500):  # read by the coordinator before we leave
+            if c.workers[wid].installed:
+                break
+            await asyncio.sleep(0.01)
+        await client.close()
+
+    try:
+        for i in range(6):
+            loop.run(come_and_go(f"w{i}", f"s{i}"))
+            assert wait(lambda: not any(w.alive for w in c.workers.values()))
+        loop.run(come_and_go("w7", "s7"))  # one more join: the registry forgets the longest gone
+        assert wait(lambda: not any(w.alive for w in c.workers.values()))
+        assert len(c.workers) <= 3
+        assert all(w.installed == {1} for w in c.workers.values())
+        assert "installed" not in c.worker_table()[0]  # internal: not in the run's worker table
+    finally:
+        c.stop()

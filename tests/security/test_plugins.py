@@ -107,3 +107,43 @@ def test_allowances_name_exactly_what_a_config_needs():
     assert allowances(cfg) == ["echo2sdk.testing:CheckResult", "my.pkg:Ser"]  # MockBackend, ToyAdapter are registered
     check_plugins(WorkerConfig.from_mapping(cfg), allowances(cfg))
     assert allowances({"adapter": "math", "backend": "hf"}) == []
+
+
+@pytest.mark.parametrize("adapter,env", [("verifiers", "verifiers://echo2_wire_probe"),
+                                         ("echo2sdk.adapters.verifiers:verifiers_adapter", "echo2_wire_probe")])
+def test_a_verifiers_env_is_an_import_too(tmp_path, monkeypatch, adapter, env):
+    """The verifiers adapter imports the module its env names and calls its load_environment(**env_args): a
+    module that is on the worker's path but no installed verifiers environment needs the operator's allowance."""
+    (tmp_path / "echo2_wire_probe.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('imported').touch()\n"
+        "def load_environment(**kw):\n    raise RuntimeError('called')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = _cfg(adapter=adapter, adapter_options={"env": env, "env_args": {"cmd": "x"}})
+    with pytest.raises(ConfigError, match="--allow-plugin verifiers://echo2_wire_probe"):
+        check_plugins(cfg)
+    assert not (tmp_path / "imported").exists()
+    from echo2sdk.runtime.plugin_policy import allowances
+
+    assert allowances(cfg) == ["verifiers://echo2_wire_probe"]
+    check_plugins(cfg, allowed=allowances(cfg))  # the operator's (or the learner's own) allowance
+
+
+@pytest.mark.parametrize("options, needs", [
+    ({"engine_options": {"worker_extension_cls": "os.path.join"}}, "backend_options.engine_options"),
+    ({"engine_options": {"trust_remote_code": True}}, "backend_options.engine_options"),
+    ({"dtype": "float32", "trust_remote_code": True}, "trust_remote_code"),
+])
+def test_engine_pass_through_and_remote_code_need_the_operators_allowance(options, needs):
+    """vllm and sglang hand `engine_options` to their engine as they are: vLLM imports the dotted class names
+    some of them hold (worker_extension_cls, worker_cls, scheduler_cls, logits_processors), and
+    trust_remote_code runs the model repository's Python. A coordinator sets neither on its own."""
+    from echo2sdk.runtime.plugin_policy import allowances
+
+    cfg = _cfg(adapter="math", backend="vllm", model="someone/model", backend_options=options)
+    with pytest.raises(ConfigError, match=f"--allow-plugin {needs}"):
+        check_plugins(cfg)
+    assert needs in allowances(cfg)
+    check_plugins(cfg, allowed=allowances(cfg))  # the operator's (or the learner's own) allowance
+    check_plugins(_cfg(adapter="math", backend="vllm", backend_options={"engine_options": {},
+                                                                          "trust_remote_code": False}))

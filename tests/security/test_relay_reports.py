@@ -102,3 +102,57 @@ def test_the_registry_keeps_a_bounded_number_of_departed_workers(loop, monkeypat
         loop.run(live.close())
     finally:
         c.stop()
+
+
+def test_late_joiners_reuse_the_versions_manifest(chain, monkeypatch):
+    """Every join after a publication delivers the newest snapshot to the joiner; hashing and signing the whole
+    snapshot again for each (0.1 s per 256 MiB here, seconds for a large model) let a token holder that
+    re-joins in a loop keep the learner's cores busy. The version's manifest is made once."""
+    from echo2sdk.runtime import chain_broadcast
+
+    built = []
+    real = chain_broadcast.build_manifest
+    monkeypatch.setattr(chain_broadcast, "build_manifest", lambda *a, **kw: built.append(a[1]) or real(*a, **kw))
+    _publish(chain, 1, ["a", "b"])
+    for i in range(5):
+        late = _Peer(f"late-{i}")
+        asyncio.run(chain.deliver(1, WEIGHTS, [late]))
+        assert late.sent[-1].manifest.version == 1 and late.sent[-1].upstream[-1][0] == SOURCE
+    _publish(chain, 2, ["a", "b"])
+    assert built == [1, 2]
+    assert chain.source.assembly(2) is not None and chain.source.assembly(2).complete
+
+
+def test_a_direct_push_hashes_each_snapshot_once(monkeypatch):
+    """DirectPush: the snapshot's SHA-256 (in its MACed header) is computed once per published snapshot, on a
+    thread, not again on the coordinator's event loop for every late joiner."""
+    from echo2sdk.runtime import delivery
+
+    hashed = []
+    real = delivery.digest
+    monkeypatch.setattr(delivery, "digest", lambda data: hashed.append(len(data)) or real(data))
+    push, peers = delivery.DirectPush(), [_Peer(f"w{i}") for i in range(6)]
+    asyncio.run(push.deliver(1, WEIGHTS, peers[:2]))
+    for p in peers[2:]:
+        asyncio.run(push.deliver(1, WEIGHTS, [p]))
+    assert {p.sent[-1].sha256 for p in peers} == {real(WEIGHTS)} and len(hashed) == 1
+    other = os.urandom(len(WEIGHTS))
+    asyncio.run(push.deliver(2, other, peers[:1]))
+    assert peers[0].sent[-1].sha256 == real(other) and len(hashed) == 2
+
+
+def test_a_stored_report_is_bounded_whatever_its_size_on_the_wire(chain):
+    """A `received` may carry 4096 repairs with 1 KiB reasons and 4096 rates (~5 MB): kept whole for each worker
+    and each of the last KEEP_VERSIONS versions, a token holder's connections could hold gigabytes. The report
+    kept for the run's record holds at most KEEP_REPORT_ENTRIES repairs and rates; scoring is unchanged."""
+    from echo2sdk.runtime.chain_broadcast import KEEP_REPORT_ENTRIES
+
+    _publish(chain, 1, ["a", "b"])
+    huge = Received(version=1, ok=True, parent="a",
+                    served_bps={f"n{i:04d}" + "x" * 120: 1e6 for i in range(4095)} | {"a": 5e6},
+                    repairs=[Repair(parent="a", reason="r" * 1024, chunk=i) for i in range(4096)])
+    chain.on_report("b", huge)
+    kept = chain.reports[1]["b"]
+    assert len(kept["repairs"]) == KEEP_REPORT_ENTRIES and len(kept["served_bps"]) <= KEEP_REPORT_ENTRIES
+    assert kept["served_bps"]["a"] == 5e6  # the planned parent's rate is the one kept first
+    assert chain.scores.recent_failures("a", time.monotonic()) == 1  # its complaint still counts, once

@@ -56,3 +56,43 @@ def test_a_worker_that_stops_reading_delays_no_other_and_is_dropped(caplog):
             p.kill()
             finish(p, 10)
         c.stop()
+
+
+def test_a_parent_that_only_sends_keep_alives_is_repaired_around_and_blamed():
+    """A relay that knows the key but sends `wait` keep-alives forever, never a chunk: its child gives up on it
+    after MAX_WAIT_STALLS stall timeouts without a chunk, fetches from the next upstream node and reports why."""
+    import threading
+
+    from echo2sdk.core.broadcast.manifest import Signer, build_manifest
+    from echo2sdk.core.broadcast.planner import SOURCE
+    from echo2sdk.runtime.messages import Wait, to_header
+    from echo2sdk.runtime.relay import RelayNode, Upstream
+    from echo2sdk.runtime.wire import send_frame
+
+    class Stalling(RelayNode):
+        def _stream(self, conn, asm, start, key):
+            while not self._closed:
+                send_frame(conn, to_header(Wait()), key=key)
+                time.sleep(0.05)
+
+    data = bytes(range(256)) * 1024
+    m = build_manifest(data, 1, 64 << 10, Signer())
+    src, evil = RelayNode(TOKEN, node_id=SOURCE), Stalling(TOKEN, node_id="evil")
+    child = RelayNode(TOKEN, node_id="child", stall_timeout_s=0.3)
+    src.publish(m, data)
+    evil.publish(m, data)
+    result = {}
+    t = threading.Thread(target=lambda: result.update(report=child.fetch(
+        m, [Upstream("evil", evil.host, evil.port, evil.fingerprint), Upstream(SOURCE, src.host, src.port, src.fingerprint)])),
+        daemon=True)
+    try:
+        t.start()
+        t.join(60)  # a liveness bound: without the cap the fetch waits as long as the keep-alives come
+        report = result.get("report")
+        assert report is not None, "the child is still waiting on keep-alives"
+        assert report.ok and report.parent == SOURCE
+        assert [r["parent"] for r in report.repairs] == ["evil"] and report.repairs[0]["reason"].startswith("stalled")
+        assert bytes(child.assembly(1).view) == data
+    finally:
+        for node in (child, evil, src):
+            node.close()
