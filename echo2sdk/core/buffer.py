@@ -54,6 +54,10 @@ class StalenessBuffer:
             beyond it, the oldest complete group (lowest version, then earliest arrival) is dropped
             and counted as evicted with reason "overflow". None = unbounded (the staleness window
             bounds it anyway).
+        groups_per_worker: at most this many complete groups of one worker (`meta.worker` of the group's
+            first record) are held; beyond it that worker's oldest held group is dropped, counted as evicted
+            with reason "worker_overflow": one worker pushing faster than the learner trains cannot fill the
+            learner's memory. None = no per-worker bound.
         order: "fifo" samples the earliest-completed groups first; "freshest" the highest version
             first (earliest arrival among equal versions).
         reward_bound: records with |r| > reward_bound are rejected ("reward_out_of_range").
@@ -73,6 +77,7 @@ class StalenessBuffer:
         group_size: int,
         capacity_groups: int | None = None,
         order: str = "fifo",
+        groups_per_worker: int | None = None,
         reward_bound: float = REWARD_BOUND,
         filter_zero_variance: bool = False,
         fallback_after: int = 0,
@@ -81,12 +86,15 @@ class StalenessBuffer:
         checks.integer("group_size", group_size, lo=1, error=ConfigError)
         if capacity_groups is not None:
             checks.integer("capacity_groups", capacity_groups, lo=1, error=ConfigError)
+        if groups_per_worker is not None:
+            checks.integer("groups_per_worker", groups_per_worker, lo=1, error=ConfigError)
         checks.real("reward_bound", reward_bound, lo=0.0, open_lo=True, error=ConfigError)
         if order not in _ORDERS:
             raise ConfigError(f"order must be one of {_ORDERS}, got order={order!r}")
         self.staleness = staleness
         self.group_size = group_size
         self.capacity_groups = capacity_groups
+        self.groups_per_worker = groups_per_worker
         self.order = order
         self.reward_bound = float(reward_bound)
         checks.integer("fallback_after", fallback_after, lo=0, error=ConfigError)
@@ -315,6 +323,12 @@ class StalenessBuffer:
         if self.capacity_groups is not None and len(self._ready) > self.capacity_groups:
             oldest = min(self._ready, key=lambda k: (k[1], self._ready[k][0]))
             self._evicted["overflow"] += len(self._ready.pop(oldest)[1])
+        if self.groups_per_worker is not None:
+            owner = records[0].meta.worker
+            mine = [k for k, (_, recs) in self._ready.items() if recs[0].meta.worker == owner]
+            if len(mine) > self.groups_per_worker:
+                oldest = min(mine, key=lambda k: (k[1], self._ready[k][0]))
+                self._evicted["worker_overflow"] += len(self._ready.pop(oldest)[1])
         self._cond.notify_all()
 
     def _evict_stale(self) -> None:

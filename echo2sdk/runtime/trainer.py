@@ -94,11 +94,13 @@ def learner_args(cfg: Config) -> dict[str, Any]:
 
 def buffer_args(cfg: Config) -> dict[str, Any]:
     """Keyword arguments of `StalenessBuffer(**buffer_args(cfg))`: S, the group size n, the order, the
-    intake's reward bound and dynamic sampling (zero-variance groups filtered; the fallback after patience x k)."""
+    intake's reward bound, dynamic sampling (zero-variance groups filtered; the fallback after patience x k),
+    and the per-worker bound: k x (S + 1) groups, what the learner can train on before they go stale."""
     L = cfg.learner
     k = L.trajectories_per_step // cfg.rollout.group_size  # groups per step
     return dict(staleness=L.staleness, group_size=cfg.rollout.group_size, order=L.order, reward_bound=L.reward_bound,
-                filter_zero_variance=L.filter_zero_variance, fallback_after=L.filter_patience * k)
+                filter_zero_variance=L.filter_zero_variance, fallback_after=L.filter_patience * k,
+                groups_per_worker=k * (L.staleness + 1))
 
 
 def worker_config(cfg: Config, model_path: str) -> dict[str, Any]:

@@ -272,6 +272,26 @@ def test_overflow_drops_oldest_version_first():
     assert [g[0].meta.group_id for g in buf.sample(2)] == ["new", "newer"]
 
 
+def test_one_worker_holds_at_most_groups_per_worker_its_oldest_go_first():
+    buf = StalenessBuffer(staleness=3, group_size=1, groups_per_worker=2)
+    flood = lambda gid, v, w: Trajectory(prompt="p", response="r", reward=0.5, version=v,  # noqa: E731
+                                         meta=Meta(group_id=gid, prompt_ids=(1,), response_ids=(3,), logprobs=(-1.0,),
+                                                   worker=w))
+    buf.set_version(1)
+    for gid, v in (("f1", 1), ("f0", 0), ("f2", 1), ("f3", 1)):
+        buf.add_group([flood(gid, v, "fast")], **LIMITS)
+    buf.add_group([flood("h0", 0, "honest")], **LIMITS)
+    s = buf.stats()
+    assert s["evicted_by_reason"] == {"worker_overflow": 2} and s["ready_groups"] == 3
+    assert s["admitted"] == s["sampled"] + s["evicted"] + s["held"]
+    assert sorted(g[0].meta.group_id for g in buf.sample(3)) == ["f2", "f3", "h0"]  # f0 (v0) then f1 went
+
+
+def test_groups_per_worker_must_be_a_positive_integer():
+    with pytest.raises(ConfigError, match="groups_per_worker"):
+        StalenessBuffer(staleness=1, group_size=1, groups_per_worker=0)
+
+
 def test_wait_for():
     buf = StalenessBuffer(staleness=2, group_size=1)
     assert buf.wait_for(1, timeout=0.01) is False
