@@ -14,10 +14,16 @@ The learning rate follows `lr_scheduler` (core/lr_schedule.py), one value per st
 
 With `distributed=True` (a torch.distributed process group is up: torchrun, see runtime/distributed.py)
 the policy is sharded with FSDP2 (`fully_shard` on every decoder layer and on the forward below). Every
-rank holds the whole batch; the units (rows sharing a prompt, at most `micro_batch` of them) are dealt
-round-robin to the ranks, each rank scales its partial token sum by the world size so that FSDP's mean
-reduce-scatter yields the same gradient as one process, and a rank with fewer units runs zero-weight
-dummy units so that every rank issues the same collectives.
+rank holds the whole batch; the units (rows sharing a prompt, at most `micro_batch` of them and at most
+`token_budget` tokens through the decoder) are dealt round-robin to the ranks, each rank scales its partial
+token sum by the world size so that FSDP's mean reduce-scatter yields the same gradient as one process, and a
+rank with fewer units runs zero-weight dummy units so that every rank issues the same collectives (a slot in
+which some rank recomputes a long row, recompute_plan, recomputes on every rank, its dummy units included).
+
+Memory: a unit keeps its activations for the backward pass, about 1 MiB per token through the decoder for
+SmolLM2-135M under bf16 autocast (docs/recipes.md, "Learner memory"), whether the token carries loss or is
+an environment turn of a multi-turn episode; `token_budget` bounds the tokens of a unit, so a step's memory
+does not grow with episodes x turns.
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ from echo2sdk.core import grpo, isa, lr_schedule
 from echo2sdk.core.grpo import group_advantages
 from echo2sdk.core.records import Trajectory
 
-__all__ = ["group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "bf16_is_fast", "unit_plan"]
+__all__ = [
+    "group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "bf16_is_fast", "unit_plan", "recompute_plan",
+    "unit_tokens",
+]
 
 
 class NonFiniteUpdate(ValueError):
@@ -82,17 +91,54 @@ class _Row:
     gap: tuple[float, float] = (0.0, 0.0)  # (sum of |log pi_old - log pi_sampler| over loss tokens, their count)
 
 
-def unit_plan(rows: Sequence[_Row], micro_batch: int, rank: int = 0, world: int = 1) -> list[list[int] | None]:
-    """This rank's units: lists of row indices that share a prompt (at most `micro_batch` rows each),
-    dealt round-robin over `world` ranks and padded with None (a zero-weight dummy unit) to the same
-    count on every rank. Rows without a loss-carrying token are left out."""
+def unit_tokens(rows: Sequence[_Row], unit: Sequence[int]) -> int:
+    """Tokens the decoder runs for `unit` with the shared prefix: the prompt once, and every response padded
+    to the unit's longest (the memory a unit's activations take grows with this)."""
+    P = rows[unit[0]].start
+    return P + len(unit) * max(len(rows[i].ids) - P for i in unit)
+
+
+def _units(rows: Sequence[_Row], micro_batch: int, token_budget: int | None) -> list[list[int]]:
+    """All units, in order: rows sharing a prompt, at most `micro_batch` of them and, as long as more than one
+    row is in it, at most `token_budget` unit_tokens (a longer row is a unit of its own). Rows without a
+    loss-carrying token are left out."""
     buckets: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         if any(r.mask):
             buckets.setdefault(tuple(r.ids[: r.start]), []).append(i)
-    units = [idx[j : j + micro_batch] for idx in buckets.values() for j in range(0, len(idx), micro_batch)]
+    units: list[list[int]] = []
+    for idx in buckets.values():
+        unit: list[int] = []
+        for i in idx:
+            fits = token_budget is None or unit_tokens(rows, [*unit, i]) <= token_budget
+            if unit and (len(unit) == micro_batch or not fits):
+                units.append(unit)
+                unit = []
+            unit.append(i)
+        units.append(unit)
+    return units
+
+
+def unit_plan(
+    rows: Sequence[_Row], micro_batch: int, rank: int = 0, world: int = 1, token_budget: int | None = None
+) -> list[list[int] | None]:
+    """This rank's units (`_units`: rows sharing a prompt, at most `micro_batch` rows and `token_budget`
+    tokens each), dealt round-robin over `world` ranks and padded with None (a zero-weight dummy unit) to the
+    same count on every rank. Rows without a loss-carrying token are left out."""
+    units = _units(rows, micro_batch, token_budget)
     mine: list[list[int] | None] = list(units[rank::world])
     return mine + [None] * (-(-len(units) // world) - len(mine))
+
+
+def recompute_plan(
+    rows: Sequence[_Row], micro_batch: int, world: int = 1, token_budget: int | None = None
+) -> list[bool]:
+    """Per slot of unit_plan (the same on every rank): True where some rank's unit in that slot is one row
+    longer than `token_budget`, which then runs with gradient checkpointing; every rank, its dummy units
+    included, runs that slot the same way, so that all issue the same collectives."""
+    units = _units(rows, micro_batch, token_budget)
+    over = [token_budget is not None and unit_tokens(rows, u) > token_budget for u in units]
+    return [any(over[k : k + world]) for k in range(0, len(units), world)]
 
 
 class _Forward(torch.nn.Module):
@@ -104,18 +150,38 @@ class _Forward(torch.nn.Module):
     the responses on top (on the math task this cuts the tokens through the model by ~2.4x: n = 4, 74-token
     prompts, ~22-token responses); without it (gradient checkpointing, which cannot keep a cache) every row
     runs prompt + response in one pass. Either way the decoder runs the same number of times for any unit,
-    so every FSDP rank issues the same collectives. Only selected positions go through the output head."""
+    so every FSDP rank issues the same collectives. Only selected positions go through the output head.
+
+    `recompute=True` runs one unit (a row longer than the learner's token_budget) with gradient checkpointing
+    (its activations are recomputed layer by layer in the backward pass) even when the learner keeps them
+    otherwise; the caller makes that choice alike on every rank (recompute_plan)."""
 
     def __init__(self, model: torch.nn.Module, shared_prefix: bool = True):
         super().__init__()
         self.model, self.shared_prefix = model, shared_prefix
+        # the layers model.gradient_checkpointing_enable() set up; their `gradient_checkpointing` flag switches it
+        self._checkpointable = [m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")]
 
-    def forward(self, prompt: torch.Tensor, resp_in: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor):
+    def forward(
+        self, prompt: torch.Tensor, resp_in: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor,
+        recompute: bool = False,
+    ):
         """`prompt` (1, P) ids; `resp_in` (n, W) the responses' input ids (each response but its last token,
         right-padded, W >= 1); position t of row b predicts response token t; returns logits at (b_idx, t_idx)."""
         decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
         (n, W), P = resp_in.shape, prompt.shape[1]
-        if self.shared_prefix:
+        if recompute and self.shared_prefix:
+            if not self._checkpointable:
+                raise RuntimeError("recompute=True needs the model's gradient checkpointing set up (token_budget)")
+            for m in self._checkpointable:
+                m.gradient_checkpointing = True
+            try:
+                out = decoder(input_ids=torch.cat([prompt.expand(n, -1), resp_in], dim=1), use_cache=False)
+            finally:
+                for m in self._checkpointable:
+                    m.gradient_checkpointing = False
+            h = out.last_hidden_state[:, P - 1 :]
+        elif self.shared_prefix:
             pre = decoder(input_ids=prompt, use_cache=True)
             cache = pre.past_key_values
             cache.batch_repeat_interleave(n)
@@ -159,12 +225,17 @@ class Learner:
         weights_from: str | None = None,
         distributed: bool = False,
         gradient_checkpointing: bool = False,
+        token_budget: int | None = 2048,
         device: str | None = None,
     ):
         """`model_path`: the initial policy (and the KL reference); `weights_from`: a Hugging Face folder whose
         weights the policy starts from instead (a checkpoint being resumed). `distributed`: shard with FSDP2
         over the process group that is up (torchrun). `gradient_checkpointing`: recompute activations in the
-        backward pass (less memory, ~1/3 more compute; the prompt is then run once per row). `device`:
+        backward pass (less memory, ~1/3 more compute; the prompt is then run once per row). `token_budget`:
+        the most tokens one unit runs through the decoder (the prompt once, each response padded to the
+        unit's longest), which bounds the activations a unit keeps for its backward pass: a prompt's rows are
+        cut into units that fit, and a row longer than it alone (a long multi-turn episode) runs with gradient
+        checkpointing; None: units of micro_batch rows whatever their length. `device`:
         default the current CUDA device when there is one, else the CPU. The GRPO knobs (`loss_type`,
         `epsilon`, `epsilon_high`, `scale_rewards`, `max_completion_length`: core/grpo.py) and the schedule
         (`updates_per_step` optimizer updates per step, `lr_scheduler` over `total_steps` steps with
@@ -175,6 +246,8 @@ class Learner:
         lr_schedule.lr_factor(lr_scheduler, 0, total_steps, warmup_steps)
         if updates_per_step < 1:
             raise ValueError(f"updates_per_step must be >= 1, got {updates_per_step!r}")
+        if token_budget is not None and token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1 or None, got {token_budget!r}")
 
         if threads:
             torch.set_num_threads(threads)
@@ -187,12 +260,16 @@ class Learner:
         self.model = load(weights_from or model_path)
         self.model.train()
         self.model.config.use_cache = False
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref = None
         if beta > 0 and reference:
             self.ref = (load(model_path) if weights_from else copy.deepcopy(self.model)).eval()
             self.ref.requires_grad_(False)
+        if gradient_checkpointing or token_budget is not None:  # token_budget: switched on per long row (_Forward)
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if not gradient_checkpointing:  # off until a long row switches it on (gradient_checkpointing_disable
+                for m in self.model.modules():  # would also swap the checkpoint function for torch's default)
+                    if hasattr(m, "_gradient_checkpointing_func"):
+                        m.gradient_checkpointing = False
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self._aliases = _tied_aliases(self.model)  # e.g. lm_head.weight, the same tensor as the embeddings
         self._fwd = _Forward(self.model, shared_prefix=not gradient_checkpointing)
@@ -205,6 +282,7 @@ class Learner:
         self.adv_eps, self.loss_type, self.scale_rewards = adv_eps, loss_type, scale_rewards
         self.max_completion_length, self.updates_per_step = max_completion_length, updates_per_step
         self.grad_clip, self.micro_batch, self.temperature = grad_clip, micro_batch, temperature
+        self.token_budget = token_budget
         self.autocast = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.lr, self.lr_scheduler, self.warmup_steps, self.total_steps = lr, lr_scheduler, warmup_steps, total_steps
@@ -231,10 +309,10 @@ class Learner:
                 rows.append(_Row(ids, len(m.prompt_ids), mask, list(m.logprobs), a, m.off_policy))
         return rows
 
-    def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row]) -> torch.Tensor:
+    def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row], recompute: bool = False) -> torch.Tensor:
         """log pi(y_t | x, y_<t) for every response token of `rows` (one unit: they share a prompt),
         flattened in row order. Positions that carry no loss (user turns inside a multi-turn response)
-        skip the output head and read 0.0, constant."""
+        skip the output head and read 0.0, constant. `recompute`: with gradient checkpointing (_Forward)."""
         P = rows[0].start
         resp = [r.ids[P:] for r in rows]
         ids = torch.zeros(len(rows), max(max(len(x) for x in resp) - 1, 1), dtype=torch.long)
@@ -245,7 +323,8 @@ class Learner:
         t_idx = torch.tensor([t for _, t in sel], device=self.device)
         ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
         with ctx:
-            logits = fwd(torch.tensor([rows[0].ids[:P]], device=self.device), ids.to(self.device), b_idx, t_idx)
+            prompt = torch.tensor([rows[0].ids[:P]], device=self.device)
+            logits = fwd(prompt, ids.to(self.device), b_idx, t_idx, recompute=recompute)
         logits = logits.float() / self.temperature
         tgt = torch.tensor([resp[b][t] for b, t in sel], device=self.device)
         logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -263,7 +342,7 @@ class Learner:
         without a loss-carrying token. One process only (it runs every unit here)."""
         per_row: list[torch.Tensor] = [torch.zeros(len(r.mask), device=self.device) for r in rows]
         fwd = self._ref_fwd if reference else self._fwd
-        for unit in unit_plan(rows, self.micro_batch):
+        for unit in unit_plan(rows, self.micro_batch, token_budget=self.token_budget):
             assert unit is not None
             parts = torch.split(self._unit_logprobs(fwd, [rows[i] for i in unit]), [len(rows[i].mask) for i in unit])
             for i, part in zip(unit, parts):
@@ -272,13 +351,14 @@ class Learner:
 
     # -- the update -------------------------------------------------------------------------------
     def _unit_loss(
-        self, mb: Sequence[_Row], coef: torch.Tensor, cache: dict[int, Any], key: int
+        self, mb: Sequence[_Row], coef: torch.Tensor, cache: dict[int, Any], key: int, recompute: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The unit's share of L, sum of c_i * l_t over its tokens (`coef`: c_i per token, 0 off the loss mask;
         core/grpo.py), and its sums of (loss, kl, clipped, w, truncated) for the step's statistics. `cache[key]`
         keeps the unit's (log pi_old, log pi_ref) from the step's first update: pi_old is pi_theta at the step's
-        start (that first forward, detached), pi_ref is frozen; later updates reuse both."""
-        logp = self._unit_logprobs(self._fwd, mb)
+        start (that first forward, detached), pi_ref is frozen; later updates reuse both. `recompute`: the
+        policy's forward with gradient checkpointing."""
+        logp = self._unit_logprobs(self._fwd, mb, recompute)
         mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
         adv = torch.tensor([r.advantage for r in mb for _ in r.mask], device=self.device)
         sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
@@ -300,12 +380,13 @@ class Learner:
             sums = torch.stack([loss.detach(), *((x * mask).sum() for x in (t.kl, t.clipped, t.weight, t.truncated))])
         return loss, sums.double().cpu()
 
-    def _dummy_loss(self, reference: bool) -> torch.Tensor:
+    def _dummy_loss(self, reference: bool, recompute: bool = False) -> torch.Tensor:
         """A zero-weight unit: the same forward and backward collectives, in the same order, as a real one
-        (the policy, then the reference when a real unit runs it: the step's first update), and no gradient."""
+        (the policy, with gradient checkpointing when its slot's real units use it, then the reference when a
+        real unit runs it: the step's first update), and no gradient."""
         one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        loss = self._fwd(one, one, zero, zero).float().sum() * 0.0
+        loss = self._fwd(one, one, zero, zero, recompute=recompute).float().sum() * 0.0
         if reference and self._ref_fwd is not None:
             with torch.no_grad():
                 self._ref_fwd(one, one, zero, zero)
@@ -325,9 +406,10 @@ class Learner:
         c = grpo.sequence_weights([sum(r.mask) for r in rows], self.loss_type, self.max_completion_length)
         coef = [torch.tensor(r.mask) * c_i for r, c_i in zip(rows, c)]
         lr = self._set_lr()
-        plan = unit_plan(rows, self.micro_batch, self.rank, self.world)
+        plan = unit_plan(rows, self.micro_batch, self.rank, self.world, self.token_budget)
+        recompute = recompute_plan(rows, self.micro_batch, self.world, self.token_budget)
         cache: dict[int, Any] = {}
-        done = [self._update(rows, coef, plan, cache) for _ in range(self.updates_per_step)]
+        done = [self._update(rows, coef, plan, recompute, cache) for _ in range(self.updates_per_step)]
         self.steps_done += 1
         s = (sum(d[0] for d in done) / len(done)).tolist()  # statistics: the mean over the updates
         return StepStats(
@@ -347,21 +429,22 @@ class Learner:
         )
 
     def _update(
-        self, rows: Sequence[_Row], coef: Sequence[torch.Tensor], plan: list[list[int] | None], cache: dict[int, Any]
+        self, rows: Sequence[_Row], coef: Sequence[torch.Tensor], plan: list[list[int] | None],
+        recompute: list[bool], cache: dict[int, Any],
     ) -> tuple[torch.Tensor, float, float, float, float]:
-        """One optimizer update over this rank's units: (sums of the statistics, gradient norm, forward,
-        backward and optimizer seconds)."""
+        """One optimizer update over this rank's units (`recompute`: per unit, with gradient checkpointing):
+        (sums of the statistics, gradient norm, forward, backward and optimizer seconds)."""
         first = not cache
         t_fwd = t_bwd = 0.0
         sums = torch.zeros(5, dtype=torch.float64)
         self.opt.zero_grad(set_to_none=True)
-        for key, unit in enumerate(plan):
+        for key, (unit, long) in enumerate(zip(plan, recompute, strict=True)):
             ta = time.perf_counter()
             if unit is None:
-                loss = self._dummy_loss(reference=first)
+                loss = self._dummy_loss(reference=first, recompute=long)
             else:
                 unit_coef = torch.cat([coef[i] for i in unit]).to(self.device)
-                loss, part = self._unit_loss([rows[i] for i in unit], unit_coef, cache, key)
+                loss, part = self._unit_loss([rows[i] for i in unit], unit_coef, cache, key, long)
                 sums += part
             tb = time.perf_counter()
             (loss * self.world).backward()  # FSDP's reduce-scatter averages over ranks; the sum is wanted
