@@ -18,7 +18,8 @@ rank holds the whole batch; the units (rows sharing a prompt, at most `micro_bat
 `token_budget` tokens through the decoder) are dealt round-robin to the ranks, each rank scales its partial
 token sum by the world size so that FSDP's mean reduce-scatter yields the same gradient as one process, and a
 rank with fewer units runs zero-weight dummy units so that every rank issues the same collectives (a slot in
-which some rank recomputes a long row, recompute_plan, recomputes on every rank, its dummy units included).
+which some rank recomputes a long row, or runs a one-row unit in one pass, runs so on every rank, its dummy
+units included: pass_plan).
 
 Memory: a unit keeps its activations for the backward pass, about 1 MiB per token through the decoder for
 SmolLM2-135M under bf16 autocast (docs/recipes.md, "Learner memory"), whether the token carries loss or is
@@ -44,7 +45,7 @@ from echo2sdk.core.grpo import group_advantages
 from echo2sdk.core.records import Trajectory
 
 __all__ = [
-    "group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "bf16_is_fast", "unit_plan", "recompute_plan",
+    "group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "bf16_is_fast", "unit_plan", "pass_plan",
     "unit_tokens",
 ]
 
@@ -130,31 +131,39 @@ def unit_plan(
     return mine + [None] * (-(-len(units) // world) - len(mine))
 
 
-def recompute_plan(
-    rows: Sequence[_Row], micro_batch: int, world: int = 1, token_budget: int | None = None
-) -> list[bool]:
-    """Per slot of unit_plan (the same on every rank): True where some rank's unit in that slot is one row
-    longer than `token_budget`, which then runs with gradient checkpointing; every rank, its dummy units
-    included, runs that slot the same way, so that all issue the same collectives."""
+SHARED, ONE_PASS, RECOMPUTE = "shared", "one_pass", "recompute"  # how _Forward runs a unit
+
+
+def pass_plan(rows: Sequence[_Row], micro_batch: int, world: int = 1, token_budget: int | None = None) -> list[str]:
+    """Per slot of unit_plan, the same on every rank, how its units run (_Forward): RECOMPUTE where some rank's
+    unit in the slot is a row longer than `token_budget` (gradient checkpointing), else ONE_PASS where every
+    rank's unit in it is a single row (a prompt shared by one row saves nothing, and one causal pass skips the
+    masked attention over the cached prefix: 1.4x less CPU on a 2000-token episode), else SHARED. Every rank,
+    its dummy units included, runs a slot the same way, so that all issue the same collectives."""
     units = _units(rows, micro_batch, token_budget)
-    over = [token_budget is not None and unit_tokens(rows, u) > token_budget for u in units]
-    return [any(over[k : k + world]) for k in range(0, len(units), world)]
+    plan = []
+    for k in range(0, len(units), world):
+        slot = units[k : k + world]
+        if token_budget is not None and any(unit_tokens(rows, u) > token_budget for u in slot):
+            plan.append(RECOMPUTE)
+        else:
+            plan.append(ONE_PASS if all(len(u) == 1 for u in slot) else SHARED)
+    return plan
 
 
 class _Forward(torch.nn.Module):
     """The policy's forward for one unit (rows sharing a prompt): logits at the selected response positions.
 
     A module of its own so that, under FSDP, the root's hooks wrap the whole computation (the all-gather of
-    embeddings, final norm and head, and the reduce-scatter of their gradients). With `shared_prefix` the
-    decoder runs the prompt once, keeps its KV cache with gradients, repeats it over the unit's rows and runs
-    the responses on top (on the math task this cuts the tokens through the model by ~2.4x: n = 4, 74-token
-    prompts, ~22-token responses); without it (gradient checkpointing, which cannot keep a cache) every row
-    runs prompt + response in one pass. Either way the decoder runs the same number of times for any unit,
-    so every FSDP rank issues the same collectives. Only selected positions go through the output head.
-
-    `recompute=True` runs one unit (a row longer than the learner's token_budget) with gradient checkpointing
-    (its activations are recomputed layer by layer in the backward pass) even when the learner keeps them
-    otherwise; the caller makes that choice alike on every rank (recompute_plan)."""
+    embeddings, final norm and head, and the reduce-scatter of their gradients). `mode` SHARED (with
+    `shared_prefix`): the decoder runs the prompt once, keeps its KV cache with gradients, repeats it over the
+    unit's rows and runs the responses on top (on the math task this cuts the tokens through the model by
+    ~2.4x: n = 4, 74-token prompts, ~22-token responses). ONE_PASS: every row runs prompt + response in one
+    causal pass (a unit of one row; and every unit under gradient checkpointing, which cannot keep a cache).
+    RECOMPUTE: one pass with gradient checkpointing for this unit (a row over the learner's token_budget: its
+    layers keep only their inputs, the rest is recomputed in the backward pass). The caller picks the mode
+    alike on every FSDP rank (pass_plan), so all run the decoder the same number of times and issue the same
+    collectives. Only selected positions go through the output head."""
 
     def __init__(self, model: torch.nn.Module, shared_prefix: bool = True):
         super().__init__()
@@ -164,24 +173,13 @@ class _Forward(torch.nn.Module):
 
     def forward(
         self, prompt: torch.Tensor, resp_in: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor,
-        recompute: bool = False,
+        mode: str = SHARED,
     ):
         """`prompt` (1, P) ids; `resp_in` (n, W) the responses' input ids (each response but its last token,
         right-padded, W >= 1); position t of row b predicts response token t; returns logits at (b_idx, t_idx)."""
         decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
         (n, W), P = resp_in.shape, prompt.shape[1]
-        if recompute and self.shared_prefix:
-            if not self._checkpointable:
-                raise RuntimeError("recompute=True needs the model's gradient checkpointing set up (token_budget)")
-            for m in self._checkpointable:
-                m.gradient_checkpointing = True
-            try:
-                out = decoder(input_ids=torch.cat([prompt.expand(n, -1), resp_in], dim=1), use_cache=False)
-            finally:
-                for m in self._checkpointable:
-                    m.gradient_checkpointing = False
-            h = out.last_hidden_state[:, P - 1 :]
-        elif self.shared_prefix:
+        if mode == SHARED and self.shared_prefix:
             pre = decoder(input_ids=prompt, use_cache=True)
             cache = pre.past_key_values
             cache.batch_repeat_interleave(n)
@@ -189,7 +187,16 @@ class _Forward(torch.nn.Module):
             out = decoder(input_ids=resp_in, past_key_values=cache, position_ids=pos, use_cache=True)
             h = torch.cat([pre.last_hidden_state[:, -1:].expand(n, 1, -1), out.last_hidden_state], dim=1)
         else:
-            out = decoder(input_ids=torch.cat([prompt.expand(n, -1), resp_in], dim=1), use_cache=False)
+            switch = mode == RECOMPUTE and self.shared_prefix  # without shared_prefix, checkpointing is always on
+            if switch and not self._checkpointable:
+                raise RuntimeError("mode RECOMPUTE needs the model's gradient checkpointing set up (token_budget)")
+            for m in self._checkpointable if switch else ():
+                m.gradient_checkpointing = True
+            try:
+                out = decoder(input_ids=torch.cat([prompt.expand(n, -1), resp_in], dim=1), use_cache=False)
+            finally:
+                for m in self._checkpointable if switch else ():
+                    m.gradient_checkpointing = False
             h = out.last_hidden_state[:, P - 1 :]
         return head(h[b_idx, t_idx])  # right padding: causal attention never lets it reach a real position
 
@@ -309,10 +316,10 @@ class Learner:
                 rows.append(_Row(ids, len(m.prompt_ids), mask, list(m.logprobs), a, m.off_policy))
         return rows
 
-    def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row], recompute: bool = False) -> torch.Tensor:
+    def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row], mode: str = SHARED) -> torch.Tensor:
         """log pi(y_t | x, y_<t) for every response token of `rows` (one unit: they share a prompt),
         flattened in row order. Positions that carry no loss (user turns inside a multi-turn response)
-        skip the output head and read 0.0, constant. `recompute`: with gradient checkpointing (_Forward)."""
+        skip the output head and read 0.0, constant. `mode`: how _Forward runs the unit."""
         P = rows[0].start
         resp = [r.ids[P:] for r in rows]
         ids = torch.zeros(len(rows), max(max(len(x) for x in resp) - 1, 1), dtype=torch.long)
@@ -324,7 +331,7 @@ class Learner:
         ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
         with ctx:
             prompt = torch.tensor([rows[0].ids[:P]], device=self.device)
-            logits = fwd(prompt, ids.to(self.device), b_idx, t_idx, recompute=recompute)
+            logits = fwd(prompt, ids.to(self.device), b_idx, t_idx, mode=mode)
         logits = logits.float() / self.temperature
         tgt = torch.tensor([resp[b][t] for b, t in sel], device=self.device)
         logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -344,21 +351,23 @@ class Learner:
         fwd = self._ref_fwd if reference else self._fwd
         for unit in unit_plan(rows, self.micro_batch, token_budget=self.token_budget):
             assert unit is not None
-            parts = torch.split(self._unit_logprobs(fwd, [rows[i] for i in unit]), [len(rows[i].mask) for i in unit])
+            mb = [rows[i] for i in unit]
+            logp = self._unit_logprobs(fwd, mb, ONE_PASS if len(mb) == 1 else SHARED)
+            parts = torch.split(logp, [len(r.mask) for r in mb])
             for i, part in zip(unit, parts):
                 per_row[i] = part
         return torch.cat(per_row)
 
     # -- the update -------------------------------------------------------------------------------
     def _unit_loss(
-        self, mb: Sequence[_Row], coef: torch.Tensor, cache: dict[int, Any], key: int, recompute: bool = False
+        self, mb: Sequence[_Row], coef: torch.Tensor, cache: dict[int, Any], key: int, mode: str = SHARED
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The unit's share of L, sum of c_i * l_t over its tokens (`coef`: c_i per token, 0 off the loss mask;
         core/grpo.py), and its sums of (loss, kl, clipped, w, truncated) for the step's statistics. `cache[key]`
         keeps the unit's (log pi_old, log pi_ref) from the step's first update: pi_old is pi_theta at the step's
-        start (that first forward, detached), pi_ref is frozen; later updates reuse both. `recompute`: the
-        policy's forward with gradient checkpointing."""
-        logp = self._unit_logprobs(self._fwd, mb, recompute)
+        start (that first forward, detached), pi_ref is frozen; later updates reuse both. `mode`: how _Forward
+        runs the unit (pass_plan; the reference, without gradients, runs RECOMPUTE as ONE_PASS)."""
+        logp = self._unit_logprobs(self._fwd, mb, mode)
         mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
         adv = torch.tensor([r.advantage for r in mb for _ in r.mask], device=self.device)
         sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
@@ -366,7 +375,7 @@ class Learner:
             ref_logp = None
             if self._ref_fwd is not None:
                 with torch.no_grad():
-                    ref_logp = self._unit_logprobs(self._ref_fwd, mb)
+                    ref_logp = self._unit_logprobs(self._ref_fwd, mb, ONE_PASS if mode == RECOMPUTE else mode)
             cache[key] = (logp.detach(), ref_logp)
             _note_sampler_gap(mb, logp.detach(), sampler, mask)
         logp_old, ref_logp = cache[key]
@@ -380,16 +389,16 @@ class Learner:
             sums = torch.stack([loss.detach(), *((x * mask).sum() for x in (t.kl, t.clipped, t.weight, t.truncated))])
         return loss, sums.double().cpu()
 
-    def _dummy_loss(self, reference: bool, recompute: bool = False) -> torch.Tensor:
+    def _dummy_loss(self, reference: bool, mode: str = SHARED) -> torch.Tensor:
         """A zero-weight unit: the same forward and backward collectives, in the same order, as a real one
-        (the policy, with gradient checkpointing when its slot's real units use it, then the reference when a
-        real unit runs it: the step's first update), and no gradient."""
+        (the policy, in its slot's `mode`, then the reference when a real unit runs it: the step's first update),
+        and no gradient."""
         one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        loss = self._fwd(one, one, zero, zero, recompute=recompute).float().sum() * 0.0
+        loss = self._fwd(one, one, zero, zero, mode=mode).float().sum() * 0.0
         if reference and self._ref_fwd is not None:
             with torch.no_grad():
-                self._ref_fwd(one, one, zero, zero)
+                self._ref_fwd(one, one, zero, zero, mode=ONE_PASS if mode == RECOMPUTE else mode)
         return loss
 
     def step(self, groups: Sequence[Sequence[Trajectory]]) -> StepStats:
@@ -407,9 +416,9 @@ class Learner:
         coef = [torch.tensor(r.mask) * c_i for r, c_i in zip(rows, c)]
         lr = self._set_lr()
         plan = unit_plan(rows, self.micro_batch, self.rank, self.world, self.token_budget)
-        recompute = recompute_plan(rows, self.micro_batch, self.world, self.token_budget)
+        modes = pass_plan(rows, self.micro_batch, self.world, self.token_budget)
         cache: dict[int, Any] = {}
-        done = [self._update(rows, coef, plan, recompute, cache) for _ in range(self.updates_per_step)]
+        done = [self._update(rows, coef, plan, modes, cache) for _ in range(self.updates_per_step)]
         self.steps_done += 1
         s = (sum(d[0] for d in done) / len(done)).tolist()  # statistics: the mean over the updates
         return StepStats(
@@ -430,21 +439,21 @@ class Learner:
 
     def _update(
         self, rows: Sequence[_Row], coef: Sequence[torch.Tensor], plan: list[list[int] | None],
-        recompute: list[bool], cache: dict[int, Any],
+        modes: list[str], cache: dict[int, Any],
     ) -> tuple[torch.Tensor, float, float, float, float]:
-        """One optimizer update over this rank's units (`recompute`: per unit, with gradient checkpointing):
+        """One optimizer update over this rank's units (`modes`: per unit, how _Forward runs it, pass_plan):
         (sums of the statistics, gradient norm, forward, backward and optimizer seconds)."""
         first = not cache
         t_fwd = t_bwd = 0.0
         sums = torch.zeros(5, dtype=torch.float64)
         self.opt.zero_grad(set_to_none=True)
-        for key, (unit, long) in enumerate(zip(plan, recompute, strict=True)):
+        for key, (unit, mode) in enumerate(zip(plan, modes, strict=True)):
             ta = time.perf_counter()
             if unit is None:
-                loss = self._dummy_loss(reference=first, recompute=long)
+                loss = self._dummy_loss(reference=first, mode=mode)
             else:
                 unit_coef = torch.cat([coef[i] for i in unit]).to(self.device)
-                loss, part = self._unit_loss([rows[i] for i in unit], unit_coef, cache, key, long)
+                loss, part = self._unit_loss([rows[i] for i in unit], unit_coef, cache, key, mode)
                 sums += part
             tb = time.perf_counter()
             (loss * self.world).backward()  # FSDP's reduce-scatter averages over ranks; the sum is wanted

@@ -220,7 +220,7 @@ def _episodes(n=4, turns=3, seed=0):
 
 
 def test_unit_plan_cuts_a_prompts_rows_to_the_token_budget_and_recomputes_longer_rows():
-    from echo2sdk.core.learner import _Row, recompute_plan, unit_plan, unit_tokens
+    from echo2sdk.core.learner import ONE_PASS, RECOMPUTE, SHARED, _Row, pass_plan, unit_plan, unit_tokens
 
     def row(prompt, n):
         return _Row(ids=[*prompt, *[9] * n], start=len(prompt), mask=[1.0] * n, sampler_logprobs=[-1.0] * n,
@@ -231,11 +231,12 @@ def test_unit_plan_cuts_a_prompts_rows_to_the_token_budget_and_recomputes_longer
     assert unit_plan(rows, micro_batch=8, token_budget=None) == [[0, 1, 2, 3, 4], [5]]
     # 2 + 2 x 3 fits in 10, 2 + 3 x 5 does not; row 3 alone (2 + 12) is over the budget: a unit of its own
     assert unit_plan(rows, micro_batch=8, token_budget=10) == [[0, 1], [2], [3], [4], [5]]
-    assert recompute_plan(rows, micro_batch=8, token_budget=10) == [False, False, True, False, False]
-    assert recompute_plan(rows, micro_batch=8, token_budget=None) == [False, False]
-    # two ranks: slots ([0, 1] | [2]), ([3] | [4]), ([5] | dummy); the long row's slot recomputes on both ranks
+    # a unit of one row runs in one pass; the row over the budget recomputes
+    assert pass_plan(rows, micro_batch=8, token_budget=10) == [SHARED, ONE_PASS, RECOMPUTE, ONE_PASS, ONE_PASS]
+    assert pass_plan(rows, micro_batch=8, token_budget=None) == [SHARED, ONE_PASS]
+    # two ranks: slots ([0, 1] | [2]), ([3] | [4]), ([5] | dummy): every rank runs a slot the same way
     assert unit_plan(rows, micro_batch=8, rank=1, world=2, token_budget=10) == [[2], [4], None]
-    assert recompute_plan(rows, micro_batch=8, world=2, token_budget=10) == [False, True, False]
+    assert pass_plan(rows, micro_batch=8, world=2, token_budget=10) == [SHARED, RECOMPUTE, ONE_PASS]
 
 
 @pytest.mark.parametrize("budget", [24, 1], ids=["cut-and-recompute", "every-row-recomputed"])
@@ -247,10 +248,11 @@ def test_token_budget_takes_the_same_step_as_whole_units(tiny, budget):
     whole = Learner(tiny, token_budget=None, **kw)
     cut = Learner(tiny, token_budget=budget, **kw)
     rows = cut._rows(groups)
-    from echo2sdk.core.learner import recompute_plan, unit_plan
+    from echo2sdk.core.learner import ONE_PASS, RECOMPUTE, pass_plan, unit_plan
 
     assert len(unit_plan(rows, 8)) == 2 < len(unit_plan(rows, 8, token_budget=budget))
-    assert any(recompute_plan(rows, 8, token_budget=budget))
+    modes = pass_plan(rows, 8, token_budget=budget)
+    assert RECOMPUTE in modes and (budget == 1 or ONE_PASS in modes)
     a, b = whole.step(groups), cut.step(groups)
     assert b.tokens == a.tokens
     assert b.loss == pytest.approx(a.loss, rel=1e-5, abs=1e-8)
@@ -288,14 +290,14 @@ def test_a_row_over_the_token_budget_keeps_only_its_layer_inputs_for_the_backwar
                  decoder.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))]
         hooks += [layer.register_forward_pre_hook(layer_input) for layer in decoder.layers]
         coef = torch.cat([torch.tensor(r.mask) for r in rows])
-        long = learner.token_budget is not None and unit_tokens(rows, [0]) > learner.token_budget
+        (mode,) = pass_plan(rows, learner.micro_batch, token_budget=learner.token_budget)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            learner._unit_loss(rows, coef, {}, 0, recompute=long)
+            learner._unit_loss(rows, coef, {}, 0, mode)
         for h in hooks:
             h.remove()
         return sum(seen.values())
 
-    from echo2sdk.core.learner import unit_tokens
+    from echo2sdk.core.learner import pass_plan
 
     kept = kept_bytes(Learner(tiny, lr=1e-3, precision="fp32", token_budget=None))
     recomputed = kept_bytes(Learner(tiny, lr=1e-3, precision="fp32", token_budget=8))

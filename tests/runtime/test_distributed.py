@@ -98,9 +98,10 @@ def _torchrun(tmp_path: Path, checkpointing: bool, token_budget: int) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("checkpointing", "token_budget"), [(False, 2048), (True, 2048), (False, 10)],
-    # token budget 10: the batch's units become single rows, and the rows longer than 10 tokens recompute; the
-    # slots with one (a dummy unit's included) run with gradient checkpointing on both ranks, the others do not
+    ("checkpointing", "token_budget"), [(False, 2048), (True, 2048), (False, 12)],
+    # token budget 12: units of one and two rows, rows over 12 tokens recomputed; per slot (pass_plan) one-row
+    # units on both ranks run in one pass, a slot with a two-row unit shares the prompt on both, and a slot with
+    # a recomputed row recomputes on both (a dummy unit's included)
     ids=["shared-prefix", "gradient-checkpointing", "token-budget"],
 )
 def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointing, token_budget):
