@@ -277,6 +277,7 @@ class Learner:
                 for m in self.model.modules():  # would also swap the checkpoint function for torch's default)
                     if hasattr(m, "_gradient_checkpointing_func"):
                         m.gradient_checkpointing = False
+                self.model.disable_input_require_grads()  # the hook enable() adds; trained embeddings need none
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self._aliases = _tied_aliases(self.model)  # e.g. lm_head.weight, the same tensor as the embeddings
         self._fwd = _Forward(self.model, shared_prefix=not gradient_checkpointing)
