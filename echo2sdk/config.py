@@ -141,6 +141,12 @@ class LearnerConfig(_Section):
         False, description="recompute activations in the backward pass: less memory, ~1/3 more compute (the "
         "prompt then runs once per response instead of once per group)"
     )
+    token_budget: int = Field(
+        2048, ge=0, description="most tokens one forward/backward unit runs through the model (its prompt once, "
+        "each response padded to the unit's longest): a group's rows are cut into units that fit, and a longer row "
+        "(a long multi-turn episode) runs with gradient checkpointing, so the activations a unit keeps stay bounded "
+        "(docs/recipes.md, 'Learner memory'); 0: no limit, units of micro_batch rows whatever their length"
+    )
     lie_threshold: float = Field(
         0.5, ge=0, allow_inf_nan=False, description="worker audit (docs/security.md): a worker whose records' mean "
         "|log pi_old - log pi_sampler| per token, divided by 1 + lag, exceeds this is over: its rows are withheld "

@@ -44,6 +44,22 @@ def test_load_bench_loses_nothing_and_prints_every_figure():
             assert r[key] >= 0, key
 
 
+def test_multiturn_bench_prints_both_cases_and_their_ratio():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "multiturn.py"), "--model", "tiny-random", "--episodes", "4",
+         "--group-size", "2", "--turns", "3", "--action-tokens", "4", "--obs-min", "3", "--obs-max", "5",
+         "--prompt-tokens", "6", "--token-budget", "20", "--threads", "1"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["case"] for r in rows] == ["singleturn", "multiturn", "ratio multiturn/singleturn"]
+    single, multi, _ = rows
+    assert single["trained_tokens"] == multi["trained_tokens"] == 4 * 3 * 4  # records x turns x action tokens
+    assert single["record_tokens"] < multi["record_tokens"] and multi["token_budget"] == 20
+    for r in (single, multi):
+        assert r["s_per_step"] > 0 and r["cpu_s"] > 0 and r["peak_rss_gib"] >= r["rss_model_gib"] > 0, r
+
+
 @pytest.mark.slow
 def test_bootstrap_bench_prints_both_modes_with_the_bytes_received():
     out = subprocess.run(

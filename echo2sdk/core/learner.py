@@ -14,10 +14,17 @@ The learning rate follows `lr_scheduler` (core/lr_schedule.py), one value per st
 
 With `distributed=True` (a torch.distributed process group is up: torchrun, see runtime/distributed.py)
 the policy is sharded with FSDP2 (`fully_shard` on every decoder layer and on the forward below). Every
-rank holds the whole batch; the units (rows sharing a prompt, at most `micro_batch` of them) are dealt
-round-robin to the ranks, each rank scales its partial token sum by the world size so that FSDP's mean
-reduce-scatter yields the same gradient as one process, and a rank with fewer units runs zero-weight
-dummy units so that every rank issues the same collectives.
+rank holds the whole batch; the units (rows sharing a prompt, at most `micro_batch` of them and at most
+`token_budget` tokens through the decoder) are dealt round-robin to the ranks, each rank scales its partial
+token sum by the world size so that FSDP's mean reduce-scatter yields the same gradient as one process, and a
+rank with fewer units runs zero-weight dummy units so that every rank issues the same collectives (a slot in
+which some rank recomputes a long row, or runs a one-row unit in one pass, runs so on every rank, its dummy
+units included: pass_plan).
+
+Memory: a unit keeps its activations for the backward pass, about 1 MiB per token through the decoder for
+SmolLM2-135M under bf16 autocast (docs/recipes.md, "Learner memory"), whether the token carries loss or is
+an environment turn of a multi-turn episode; `token_budget` bounds the tokens of a unit, so a step's memory
+does not grow with episodes x turns.
 """
 
 from __future__ import annotations
@@ -38,7 +45,10 @@ from echo2sdk.core.audit import BatchWithheld, Screen, TokenSums
 from echo2sdk.core.grpo import group_advantages
 from echo2sdk.core.records import Trajectory
 
-__all__ = ["group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "BatchWithheld", "bf16_is_fast", "unit_plan"]
+__all__ = [
+    "group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "BatchWithheld", "bf16_is_fast", "unit_plan",
+    "pass_plan", "unit_tokens",
+]
 
 
 class NonFiniteUpdate(ValueError):
@@ -87,40 +97,94 @@ class _Row:
     withheld: bool = False  # by the step's screen: the row carries no loss in any of the step's updates
 
 
-def unit_plan(rows: Sequence[_Row], micro_batch: int, rank: int = 0, world: int = 1) -> list[list[int] | None]:
-    """This rank's units: lists of row indices that share a prompt (at most `micro_batch` rows each),
-    dealt round-robin over `world` ranks and padded with None (a zero-weight dummy unit) to the same
-    count on every rank. Rows without a loss-carrying token are left out."""
+def unit_tokens(rows: Sequence[_Row], unit: Sequence[int]) -> int:
+    """Tokens the decoder runs for `unit` with the shared prefix: the prompt once, and every response padded
+    to the unit's longest (the memory a unit's activations take grows with this)."""
+    P = rows[unit[0]].start
+    return P + len(unit) * max(len(rows[i].ids) - P for i in unit)
+
+
+def _units(rows: Sequence[_Row], micro_batch: int, token_budget: int | None) -> list[list[int]]:
+    """All units, in order: rows sharing a prompt, at most `micro_batch` of them and, as long as more than one
+    row is in it, at most `token_budget` unit_tokens (a longer row is a unit of its own). Rows without a
+    loss-carrying token are left out."""
     buckets: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         if any(r.mask):
             buckets.setdefault(tuple(r.ids[: r.start]), []).append(i)
-    units = [idx[j : j + micro_batch] for idx in buckets.values() for j in range(0, len(idx), micro_batch)]
+    units: list[list[int]] = []
+    for idx in buckets.values():
+        unit: list[int] = []
+        for i in idx:
+            fits = token_budget is None or unit_tokens(rows, [*unit, i]) <= token_budget
+            if unit and (len(unit) == micro_batch or not fits):
+                units.append(unit)
+                unit = []
+            unit.append(i)
+        units.append(unit)
+    return units
+
+
+def unit_plan(
+    rows: Sequence[_Row], micro_batch: int, rank: int = 0, world: int = 1, token_budget: int | None = None
+) -> list[list[int] | None]:
+    """This rank's units (`_units`: rows sharing a prompt, at most `micro_batch` rows and `token_budget`
+    tokens each), dealt round-robin over `world` ranks and padded with None (a zero-weight dummy unit) to the
+    same count on every rank. Rows without a loss-carrying token are left out."""
+    units = _units(rows, micro_batch, token_budget)
     mine: list[list[int] | None] = list(units[rank::world])
     return mine + [None] * (-(-len(units) // world) - len(mine))
+
+
+SHARED, ONE_PASS, RECOMPUTE = "shared", "one_pass", "recompute"  # how _Forward runs a unit
+
+
+def pass_plan(rows: Sequence[_Row], micro_batch: int, world: int = 1, token_budget: int | None = None) -> list[str]:
+    """Per slot of unit_plan, the same on every rank, how its units run (_Forward): RECOMPUTE where some rank's
+    unit in the slot is a row longer than `token_budget` (gradient checkpointing), else ONE_PASS where every
+    rank's unit in it is a single row (a prompt shared by one row saves nothing, and one causal pass skips the
+    masked attention over the cached prefix: 1.4x less CPU on a 2000-token episode), else SHARED. Every rank,
+    its dummy units included, runs a slot the same way, so that all issue the same collectives."""
+    units = _units(rows, micro_batch, token_budget)
+    plan = []
+    for k in range(0, len(units), world):
+        slot = units[k : k + world]
+        if token_budget is not None and any(unit_tokens(rows, u) > token_budget for u in slot):
+            plan.append(RECOMPUTE)
+        else:
+            plan.append(ONE_PASS if all(len(u) == 1 for u in slot) else SHARED)
+    return plan
 
 
 class _Forward(torch.nn.Module):
     """The policy's forward for one unit (rows sharing a prompt): logits at the selected response positions.
 
     A module of its own so that, under FSDP, the root's hooks wrap the whole computation (the all-gather of
-    embeddings, final norm and head, and the reduce-scatter of their gradients). With `shared_prefix` the
-    decoder runs the prompt once, keeps its KV cache with gradients, repeats it over the unit's rows and runs
-    the responses on top (on the math task this cuts the tokens through the model by ~2.4x: n = 4, 74-token
-    prompts, ~22-token responses); without it (gradient checkpointing, which cannot keep a cache) every row
-    runs prompt + response in one pass. Either way the decoder runs the same number of times for any unit,
-    so every FSDP rank issues the same collectives. Only selected positions go through the output head."""
+    embeddings, final norm and head, and the reduce-scatter of their gradients). `mode` SHARED (with
+    `shared_prefix`): the decoder runs the prompt once, keeps its KV cache with gradients, repeats it over the
+    unit's rows and runs the responses on top (on the math task this cuts the tokens through the model by
+    ~2.4x: n = 4, 74-token prompts, ~22-token responses). ONE_PASS: every row runs prompt + response in one
+    causal pass (a unit of one row; and every unit under gradient checkpointing, which cannot keep a cache).
+    RECOMPUTE: one pass with gradient checkpointing for this unit (a row over the learner's token_budget: its
+    layers keep only their inputs, the rest is recomputed in the backward pass). The caller picks the mode
+    alike on every FSDP rank (pass_plan), so all run the decoder the same number of times and issue the same
+    collectives. Only selected positions go through the output head."""
 
     def __init__(self, model: torch.nn.Module, shared_prefix: bool = True):
         super().__init__()
         self.model, self.shared_prefix = model, shared_prefix
+        # the layers model.gradient_checkpointing_enable() set up; their `gradient_checkpointing` flag switches it
+        self._checkpointable = [m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")]
 
-    def forward(self, prompt: torch.Tensor, resp_in: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor):
+    def forward(
+        self, prompt: torch.Tensor, resp_in: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor,
+        mode: str = SHARED,
+    ):
         """`prompt` (1, P) ids; `resp_in` (n, W) the responses' input ids (each response but its last token,
         right-padded, W >= 1); position t of row b predicts response token t; returns logits at (b_idx, t_idx)."""
         decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
         (n, W), P = resp_in.shape, prompt.shape[1]
-        if self.shared_prefix:
+        if mode == SHARED and self.shared_prefix:
             pre = decoder(input_ids=prompt, use_cache=True)
             cache = pre.past_key_values
             cache.batch_repeat_interleave(n)
@@ -128,7 +192,16 @@ class _Forward(torch.nn.Module):
             out = decoder(input_ids=resp_in, past_key_values=cache, position_ids=pos, use_cache=True)
             h = torch.cat([pre.last_hidden_state[:, -1:].expand(n, 1, -1), out.last_hidden_state], dim=1)
         else:
-            out = decoder(input_ids=torch.cat([prompt.expand(n, -1), resp_in], dim=1), use_cache=False)
+            switch = mode == RECOMPUTE and self.shared_prefix  # without shared_prefix, checkpointing is always on
+            if switch and not self._checkpointable:
+                raise RuntimeError("mode RECOMPUTE needs the model's gradient checkpointing set up (token_budget)")
+            for m in self._checkpointable if switch else ():
+                m.gradient_checkpointing = True
+            try:
+                out = decoder(input_ids=torch.cat([prompt.expand(n, -1), resp_in], dim=1), use_cache=False)
+            finally:
+                for m in self._checkpointable if switch else ():
+                    m.gradient_checkpointing = False
             h = out.last_hidden_state[:, P - 1 :]
         return head(h[b_idx, t_idx])  # right padding: causal attention never lets it reach a real position
 
@@ -165,12 +238,17 @@ class Learner:
         weights_from: str | None = None,
         distributed: bool = False,
         gradient_checkpointing: bool = False,
+        token_budget: int | None = 2048,
         device: str | None = None,
     ):
         """`model_path`: the initial policy (and the KL reference); `weights_from`: a Hugging Face folder whose
         weights the policy starts from instead (a checkpoint being resumed). `distributed`: shard with FSDP2
         over the process group that is up (torchrun). `gradient_checkpointing`: recompute activations in the
-        backward pass (less memory, ~1/3 more compute; the prompt is then run once per row). `device`:
+        backward pass (less memory, ~1/3 more compute; the prompt is then run once per row). `token_budget`:
+        the most tokens one unit runs through the decoder (the prompt once, each response padded to the
+        unit's longest), which bounds the activations a unit keeps for its backward pass: a prompt's rows are
+        cut into units that fit, and a row longer than it alone (a long multi-turn episode) runs with gradient
+        checkpointing; None: units of micro_batch rows whatever their length. `device`:
         default the current CUDA device when there is one, else the CPU. The GRPO knobs (`loss_type`,
         `epsilon`, `epsilon_high`, `scale_rewards`, `max_completion_length`, `is_cap`, `importance_weight`:
         core/grpo.py) and the schedule
@@ -182,6 +260,8 @@ class Learner:
         lr_schedule.lr_factor(lr_scheduler, 0, total_steps, warmup_steps)
         if updates_per_step < 1:
             raise ValueError(f"updates_per_step must be >= 1, got {updates_per_step!r}")
+        if token_budget is not None and token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1 or None, got {token_budget!r}")
 
         if threads:
             torch.set_num_threads(threads)
@@ -194,12 +274,17 @@ class Learner:
         self.model = load(weights_from or model_path)
         self.model.train()
         self.model.config.use_cache = False
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref = None
         if beta > 0 and reference:
             self.ref = (load(model_path) if weights_from else copy.deepcopy(self.model)).eval()
             self.ref.requires_grad_(False)
+        if gradient_checkpointing or token_budget is not None:  # token_budget: switched on per long row (_Forward)
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if not gradient_checkpointing:  # off until a long row switches it on (gradient_checkpointing_disable
+                for m in self.model.modules():  # would also swap the checkpoint function for torch's default)
+                    if hasattr(m, "_gradient_checkpointing_func"):
+                        m.gradient_checkpointing = False
+                self.model.disable_input_require_grads()  # the hook enable() adds; trained embeddings need none
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self._aliases = _tied_aliases(self.model)  # e.g. lm_head.weight, the same tensor as the embeddings
         self._fwd = _Forward(self.model, shared_prefix=not gradient_checkpointing)
@@ -213,6 +298,7 @@ class Learner:
         self.adv_eps, self.loss_type, self.scale_rewards = adv_eps, loss_type, scale_rewards
         self.max_completion_length, self.updates_per_step = max_completion_length, updates_per_step
         self.grad_clip, self.micro_batch, self.temperature = grad_clip, micro_batch, temperature
+        self.token_budget = token_budget
         self.autocast = precision == "bf16" or (precision == "auto" and bf16_is_fast())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.lr, self.lr_scheduler, self.warmup_steps, self.total_steps = lr, lr_scheduler, warmup_steps, total_steps
@@ -240,10 +326,10 @@ class Learner:
                 rows.append(_Row(ids, len(m.prompt_ids), mask, list(m.logprobs), a, m.off_policy, m.worker, t.version))
         return rows
 
-    def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row]) -> torch.Tensor:
+    def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row], mode: str = SHARED) -> torch.Tensor:
         """log pi(y_t | x, y_<t) for every response token of `rows` (one unit: they share a prompt),
         flattened in row order. Positions that carry no loss (user turns inside a multi-turn response)
-        skip the output head and read 0.0, constant."""
+        skip the output head and read 0.0, constant. `mode`: how _Forward runs the unit."""
         P = rows[0].start
         resp = [r.ids[P:] for r in rows]
         ids = torch.zeros(len(rows), max(max(len(x) for x in resp) - 1, 1), dtype=torch.long)
@@ -254,7 +340,8 @@ class Learner:
         t_idx = torch.tensor([t for _, t in sel], device=self.device)
         ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
         with ctx:
-            logits = fwd(torch.tensor([rows[0].ids[:P]], device=self.device), ids.to(self.device), b_idx, t_idx)
+            prompt = torch.tensor([rows[0].ids[:P]], device=self.device)
+            logits = fwd(prompt, ids.to(self.device), b_idx, t_idx, mode=mode)
         logits = logits.float() / self.temperature
         tgt = torch.tensor([resp[b][t] for b, t in sel], device=self.device)
         logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -272,24 +359,28 @@ class Learner:
         without a loss-carrying token. One process only (it runs every unit here)."""
         per_row: list[torch.Tensor] = [torch.zeros(len(r.mask), device=self.device) for r in rows]
         fwd = self._ref_fwd if reference else self._fwd
-        for unit in unit_plan(rows, self.micro_batch):
+        for unit in unit_plan(rows, self.micro_batch, token_budget=self.token_budget):
             assert unit is not None
-            parts = torch.split(self._unit_logprobs(fwd, [rows[i] for i in unit]), [len(rows[i].mask) for i in unit])
+            mb = [rows[i] for i in unit]
+            logp = self._unit_logprobs(fwd, mb, ONE_PASS if len(mb) == 1 else SHARED)
+            parts = torch.split(logp, [len(r.mask) for r in mb])
             for i, part in zip(unit, parts):
                 per_row[i] = part
         return torch.cat(per_row)
 
     # -- the update -------------------------------------------------------------------------------
     def _unit_loss(
-        self, mb: Sequence[_Row], coef: torch.Tensor, cache: dict[int, Any], key: int
+        self, mb: Sequence[_Row], coef: torch.Tensor, cache: dict[int, Any], key: int, mode: str = SHARED
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The unit's share of L, sum of c_i * l_t over its tokens (`coef`: c_i per token, 0 off the loss mask;
         core/grpo.py), and its sums of (loss, kl, clipped, w, truncated, kept loss tokens) for the step's
         statistics. `cache[key]`
         keeps the unit's (log pi_old, log pi_ref) from the step's first update: pi_old is pi_theta at the step's
         start (that first forward, detached), pi_ref is frozen; later updates reuse both. On that first forward
-        the unit's audit sums are noted and the step's screen may withhold rows (their loss is zero throughout)."""
-        logp = self._unit_logprobs(self._fwd, mb)
+        the unit's audit sums are noted and the step's screen may withhold rows (their loss is zero throughout).
+        `mode`: how _Forward runs the unit (pass_plan; the reference, without gradients, runs RECOMPUTE as
+        ONE_PASS)."""
+        logp = self._unit_logprobs(self._fwd, mb, mode)
         mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
         adv = torch.tensor([r.advantage for r in mb for _ in r.mask], device=self.device)
         sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
@@ -297,7 +388,7 @@ class Learner:
             ref_logp = None
             if self._ref_fwd is not None:
                 with torch.no_grad():
-                    ref_logp = self._unit_logprobs(self._ref_fwd, mb)
+                    ref_logp = self._unit_logprobs(self._ref_fwd, mb, ONE_PASS if mode == RECOMPUTE else mode)
             cache[key] = (logp.detach(), ref_logp)
             _note_audit_sums(mb, logp.detach(), sampler, mask)
             if self._screen is not None:  # before this unit's first gradient: a withheld row never trains
@@ -317,15 +408,16 @@ class Learner:
                                 (mask * keep).sum()])
         return loss, sums.double().cpu()
 
-    def _dummy_loss(self, reference: bool) -> torch.Tensor:
+    def _dummy_loss(self, reference: bool, mode: str = SHARED) -> torch.Tensor:
         """A zero-weight unit: the same forward and backward collectives, in the same order, as a real one
-        (the policy, then the reference when a real unit runs it: the step's first update), and no gradient."""
+        (the policy, in its slot's `mode`, then the reference when a real unit runs it: the step's first update),
+        and no gradient."""
         one = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         zero = torch.zeros(1, dtype=torch.long, device=self.device)
-        loss = self._fwd(one, one, zero, zero).float().sum() * 0.0
+        loss = self._fwd(one, one, zero, zero, mode=mode).float().sum() * 0.0
         if reference and self._ref_fwd is not None:
             with torch.no_grad():
-                self._ref_fwd(one, one, zero, zero)
+                self._ref_fwd(one, one, zero, zero, mode=ONE_PASS if mode == RECOMPUTE else mode)
         return loss
 
     def step(self, groups: Sequence[Sequence[Trajectory]], screen: Screen | None = None) -> StepStats:
@@ -345,9 +437,10 @@ class Learner:
         c = grpo.sequence_weights([sum(r.mask) for r in rows], self.loss_type, self.max_completion_length)
         coef = [torch.tensor(r.mask) * c_i for r, c_i in zip(rows, c)]
         lr = self._set_lr()
-        plan = unit_plan(rows, self.micro_batch, self.rank, self.world)
+        plan = unit_plan(rows, self.micro_batch, self.rank, self.world, self.token_budget)
+        modes = pass_plan(rows, self.micro_batch, self.world, self.token_budget)
         cache: dict[int, Any] = {}
-        done = [self._update(rows, coef, plan, cache) for _ in range(self.updates_per_step)]
+        done = [self._update(rows, coef, plan, modes, cache) for _ in range(self.updates_per_step)]
         self.steps_done += 1
         s = (sum(d[0] for d in done) / len(done)).tolist()  # statistics: the mean over the updates
         audit_sums, withheld = _row_audit(rows, self.device if self.distributed else None)
@@ -369,21 +462,22 @@ class Learner:
         )
 
     def _update(
-        self, rows: Sequence[_Row], coef: Sequence[torch.Tensor], plan: list[list[int] | None], cache: dict[int, Any]
+        self, rows: Sequence[_Row], coef: Sequence[torch.Tensor], plan: list[list[int] | None],
+        modes: list[str], cache: dict[int, Any],
     ) -> tuple[torch.Tensor, float, float, float, float]:
-        """One optimizer update over this rank's units: (sums of the statistics, gradient norm, forward,
-        backward and optimizer seconds)."""
+        """One optimizer update over this rank's units (`modes`: per unit, how _Forward runs it, pass_plan):
+        (sums of the statistics, gradient norm, forward, backward and optimizer seconds)."""
         first = not cache
         t_fwd = t_bwd = 0.0
         sums = torch.zeros(6, dtype=torch.float64)
         self.opt.zero_grad(set_to_none=True)
-        for key, unit in enumerate(plan):
+        for key, (unit, mode) in enumerate(zip(plan, modes, strict=True)):
             ta = time.perf_counter()
             if unit is None:
-                loss = self._dummy_loss(reference=first)
+                loss = self._dummy_loss(reference=first, mode=mode)
             else:
                 unit_coef = torch.cat([coef[i] for i in unit]).to(self.device)
-                loss, part = self._unit_loss([rows[i] for i in unit], unit_coef, cache, key)
+                loss, part = self._unit_loss([rows[i] for i in unit], unit_coef, cache, key, mode)
                 sums += part
             tb = time.perf_counter()
             (loss * self.world).backward()  # FSDP's reduce-scatter averages over ranks; the sum is wanted

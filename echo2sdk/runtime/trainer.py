@@ -89,6 +89,7 @@ def learner_args(cfg: Config) -> dict[str, Any]:
         threads=L.threads,
         seed=cfg.run.seed,
         gradient_checkpointing=L.gradient_checkpointing,
+        token_budget=L.token_budget or None,
     )
 
 

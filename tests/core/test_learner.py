@@ -222,3 +222,113 @@ def test_offline_steps_change_nothing_and_the_schedule_position_is_state(tiny):
     other = Learner(tiny, lr=1e-2, precision="fp32", lr_scheduler="linear", warmup_steps=2, total_steps=4)
     other.load_schedule_state(lr.schedule_state())
     assert other.step([group]).lr == pytest.approx(5e-3) == lr.step([group]).lr  # a resumed learner goes on
+
+
+def _episodes(n=4, turns=3, seed=0):
+    """A group of n multi-turn records of different lengths: actions (loss mask 1) between user turns (0)."""
+    import random
+
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        ids, mask = [], []
+        for t in range(turns + rnd.randrange(2)):
+            if t:
+                u = [rnd.randrange(10, 2000) for _ in range(rnd.randint(3, 6))]
+                ids, mask = ids + u, mask + [0] * len(u)
+            a = [rnd.randrange(10, 2000) for _ in range(rnd.randint(2, 4))]
+            ids, mask = ids + a, mask + [1] * len(a)
+        meta = Meta(group_id=f"g{seed}", prompt_ids=(5, 6, 7, 8 + seed), response_ids=tuple(ids), loss_mask=tuple(mask),
+                    logprobs=tuple(-rnd.uniform(0.5, 3.0) if m else 0.0 for m in mask))
+        out.append(Trajectory(prompt="p", response="y", reward=rnd.random(), version=0, meta=meta))
+    return out
+
+
+def test_unit_plan_cuts_a_prompts_rows_to_the_token_budget_and_recomputes_longer_rows():
+    from echo2sdk.core.learner import ONE_PASS, RECOMPUTE, SHARED, _Row, pass_plan, unit_plan, unit_tokens
+
+    def row(prompt, n):
+        return _Row(ids=[*prompt, *[9] * n], start=len(prompt), mask=[1.0] * n, sampler_logprobs=[-1.0] * n,
+                    advantage=0.0)
+
+    rows = [row((1, 1), 3), row((1, 1), 3), row((1, 1), 5), row((1, 1), 12), row((1, 1), 2), row((2,), 4)]
+    assert unit_tokens(rows, [0, 1, 2]) == 2 + 3 * 5  # the prompt once, every response padded to the longest
+    assert unit_plan(rows, micro_batch=8, token_budget=None) == [[0, 1, 2, 3, 4], [5]]
+    # 2 + 2 x 3 fits in 10, 2 + 3 x 5 does not; row 3 alone (2 + 12) is over the budget: a unit of its own
+    assert unit_plan(rows, micro_batch=8, token_budget=10) == [[0, 1], [2], [3], [4], [5]]
+    # a unit of one row runs in one pass; the row over the budget recomputes
+    assert pass_plan(rows, micro_batch=8, token_budget=10) == [SHARED, ONE_PASS, RECOMPUTE, ONE_PASS, ONE_PASS]
+    assert pass_plan(rows, micro_batch=8, token_budget=None) == [SHARED, ONE_PASS]
+    # two ranks: slots ([0, 1] | [2]), ([3] | [4]), ([5] | dummy): every rank runs a slot the same way
+    assert unit_plan(rows, micro_batch=8, rank=1, world=2, token_budget=10) == [[2], [4], None]
+    assert pass_plan(rows, micro_batch=8, world=2, token_budget=10) == [SHARED, RECOMPUTE, ONE_PASS]
+
+
+@pytest.mark.parametrize("budget", [24, 1], ids=["cut-and-recompute", "every-row-recomputed"])
+def test_token_budget_takes_the_same_step_as_whole_units(tiny, budget):
+    """Cutting a group's multi-turn rows into units that fit the budget, and running the rows longer than it with
+    gradient checkpointing, changes neither the loss, the statistics nor the gradient (KL on, two updates)."""
+    kw = dict(lr=1e-3, precision="fp32", beta=0.1, updates_per_step=2, loss_type="grpo", micro_batch=8)
+    groups = [_episodes(seed=0), _episodes(seed=1)[:3]]
+    whole = Learner(tiny, token_budget=None, **kw)
+    cut = Learner(tiny, token_budget=budget, **kw)
+    rows = cut._rows(groups)
+    from echo2sdk.core.learner import ONE_PASS, RECOMPUTE, pass_plan, unit_plan
+
+    assert len(unit_plan(rows, 8)) == 2 < len(unit_plan(rows, 8, token_budget=budget))
+    modes = pass_plan(rows, 8, token_budget=budget)
+    assert RECOMPUTE in modes and (budget == 1 or ONE_PASS in modes)
+    a, b = whole.step(groups), cut.step(groups)
+    assert b.tokens == a.tokens
+    assert b.loss == pytest.approx(a.loss, rel=1e-5, abs=1e-8)
+    assert b.kl == pytest.approx(a.kl, rel=1e-4, abs=1e-9)
+    assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
+    assert [s.gap for s in b.audit_sums] == pytest.approx([s.gap for s in a.audit_sums], rel=1e-5)
+    scale = max(p.grad.abs().max().item() for p in whole.model.parameters())
+    for (name, p), q in zip(whole.model.named_parameters(), cut.model.parameters()):
+        assert (p.grad - q.grad).abs().max().item() <= 1e-5 * scale, name
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_a_row_over_the_token_budget_keeps_only_its_layer_inputs_for_the_backward(tiny):
+    """What the decoder keeps for a unit's backward pass: every layer's activations, or with the row recomputed
+    (over the token budget) only each layer's input (counted: tensors saved for backward inside the decoder,
+    parameters aside, plus the inputs gradient checkpointing holds)."""
+    group = [_episodes(n=1, turns=8)[0]]
+
+    def kept_bytes(learner):
+        rows = learner._rows([group])
+        params = {p.untyped_storage().data_ptr() for p in learner.model.parameters()}
+        inside, seen = [False], {}
+
+        def pack(t):
+            if inside[0] and t.untyped_storage().data_ptr() not in params:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        def layer_input(m, args):
+            if m.gradient_checkpointing and torch.is_grad_enabled():
+                seen[args[0].untyped_storage().data_ptr()] = args[0].untyped_storage().nbytes()
+
+        decoder = learner.model.get_decoder()
+        hooks = [decoder.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True)),
+                 decoder.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))]
+        hooks += [layer.register_forward_pre_hook(layer_input) for layer in decoder.layers]
+        coef = torch.cat([torch.tensor(r.mask) for r in rows])
+        (mode,) = pass_plan(rows, learner.micro_batch, token_budget=learner.token_budget)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            learner._unit_loss(rows, coef, {}, 0, mode)
+        for h in hooks:
+            h.remove()
+        return sum(seen.values())
+
+    from echo2sdk.core.learner import pass_plan
+
+    kept = kept_bytes(Learner(tiny, lr=1e-3, precision="fp32", token_budget=None))
+    recomputed = kept_bytes(Learner(tiny, lr=1e-3, precision="fp32", token_budget=8))
+    assert 0 < recomputed * 4 < kept
+
+
+def test_token_budget_must_be_positive(tiny):
+    with pytest.raises(ValueError, match="token_budget must be >= 1 or None, got 0"):
+        Learner(tiny, lr=1e-3, token_budget=0)

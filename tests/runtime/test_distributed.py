@@ -38,7 +38,8 @@ RANK_SCRIPT = textwrap.dedent('''
 
     topo = distributed.from_env()
     distributed.init(topo)
-    learner = Learner(resolve_model("tiny-random"), distributed=True, gradient_checkpointing=sys.argv[3] == "1", **KW)
+    learner = Learner(resolve_model("tiny-random"), distributed=True, gradient_checkpointing=sys.argv[3] == "1",
+                      token_budget=int(sys.argv[4]), **KW)
     if topo.leader:
         ops = distributed.Lockstep(learner, topo.world)
         t0 = time.perf_counter()
@@ -87,12 +88,12 @@ def batch() -> list:
     return out
 
 
-def _torchrun(tmp_path: Path, checkpointing: bool) -> dict:
+def _torchrun(tmp_path: Path, checkpointing: bool, token_budget: int) -> dict:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path), CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
-           str(tmp_path), str(Path(__file__).parent), "1" if checkpointing else "0"]
+           str(tmp_path), str(Path(__file__).parent), "1" if checkpointing else "0", str(token_budget)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -101,15 +102,21 @@ def _torchrun(tmp_path: Path, checkpointing: bool) -> dict:
     return stats
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["shared-prefix", "gradient-checkpointing"])
-def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointing):
+@pytest.mark.parametrize(
+    ("checkpointing", "token_budget"), [(False, 2048), (True, 2048), (False, 12)],
+    # token budget 12: units of one and two rows, rows over 12 tokens recomputed; per slot (pass_plan) one-row
+    # units on both ranks run in one pass, a slot with a two-row unit shares the prompt on both, and a slot with
+    # a recomputed row recomputes on both (a dummy unit's included)
+    ids=["shared-prefix", "gradient-checkpointing", "token-budget"],
+)
+def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointing, token_budget):
     from safetensors.torch import load_file
 
-    one = Learner(resolve_model("tiny-random"), gradient_checkpointing=checkpointing, **KW)
+    one = Learner(resolve_model("tiny-random"), gradient_checkpointing=checkpointing, token_budget=token_budget, **KW)
     t0 = time.perf_counter()
     want = one.step(batch(), SCREEN)
     one_s = time.perf_counter() - t0
-    got = _torchrun(tmp_path, checkpointing)
+    got = _torchrun(tmp_path, checkpointing, token_budget)
 
     assert got["tokens"] == want.tokens
     assert got["withheld"] == want.withheld == [True] * 3 + [False] * 12
@@ -126,7 +133,8 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointin
     assert diff < 1e-5
     assert got["opt_params"] == sorted(one.optimizer_state()["state"])
     print(json.dumps({"max_abs_param_diff": diff, "step_s_1rank": round(one_s, 3),
-                      "step_s_2rank": round(got["step_s"], 3), "checkpointing": checkpointing}))
+                      "step_s_2rank": round(got["step_s"], 3), "checkpointing": checkpointing,
+                      "token_budget": token_budget}))
 
 
 def test_launch_argv_reexecutes_the_cli_under_torchrun():

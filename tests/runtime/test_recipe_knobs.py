@@ -38,8 +38,15 @@ def test_warmup_ratio_and_steps():
     assert learner_args(_cfg("learner.steps=30", "learner.warmup_ratio=0.1", "learner.warmup_steps=5"))["warmup_steps"] == 5
 
 
+def test_token_budget_reaches_the_learner_and_zero_lifts_it():
+    assert learner_args(_cfg())["token_budget"] == 2048
+    assert learner_args(_cfg("learner.token_budget=512"))["token_budget"] == 512
+    assert learner_args(_cfg("learner.token_budget=0"))["token_budget"] is None
+
+
 @pytest.mark.parametrize("bad", ['learner.loss_type="bnpo"', "learner.epsilon=1.0", "learner.updates_per_step=0",
-                                 'learner.lr_scheduler="step"', "rollout.min_p=1.5", "rollout.top_k=-1"])
+                                 'learner.lr_scheduler="step"', "rollout.min_p=1.5", "rollout.top_k=-1",
+                                 "learner.token_budget=-1"])
 def test_bad_knobs_are_config_errors_naming_the_key(bad):
     from echo2sdk.errors import ConfigError
 
