@@ -759,6 +759,7 @@ class Trainer:
             "quarantined": dict(self.coordinator.quarantined),  # worker id -> why (core/audit.py)
             "batches_dropped": self.batches_dropped,  # the learner step raised on them; training went on
             "batches_dropped_records_by_worker": dict(self.dropped_by_worker),
+            "batches_withheld": self.batches_withheld,  # the audit's screen withheld every record (not trained on)
             "records_withheld_by_worker": dict(self.withheld_by_worker),  # by the audit's screen (core/audit.py)
             "config": redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         }

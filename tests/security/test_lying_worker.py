@@ -71,6 +71,8 @@ def _check_gap_detection(tr: Trainer, summary: dict, rows: list[dict]) -> None:
     # the screen withheld every record of the liar before its gradient was taken, and no honest record
     assert set(summary["records_withheld_by_worker"]) == {"liar"}
     assert summary["records_withheld_by_worker"]["liar"] >= 8  # at least a group of 4 in each of its 2 steps
+    assert summary["batches_withheld"] == rows[-1]["batches_withheld"]
+    assert rows[-1]["records_withheld_total"] == sum(summary["records_withheld_by_worker"].values())
     assert rows[-1]["workers_quarantined"] == 1
     assert all(g < threshold for r in rows for w, g in r["sampler_gap"].items() if w != "liar")
 
