@@ -27,8 +27,11 @@ installed). It is undefined (NaN, never over) below MIN_TOKENS tokens or when lo
 A worker is over in a step when gap > `gap_threshold` or var > `var_threshold` (0 turns that check off). The
 learner's step screens every unit (rows sharing a prompt) with `Screen` before its gradient is taken: the
 rows of a worker over the thresholds there are withheld from the update (they never train). `SamplerAudit`
-flags a worker over in `patience` (2) consecutive learner steps in which it contributed records; a step
-without its records neither counts nor resets. docs/security.md has the measured honest values and margins.
+flags a worker over in `patience` (2) consecutive learner steps in which it contributed records (a step
+without its records neither counts nor resets), or at once when a statistic exceeds AT_ONCE (4) times its
+threshold (honest SmolLM2 workers stayed under a quarter of the thresholds; another model's log-probs give a
+gap of ~5 against 0.5). A liar that out-produces the learner may reach few batches: the second strike could
+come late, though none of its rows trains meanwhile. docs/security.md has the measured honest values and margins.
 """
 
 from __future__ import annotations
@@ -41,10 +44,11 @@ from echo2sdk.core import checks
 from echo2sdk.core.records import Trajectory
 from echo2sdk.errors import ConfigError
 
-__all__ = ["TokenSums", "BatchWithheld", "WorkerStat", "worker_stats", "audit_items", "Screen", "SamplerAudit", "PATIENCE",
+__all__ = ["AT_ONCE", "TokenSums", "BatchWithheld", "WorkerStat", "worker_stats", "audit_items", "Screen", "SamplerAudit", "PATIENCE",
            "MIN_TOKENS", "MIN_LP_VAR"]
 
 PATIENCE = 2  # consecutive learner steps over a threshold before a worker is flagged
+AT_ONCE = 4.0  # a statistic this many times its threshold flags the worker in one step
 MIN_TOKENS = 16  # loss tokens the var statistic needs
 MIN_LP_VAR = 0.1  # per-token variance of log pi_old below which var is undefined
 
@@ -163,9 +167,16 @@ class SamplerAudit:
         for w, st in stats.items():
             which = st.over(self.gap_threshold, self.var_threshold)
             self._strikes[w] = self._strikes.get(w, 0) + 1 if which else 0
-            if self._strikes[w] >= self.patience and w not in self.flagged:
-                value, limit = (st.gap, self.gap_threshold) if which == "gap" else (st.var, self.var_threshold)
+            if not which or w in self.flagged:
+                continue
+            value, limit = (st.gap, self.gap_threshold) if which == "gap" else (st.var, self.var_threshold)
+            if self._strikes[w] >= self.patience:
                 self.flagged[w] = (f"sampler log-prob {which} statistic {value:.3g} > threshold {limit:g} in "
                                    f"{self._strikes[w]} consecutive steps")
-                out.append(w)
+            elif value > AT_ONCE * limit:
+                self.flagged[w] = (f"sampler log-prob {which} statistic {value:.3g} > {AT_ONCE:g} x threshold "
+                                   f"{limit:g}")
+            else:
+                continue
+            out.append(w)
         return out

@@ -83,6 +83,14 @@ def test_constant_logprobs_are_flagged_by_the_variance_statistic_and_not_the_gap
     assert off.observe([("fake", 0, FAKE)]) == [] and off.observe([("fake", 0, FAKE)]) == []
 
 
+def test_a_statistic_four_times_the_threshold_flags_at_once():
+    audit = SamplerAudit(gap_threshold=0.5, var_threshold=0.5)
+    far = _sums([t + 2.01 for t in TRUTH], TRUTH)  # gap 2.01 > 4 x 0.5
+    assert audit.observe([("far", 0, far), ("liar", 0, LIE), ("fake", 0, FAKE)]) == ["far"]  # LIE: gap 2.0, not > 2
+    assert "statistic 2.01 > 4 x threshold 0.5" in audit.flagged["far"]
+    assert audit.observe([("far", 0, far), ("liar", 0, LIE), ("fake", 0, FAKE)]) == ["liar", "fake"]  # 2nd strikes
+
+
 def test_a_step_below_the_threshold_resets_the_count():
     audit = SamplerAudit(gap_threshold=0.5)
     for s in (LIE, FINE, LIE, FINE, LIE):
