@@ -69,7 +69,8 @@ def _check_gap_detection(tr: Trainer, summary: dict, rows: list[dict]) -> None:
     assert len(with_liar) == (1 if with_liar[0]["liar"].gap > AT_ONCE * threshold else 2)
     assert all(h["liar"].gap > threshold for h in with_liar)
     honest = [s for h in history for w, s in h.items() if w != "liar"]
-    assert honest and max(s.gap for s in honest) < threshold and not any(s.var > var_threshold for s in honest)
+    assert honest and max(s.gap for s in honest) < threshold
+    assert not var_threshold or not any(s.var > var_threshold for s in honest)
     # the screen withheld every record of the liar before its gradient was taken, and no honest record
     assert set(summary["records_withheld_by_worker"]) == {"liar"}
     assert summary["records_withheld_by_worker"]["liar"] >= 4 * len(with_liar)  # a group of 4 in each of its steps
