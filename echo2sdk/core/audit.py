@@ -17,8 +17,9 @@ Two statistics per worker (`WorkerStat`):
 
 `gap` catches claims that are off by a lot (another model's log-probs); its allowance grows linearly with
 the lag. `var` catches claims that do not track pi_old token by token: the fraction of the variance of
-log pi_old the claims leave unexplained. An honest sampler explains nearly all of it (SmolLM2: <= 0.002 at
-lag 0, <= 0.24 at lags 1-3); a worker that does not run the policy cannot: constant claims leave exactly 1,
+log pi_old the claims leave unexplained. An honest sampler explains most of it (SmolLM2: <= 0.002 at
+lag 0, 0.02-0.24 per group at lags 1-3, but one real worker-step at lag <= 2 read 0.88: the check is off by
+default, learner.lie_var_threshold = 0); a worker that does not run the policy cannot: constant claims leave exactly 1,
 another model's log-probs about 1 or more. It has no lag allowance (the honest value measured does not grow
 past lag 1, and an allowance would let a liar hide by labelling its records with an older version it
 installed). It is undefined (NaN, never over) below MIN_TOKENS tokens or when log pi_old hardly varies
