@@ -7,9 +7,11 @@ is caught.
 runs: real runs of the learner with 2 honest local worker processes and a third worker process
 (tests/security/_liar.py): honest (the baseline, same pool size), fabricating every log-prob (-0.01), and
 serving another model's responses under the learner's version numbers (--other, default a peaked random
-tiny model). One JSON line per run: the step the liar was flagged at, the steps it contributed to until then,
-the largest honest statistics vs learner.lie_threshold / lie_var_threshold, the liar's statistics, the
-records the audit's screen withheld (the liar's, the honest workers'), and the reward per step; the liar runs
+tiny model). One JSON line per run: the step the liar was flagged at, the batches it reached (stepped or
+withheld whole) until then, the largest honest statistics vs learner.lie_threshold / lie_var_threshold in the
+step's pi_old and in the replay (learner.audit_replay: records recomputed under the version they claim), the
+liar's statistics in each batch, the records the audit's screen withheld (the liar's, the honest workers'), the
+replay's time beside T_train, and the reward per step; the liar runs
 also carry the baseline's mean reward over the steps after the quarantine beside their own.
 
 gaps: the honest audit statistics per lag on a real backend, forward passes only (no worker processes): a batch
@@ -65,23 +67,39 @@ def _one_run(model: str, steps: int, lie: list[str], extra: list[str]) -> dict:
                 third.kill()
                 third.wait()
         rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    hist = [r["sampler_gap"] for r in rows]
-    var = [r["sampler_var"] for r in rows]
+    # every audited batch, the stepped ones and those withheld whole (metrics rows hold the stepped ones only)
+    hist, replays = tr.audit.history, tr.audit.replays
     flagged_at = next((r["step"] for r in rows if r["workers_quarantined"]), None)
     withheld = summary["records_withheld_by_worker"]
+
+    def stat(steps, name, honest):
+        values = [getattr(s, name) for h in steps for w, s in h.items() if (w != "third") == honest]
+        return [round(v, 4) if v == v else None for v in values]
+
+    def top(values):
+        return max((v for v in values if v is not None), default=None)
+
     return {
         "lie": " ".join(lie) or "honest",
         "model": model,
         "steps": steps,
         "threshold": tr.cfg.learner.lie_threshold,
+        "var_threshold": tr.cfg.learner.lie_var_threshold,
+        "audit_replay": tr.cfg.learner.audit_replay,
         "quarantined": summary["quarantined"],
         "flagged_at_step": flagged_at,
-        "liar_steps_to_flag": sum(1 for h in hist[: flagged_at or len(hist)] if "third" in h) if lie else None,
-        "third_gaps": [round(h["third"], 4) for h in hist if "third" in h],
-        "honest_gap_max": max((g for h in hist for w, g in h.items() if w != "third"), default=None),
-        "var_threshold": tr.cfg.learner.lie_var_threshold,
-        "third_var": [h["third"] for h in var if "third" in h],
-        "honest_var_max": max((g for h in var for w, g in h.items() if w != "third" and g is not None), default=None),
+        "liar_batches_to_flag": sum(1 for h in hist if "third" in h) if lie else None,
+        "third_gaps": stat(hist, "gap", False),
+        "third_var": stat(hist, "var", False),
+        "third_replay_gaps": stat(replays, "gap", False),
+        "third_replay_var": stat(replays, "var", False),
+        "honest_gap_max": top(stat(hist, "gap", True)),
+        "honest_var_max": top(stat(hist, "var", True)),
+        "honest_replay_gap_max": top(stat(replays, "gap", True)),
+        "honest_replay_var_max": top(stat(replays, "var", True)),
+        "honest_replay_var_n": sum(1 for v in stat(replays, "var", True) if v is not None),
+        "replay_s_mean": round(statistics.fmean(r["t_audit_replay_s"] for r in rows), 3),
+        "t_train_s_mean": round(statistics.fmean(r["t_train_s"] for r in rows), 3),
         "third_records_withheld": withheld.get("third", 0),
         "honest_records_withheld": sum(n for w, n in withheld.items() if w != "third"),
         "batches_withheld": summary["batches_withheld"],

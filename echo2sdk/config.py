@@ -154,10 +154,15 @@ class LearnerConfig(_Section):
         "audit is off)"
     )
     lie_var_threshold: float = Field(
-        0.0, ge=0, allow_inf_nan=False, description="worker audit: the same for the fraction of the variance of "
-        "log pi_old its claimed log-probs leave unexplained (constant or made-up log-probs: ~1 or more; honest "
-        "SmolLM2 worker-steps up to 0.88 at lag <= 2 in a real run, so it is off by default until its false-positive "
-        "rate is measured; 0.95 would still catch constant log-probs) (0: this check is off)"
+        0.5, ge=0, allow_inf_nan=False, description="worker audit: the same for the fraction of the variance of "
+        "log pi its claimed log-probs leave unexplained, taken only against the version a record claims (at lag 0 "
+        "and in the replay; constant or made-up log-probs: ~1 or more; honest SmolLM2: <= 0.002) (0: this check "
+        "is off)"
+    )
+    audit_replay: int = Field(
+        4, ge=0, description="worker audit: records of each worker per step recomputed under the snapshot of the "
+        "version they claim (the learner keeps the published snapshots of the last S versions and one more copy "
+        "of the model; docs/security.md) (0: no replay)"
     )
 
     @model_validator(mode="after")

@@ -13,26 +13,30 @@ A record claims two things the learner can check:
 Two statistics per worker (`WorkerStat`):
 
     gap = mean over its records of  mean_t |d_t| / (1 + Delta)
-    var = Var_t(d_t) / Var_t(log pi_old(y_t))                          (pooled over its tokens)
+    var = Var_t(d_t) / Var_t(log pi_old(y_t))            (pooled over its tokens at lag Delta = 0 only)
 
 `gap` catches claims that are off by a lot (another model's log-probs); its allowance grows linearly with
-the lag. `var` catches claims that do not track pi_old token by token: the fraction of the variance of
-log pi_old the claims leave unexplained. An honest sampler explains most of it (SmolLM2: <= 0.002 at
-lag 0, 0.02-0.24 per group at lags 1-3, but one real worker-step at lag <= 2 read 0.88: the check is off by
-default, learner.lie_var_threshold = 0); a worker that does not run the policy cannot: constant claims leave exactly 1,
-another model's log-probs about 1 or more. It has no lag allowance (the honest value measured does not grow
-past lag 1, and an allowance would let a liar hide by labelling its records with an older version it
-installed). It is undefined (NaN, never over) below MIN_TOKENS tokens or when log pi_old hardly varies
+the lag. `var` catches claims that do not track the policy token by token: the fraction of the variance of
+log pi its claims leave unexplained. Against the version the record claims, an honest sampler explains nearly
+all of it (SmolLM2: <= 0.002); a worker that does not run the policy cannot: constant claims leave exactly 1,
+another model's log-probs about 1 or more. Against a later policy an honest record's var says little (the
+policy's drift: SmolLM2 groups read up to 0.83 after 1-6 real updates), so var is taken only where the
+log-probs are the claimed version's: at lag 0 in the step's pi_old, and in the replay.
+
+The replay (`replay_stats`): every step the learner recomputes a few records per worker under the snapshot of
+the version each claims (the trainer keeps the published snapshots of the admissible window), so both
+statistics are taken at lag 0 whatever the lag a worker claims: a liar cannot buy an allowance by labelling
+its records with an older version it installed. A worker over a threshold there is condemned for the step.
+The statistics are undefined (NaN, never over) below MIN_TOKENS tokens or when log pi hardly varies
 (a nearly deterministic response, where any claim is nearly right).
 
-A worker is over in a step when gap > `gap_threshold` or var > `var_threshold` (0 turns that check off). The
-learner's step screens every unit (rows sharing a prompt) with `Screen` before its gradient is taken: the
-rows of a worker over the thresholds there are withheld from the update (they never train). `SamplerAudit`
-flags a worker over in `patience` (2) consecutive learner steps in which it contributed records (a step
-without its records neither counts nor resets), or at once when a statistic exceeds AT_ONCE (4) times its
-threshold (honest SmolLM2 workers stayed under a quarter of the thresholds; another model's log-probs give a
-gap of ~5 against 0.5). A liar that out-produces the learner may reach few batches: the second strike could
-come late, though none of its rows trains meanwhile. docs/security.md has the measured honest values and margins.
+A worker is over in a step when gap > `gap_threshold` or var > `var_threshold` (0 turns that check off), in
+the step's pi_old or in the replay. The learner's step screens every unit (rows sharing a prompt) with
+`Screen` before its gradient is taken: the rows of a worker over the thresholds there, or condemned by the
+replay, are withheld from the update (they never train). `SamplerAudit` flags a worker over in `patience` (2)
+consecutive learner steps in which it contributed records (a step without its records neither counts nor
+resets), or at once when a statistic exceeds AT_ONCE (4) times its threshold (another model's log-probs give
+a gap of ~5 against 0.5). docs/security.md has the measured honest values and margins.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from echo2sdk.core import checks
 from echo2sdk.core.records import Trajectory
 from echo2sdk.errors import ConfigError
 
-__all__ = ["AT_ONCE", "TokenSums", "BatchWithheld", "WorkerStat", "worker_stats", "audit_items", "Screen", "SamplerAudit", "PATIENCE",
+__all__ = ["AT_ONCE", "TokenSums", "replay_stats", "BatchWithheld", "WorkerStat", "worker_stats", "audit_items", "Screen", "SamplerAudit", "PATIENCE",
            "MIN_TOKENS", "MIN_LP_VAR"]
 
 PATIENCE = 2  # consecutive learner steps over a threshold before a worker is flagged
@@ -108,7 +112,8 @@ class WorkerStat:
 
 
 def worker_stats(items: Iterable[tuple[str, int, TokenSums]]) -> dict[str, WorkerStat]:
-    """Per worker from its records' (worker, Delta, sums); records without a token are skipped."""
+    """Per worker from its records' (worker, Delta, sums); records without a token are skipped. var pools the
+    records at lag 0 only (NaN without one)."""
     per: dict[str, list[tuple[int, TokenSums]]] = {}
     for w, lag, s in items:
         if s.n > 0:
@@ -116,8 +121,14 @@ def worker_stats(items: Iterable[tuple[str, int, TokenSums]]) -> dict[str, Worke
     out = {}
     for w, recs in per.items():
         gap = math.fsum(s.gap / (1 + lag) for lag, s in recs) / len(recs)
-        out[w] = WorkerStat(gap, sum((s for _, s in recs), TokenSums()).unexplained)
+        out[w] = WorkerStat(gap, sum((s for lag, s in recs if lag == 0), TokenSums()).unexplained)
     return out
+
+
+def replay_stats(items: Iterable[tuple[str, TokenSums]]) -> dict[str, WorkerStat]:
+    """Per worker from the replay's (worker, sums) of records recomputed under the version each claims: both
+    statistics at lag 0."""
+    return worker_stats((w, 0, s) for w, s in items)
 
 
 def audit_items(records: Sequence[Trajectory], sums: Sequence[TokenSums], v_t: int) -> list[tuple[str, int, TokenSums]]:
@@ -134,12 +145,14 @@ class Screen:
     v_t: int
     gap_threshold: float
     var_threshold: float
+    condemned: tuple[str, ...] = ()  # workers over a threshold in the step's replay: every row withheld
 
     def withhold(self, rows: Sequence[tuple[str, int, TokenSums]]) -> list[bool]:
-        """`rows`: (worker, version, sums) of one unit's rows; True for the rows of a worker over a threshold."""
+        """`rows`: (worker, version, sums) of one unit's rows; True for the rows of a worker over a threshold
+        or condemned."""
         stats = worker_stats((w, self.v_t - v, s) for w, v, s in rows)
         over = {w for w, st in stats.items() if st.over(self.gap_threshold, self.var_threshold)}
-        return [w in over for w, _, _ in rows]
+        return [w in over or w in self.condemned for w, _, _ in rows]
 
 
 class SamplerAudit:
@@ -154,23 +167,33 @@ class SamplerAudit:
         checks.integer("patience", patience, lo=1, error=ConfigError)
         self.gap_threshold, self.var_threshold, self.patience = gap_threshold, var_threshold, patience
         self.history: list[dict[str, WorkerStat]] = []
+        self.replays: list[dict[str, WorkerStat]] = []  # each step's replay_stats, of the workers in its batch
         self.flagged: dict[str, str] = {}
         self._strikes: dict[str, int] = {}
 
-    def screen(self, v_t: int) -> Screen:
-        return Screen(v_t, self.gap_threshold, self.var_threshold)
+    def screen(self, v_t: int, replay: dict[str, WorkerStat] | None = None) -> Screen:
+        """The step's screen; `replay`: the step's replay_stats, whose workers over a threshold are condemned."""
+        over = sorted(w for w, st in (replay or {}).items() if st.over(self.gap_threshold, self.var_threshold))
+        return Screen(v_t, self.gap_threshold, self.var_threshold, tuple(over))
 
-    def observe(self, items: Iterable[tuple[str, int, TokenSums]]) -> list[str]:
-        """Take one learner step's (worker, Delta, sums) per record (audit_items)."""
+    def observe(self, items: Iterable[tuple[str, int, TokenSums]], replay: dict[str, WorkerStat] | None = None) -> list[str]:
+        """Take one learner step's (worker, Delta, sums) per record (audit_items) and its replay_stats."""
         stats = worker_stats(items)
+        replay = {w: st for w, st in (replay or {}).items() if w in stats}  # a worker takes part through its records
         self.history.append(stats)
+        self.replays.append(replay)
         out = []
         for w, st in stats.items():
-            which = st.over(self.gap_threshold, self.var_threshold)
-            self._strikes[w] = self._strikes.get(w, 0) + 1 if which else 0
-            if not which or w in self.flagged:
+            over = []  # (statistic, value, threshold) of each statistic over its threshold
+            for label, ws in (("", st), ("replayed ", replay.get(w))):
+                which = ws.over(self.gap_threshold, self.var_threshold) if ws is not None else None
+                if which:
+                    over.append((label + which, *((ws.gap, self.gap_threshold) if which == "gap" else
+                                                  (ws.var, self.var_threshold))))
+            self._strikes[w] = self._strikes.get(w, 0) + 1 if over else 0
+            if not over or w in self.flagged:
                 continue
-            value, limit = (st.gap, self.gap_threshold) if which == "gap" else (st.var, self.var_threshold)
+            which, value, limit = max(over, key=lambda o: o[1] / o[2])
             if self._strikes[w] >= self.patience:
                 self.flagged[w] = (f"sampler log-prob {which} statistic {value:.3g} > threshold {limit:g} in "
                                    f"{self._strikes[w]} consecutive steps")
@@ -181,3 +204,4 @@ class SamplerAudit:
                 continue
             out.append(w)
         return out
+

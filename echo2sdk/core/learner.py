@@ -304,6 +304,7 @@ class Learner:
         self.lr, self.lr_scheduler, self.warmup_steps, self.total_steps = lr, lr_scheduler, warmup_steps, total_steps
         self.steps_done = 0  # learner steps taken: the schedule's position (checkpointed: schedule_state)
         self._screen: Screen | None = None  # the current step's (step(screen=...))
+        self._replay: tuple[_Forward, dict, list] | None = None  # replay_sums': forward, its tensors, version loaded
 
     # -- batch building ---------------------------------------------------------------------------
     def _rows(self, groups: Sequence[Sequence[Trajectory]]) -> list[_Row]:
@@ -551,6 +552,39 @@ class Learner:
         finally:
             self.opt.load_state_dict(saved)
             self.steps_done, self.lr = done, lr
+
+    # -- the audit's replay -------------------------------------------------------------------------
+    def replay_sums(self, records: Sequence[Trajectory], states: dict[int, dict[str, Any]]) -> list[TokenSums]:
+        """The worker audit's replay (core/audit.py): each record's TokenSums under the weights of the version
+        it claims, `states[record.version]` (a published snapshot, as snapshot_state returns it), i.e. with
+        d = log pi_v - log pi_sampler, which for an honest sampler is rounding whatever its lag. Runs in this
+        process alone (rank 0 under FSDP), without gradients, on a second, unsharded copy of the architecture
+        (built at the first call) into which each claimed version is copied in turn; records whose version has
+        no state are not replayed (TokenSums() with n = 0), nor are off-policy ones."""
+        out = [TokenSums()] * len(records)
+        todo = sorted((t.version, i) for i, t in enumerate(records) if t.version in states and not t.meta.off_policy)
+        if not todo:
+            return out
+        if self._replay is None:
+            from transformers import AutoModelForCausalLM
+
+            net = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32).to(self.device)
+            self._replay = (_Forward(net.eval().requires_grad_(False)), net.state_dict(), [None])
+        fwd, targets, loaded = self._replay
+        with torch.no_grad():
+            for version, i in todo:
+                if loaded[0] != version:
+                    for name, tensor in states[version].items():
+                        targets[name].copy_(tensor)  # casts; tied weights are one tensor, named once
+                    loaded[0] = version
+                (row,) = self._rows([[records[i]]])
+                if not any(row.mask):
+                    continue
+                logp = self._unit_logprobs(fwd, [row], ONE_PASS)
+                mask = torch.tensor(row.mask, device=self.device)
+                _note_audit_sums([row], logp, torch.tensor(row.sampler_logprobs, device=self.device), mask)
+                out[i] = row.sums
+        return out
 
     # -- publication and checkpoints --------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:

@@ -113,6 +113,10 @@ class Lockstep:
                        screen=list(astuple(screen)) if screen is not None else None)
         return self.learner.step(groups, screen)
 
+    def replay_sums(self, records: list[Trajectory], states: dict[int, dict[str, Any]]) -> list[Any]:
+        """The audit's replay runs on rank 0 alone (Learner.replay_sums): nothing to announce."""
+        return self.learner.replay_sums(records, states)
+
     def snapshot_state(self, dtype: str) -> dict[str, Any]:
         self._announce("snapshot", dtype=dtype)
         return self.learner.snapshot_state(dtype)

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import random
 import secrets
 import signal
 import statistics
@@ -37,7 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from echo2sdk.config import Config
 from echo2sdk.core import capacity, lr_schedule
-from echo2sdk.core.audit import BatchWithheld, SamplerAudit, audit_items, worker_stats
+from echo2sdk.core.audit import BatchWithheld, SamplerAudit, WorkerStat, audit_items, replay_stats, worker_stats
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime import checkpoint, distributed
 from echo2sdk.runtime.bootstrap import ModelFolder
@@ -178,6 +179,8 @@ def metrics_row(
     broadcast_repairs: int,
     workers_quarantined: int = 0,
     audit: dict[str, Any] | None = None,
+    replay: dict[str, Any] | None = None,
+    replay_s: float = 0.0,
     batches_dropped: int = 0,
     batches_withheld: int = 0,
     records_withheld: int = 0,
@@ -225,6 +228,10 @@ def metrics_row(
         "broadcast_repairs": broadcast_repairs,
         "sampler_gap": {w: round(s.gap, 6) for w, s in (audit or {}).items()},  # the worker audit (core/audit.py)
         "sampler_var": {w: round(s.var, 6) if math.isfinite(s.var) else None for w, s in (audit or {}).items()},
+        # the audit's replay: a few records per worker under the version each claims (lag 0 for both statistics)
+        "sampler_replay_gap": {w: round(s.gap, 6) for w, s in (replay or {}).items()},
+        "sampler_replay_var": {w: round(s.var, 6) if math.isfinite(s.var) else None for w, s in (replay or {}).items()},
+        "t_audit_replay_s": round(replay_s, 4),
         "records_withheld": sum(st.withheld),  # of this step's batch, by the audit's screen (not trained on)
         "workers_quarantined": workers_quarantined,
         "batches_dropped": batches_dropped,  # so far: batches the learner step raised on (Trainer._learn)
@@ -302,6 +309,11 @@ class Trainer:
         # the worker audit (core/audit.py); None when learner.lie_threshold is 0
         self.audit = SamplerAudit(lt.lie_threshold, lt.lie_var_threshold) if lt.lie_threshold else None
         self.batches_withheld = 0  # batches the audit's screen withheld whole (not counted as dropped)
+        # the audit's replay: the published snapshots of the admissible window, by version (learner.audit_replay)
+        self._replay_states: dict[int, dict[str, Any]] = {}
+        self._replay_rng = random.Random(cfg.run.seed)
+        self._replay: dict[str, WorkerStat] = {}  # the stepped batch's replay_stats
+        self._replay_s = 0.0  # the stepped batch's replay time
         self.withheld_by_worker: collections.Counter[str] = collections.Counter()  # records withheld, by worker
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
         self.batches_dropped = 0  # batches the learner step raised on (dropped, training went on)
@@ -372,6 +384,8 @@ class Trainer:
                  L.precision, self.topo.world)
         if ckpt is not None:
             self._resume_publication(ckpt)
+        elif self._replaying():  # version 0: the weights workers start from
+            self._keep_for_replay(0, self.ops.snapshot_state(self.cfg.learner.snapshot_dtype))
         self._start_status()
         self._start_local_workers(host, port, append=ckpt is not None)
 
@@ -420,6 +434,7 @@ class Trainer:
         checkpoint.record_published(self.out, self.version)
         self._publish(self.version, state)
         self._published.append(self.version)
+        self._keep_for_replay(self.version, state)
         log.info("resumed from %s: step %d, version %d (checkpoint v%d, published up to v%d); buffer starts empty",
                  ckpt.path, self.step, self.version, ckpt.version, published)
 
@@ -513,7 +528,8 @@ class Trainer:
         now = time.perf_counter()
         self._log_batch(step, records, deltas)
         return metrics_row(step, self.version, records, deltas, st, time_s=now - t_start, wall_s=now - t0 + t_wait,
-                           wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, audit=audit, **self._pool_counters())
+                           wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, audit=audit, replay=self._replay,
+                           replay_s=self._replay_s, **self._pool_counters())
 
     def _learn(self, k: int) -> tuple[float, float, list, StepStats]:
         """Wait for k groups, sample them and step the learner on them. A batch the step raises on (ValueError
@@ -528,7 +544,8 @@ class Trainer:
             t0 = time.perf_counter()
             groups = self.last_batch = self.buffer.sample(k)
             try:
-                return t_wait, t0, groups, self.ops.step(groups, self.audit.screen(self.version) if self.audit else None)
+                screen = self.audit.screen(self.version, self._replay_batch(groups)) if self.audit else None
+                return t_wait, t0, groups, self.ops.step(groups, screen)
             except BatchWithheld as e:
                 self.batches_withheld += 1
                 self._audit_batch([t for g in groups for t in g], e.audit_sums, e.withheld)
@@ -545,6 +562,36 @@ class Trainer:
         log.warning("learner step at v%d failed (%s: %s): batch of %d records dropped (records by worker: %s)",
                     self.version, type(error).__name__, error, sum(workers.values()), dict(workers))
 
+    def _replaying(self) -> bool:
+        return self.audit is not None and self.cfg.learner.audit_replay > 0
+
+    def _keep_for_replay(self, version: int, state: dict[str, Any]) -> None:
+        """Keep a published snapshot (the state being serialized, not a copy) while a record may claim it:
+        versions below v_t - S are no longer admitted (the buffer drops them)."""
+        if not self._replaying():
+            return
+        self._replay_states[version] = state
+        for v in [v for v in self._replay_states if v < self.version - self.cfg.learner.staleness]:
+            del self._replay_states[v]
+
+    def _replay_batch(self, groups: list) -> dict[str, WorkerStat]:
+        """The audit's replay (core/audit.py): up to learner.audit_replay records of each worker in the batch,
+        drawn at random, recomputed under the snapshot of the version each claims. Returns replay_stats."""
+        self._replay, self._replay_s = {}, 0.0
+        if not self._replaying():
+            return {}
+        t0 = time.perf_counter()
+        by_worker: dict[str, list] = {}
+        for t in (t for g in groups for t in g):
+            if not t.meta.off_policy and t.version in self._replay_states:
+                by_worker.setdefault(t.meta.worker, []).append(t)
+        n = self.cfg.learner.audit_replay
+        picked = [t for w in sorted(by_worker) for t in self._replay_rng.sample(by_worker[w], min(n, len(by_worker[w])))]
+        sums = self.ops.replay_sums(picked, self._replay_states)
+        self._replay = replay_stats((t.meta.worker, s) for t, s in zip(picked, sums))
+        self._replay_s = time.perf_counter() - t0
+        return self._replay
+
     def _audit_batch(self, records: list, sums: list, withheld: list[bool]) -> dict[str, Any]:
         """The worker audit (core/audit.py) of one stepped or withheld batch: counts the records the screen
         withheld; a worker over learner.lie_threshold / lie_var_threshold in 2 consecutive steps is
@@ -557,7 +604,7 @@ class Trainer:
                         len(gone), dict(collections.Counter(gone)))
         if self.audit is None:
             return worker_stats(items)
-        for wid in self.audit.observe(items):
+        for wid in self.audit.observe(items, self._replay):
             self.coordinator.quarantine(wid, self.audit.flagged[wid])
         return self.audit.history[-1]
 
@@ -589,6 +636,7 @@ class Trainer:
         checkpoint.record_published(self.out, self.version)  # before the version leaves the learner
         publisher.submit(self._publish, self.version, state)
         self._published.append(self.version)
+        self._keep_for_replay(self.version, state)
         return time.perf_counter() - t0
 
     def _pool_counters(self) -> dict[str, int | float]:
@@ -826,8 +874,10 @@ class Trainer:
         self.version += 1  # the unchanged policy, published once to time the real path
         self.buffer.set_version(self.version)
         checkpoint.record_published(self.out, self.version)
-        self._publish(self.version, self.ops.snapshot_state(self.cfg.learner.snapshot_dtype))
+        state = self.ops.snapshot_state(self.cfg.learner.snapshot_dtype)
+        self._publish(self.version, state)
         self._published.append(self.version)
+        self._keep_for_replay(self.version, state)
         t_bcast = None
         deadline = time.monotonic() + timeout_s
         while t_bcast is None and time.monotonic() < deadline:

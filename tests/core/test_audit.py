@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from echo2sdk.core.audit import SamplerAudit, Screen, TokenSums, audit_items, worker_stats
+from echo2sdk.core.audit import SamplerAudit, Screen, TokenSums, WorkerStat, audit_items, replay_stats, worker_stats
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.records import Meta, Trajectory
 from echo2sdk.errors import ConfigError, TrajectoryRejected
@@ -49,7 +49,9 @@ def test_worker_stats_divide_by_one_plus_lag_and_skip_records_without_tokens():
     stats = worker_stats([("a", 0, a0), ("a", 2, a2), ("b", 0, TokenSums())])
     assert list(stats) == ["a"]
     assert stats["a"].gap == pytest.approx((0.2 + 0.6 / 3) / 2)
-    assert stats["a"].var == pytest.approx((a0 + a2).unexplained)  # pooled; no lag allowance
+    assert stats["a"].var == pytest.approx(a0.unexplained)  # var: the records at lag 0 only (pooled)
+    assert math.isnan(worker_stats([("a", 2, a2)])["a"].var)  # against a later policy var says nothing
+    assert replay_stats([("a", a2), ("a", a0)])["a"] == worker_stats([("a", 0, a2), ("a", 0, a0)])["a"]
 
 
 def test_audit_items_skip_off_policy_and_need_one_sum_per_record():
@@ -108,8 +110,30 @@ def test_lag_allowance_keeps_a_stale_record_under_the_threshold():
 def test_screen_withholds_the_rows_of_the_worker_over_a_threshold_only():
     screen = Screen(v_t=4, gap_threshold=0.5, var_threshold=0.5)
     rows = [("honest", 4, FINE), ("liar", 4, LIE), ("fake", 3, FAKE), ("honest", 3, FINE), ("liar", 4, FINE)]
-    assert screen.withhold(rows) == [False, True, True, False, True]  # fake: var 1.0 whatever its lag
+    assert screen.withhold(rows) == [False, True, False, False, True]  # fake at lag 1: var not taken
+    rows[2] = ("fake", 4, FAKE)
+    assert screen.withhold(rows) == [False, True, True, False, True]  # at lag 0: var 1.0
     assert Screen(4, 0.5, 0).withhold(rows) == [False, True, False, False, True]  # the var check off
+    condemned = Screen(4, 0.5, 0.5, condemned=("honest",))  # by the step's replay: every row of it
+    assert condemned.withhold(rows) == [True, True, True, True, True]
+
+
+def test_the_replay_condemns_and_strikes_a_worker_whose_lagged_claims_are_made_up():
+    """A liar labelling its records with an older version gets no var check from pi_old (lag > 0) and hides
+    under the gap's lag allowance; the replay at the claimed version reads var 1.0: condemned each step, flagged
+    at the second; an honest worker's replay (d: rounding) neither."""
+    audit = SamplerAudit(gap_threshold=0.5, var_threshold=0.5)
+    items = [("fake", 2, FAKE), ("honest", 2, FINE)]
+    assert worker_stats(items)["fake"].over(0.5, 0.5) is None  # nothing the step's pi_old sees
+    replay = replay_stats([("fake", FAKE), ("honest", FINE)])
+    assert audit.screen(7, replay).condemned == ("fake",)
+    assert audit.observe(items, replay) == [] and audit.observe(items, replay) == ["fake"]
+    assert "replayed var statistic 1 > threshold 0.5 in 2 consecutive steps" in audit.flagged["fake"]
+    assert audit.replays[0]["honest"].var < 0.002
+    # a replay entry for a worker without records in the batch is not counted
+    other = SamplerAudit(gap_threshold=0.5, var_threshold=0.5)
+    for _ in range(3):
+        assert other.observe([("honest", 0, FINE)], {"ghost": WorkerStat(5.0, 1.0)}) == []
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True])
@@ -200,3 +224,33 @@ def test_a_batch_withheld_whole_raises_and_changes_nothing():
     assert e.value.withheld == [True] * 4 and all(s.gap > 0.5 for s in e.value.audit_sums)
     assert learner.steps_done == 0 and not learner.opt.state
     assert all(torch.equal(p, q) for p, q in zip(learner.model.parameters(), before))
+
+
+def test_replay_recomputes_each_record_under_the_version_it_claims():
+    """Records sampled (by pi_theta itself) at version 0 and replayed after 3 updates: against the kept v0
+    snapshot d is rounding (bf16 snapshot), against pi_old now it is the drift; fabricated claims stay off; a
+    version without a kept snapshot, an off-policy record and a record without loss tokens are not replayed."""
+    pytest.importorskip("torch")
+    from echo2sdk.core.audit import TokenSums
+
+    learner = _learner(micro_batch=4)
+    v0 = learner.snapshot_state("bfloat16")
+    probe = _group("honest", (1, 2, 3), [0.0, 1.0, 0.5, 1.0], [[-1.0] * 20] * 4)
+    own = [learner._token_logprobs(learner._rows([[t]])).tolist() for t in probe]  # what a v0 sampler claims
+    honest = _group("honest", (1, 2, 3), [0.0, 1.0, 0.5, 1.0], own)
+    for _ in range(3):
+        learner.step([honest])
+    fake = _group("fake", (1, 2, 3), [0.0, 1.0, 0.5, 1.0], [[-0.01] * 20] * 4)
+    later = Trajectory(prompt="p", response="r", reward=1.0, version=3, meta=honest[0].meta)
+    off = Trajectory(prompt="p", response="r", reward=1.0, version=0, meta=Meta(
+        group_id="o", prompt_ids=(1, 2, 3), response_ids=tuple(range(5, 25)), logprobs=(0.0,) * 20, worker="o",
+        off_policy=True))
+    masked = Trajectory(prompt="p", response="r", reward=1.0, version=0, meta=Meta(
+        group_id="m", prompt_ids=(1, 2, 3), response_ids=(5, 6), logprobs=(-1.0, -1.0), worker="m", loss_mask=(0, 0)))
+    sums = learner.replay_sums([*honest, *fake, later, off, masked], {0: v0})
+    replayed = replay_stats(zip(["honest"] * 4 + ["fake"] * 4, sums[:8]))
+    drift = learner.step([honest]).audit_sums  # the same records against pi_old at lag 3
+    assert replayed["honest"].gap < 0.01 < sum(s.abs_d for s in drift) / sum(s.n for s in drift)
+    assert replayed["fake"].gap > 5  # tiny-random is near uniform: log pi ~ -10.8
+    assert sums[8:] == [TokenSums()] * 3
+    assert learner.replay_sums([honest[0]], {}) == [TokenSums()]

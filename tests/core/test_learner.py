@@ -48,7 +48,7 @@ def test_token_logprobs_match_a_plain_forward(tiny):
     lr = Learner(tiny, lr=1e-3, precision="fp32")
     resp = [11, 12, 13]
     (got,) = _logp(lr, [resp])
-    ids = torch.tensor([[5, 6, 7] + resp])
+    ids = torch.tensor([[5, 6, 7] + resp], device=lr.device)
     with torch.no_grad():
         logits = lr.model(ids).logits[0].float()
     ref = sum(torch.log_softmax(logits[2 + i], -1)[t].item() for i, t in enumerate(resp))
@@ -133,7 +133,7 @@ def test_checkpoint_is_plain_hugging_face(tiny, tmp_path):
     AutoTokenizer.from_pretrained(tmp_path / "ckpt")
     sd = lr.model.state_dict()
     for k, v in m.state_dict().items():
-        assert torch.equal(v, sd[k]), k
+        assert torch.equal(v, sd[k].cpu()), k
 
 
 def test_shared_prompt_logprobs_match_per_row_forward(tiny):
@@ -145,7 +145,7 @@ def test_shared_prompt_logprobs_match_per_row_forward(tiny):
         got = lr._token_logprobs(rows).tolist()
         want = []
         for r in responses:
-            logits = lr.model(torch.tensor([[5, 6, 7] + r])).logits[0].float()
+            logits = lr.model(torch.tensor([[5, 6, 7] + r], device=lr.device)).logits[0].float()
             want += [torch.log_softmax(logits[2 + i], -1)[t].item() for i, t in enumerate(r)]
     assert got == pytest.approx(want, abs=1e-4)
 
@@ -314,7 +314,7 @@ def test_a_row_over_the_token_budget_keeps_only_its_layer_inputs_for_the_backwar
         hooks = [decoder.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True)),
                  decoder.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))]
         hooks += [layer.register_forward_pre_hook(layer_input) for layer in decoder.layers]
-        coef = torch.cat([torch.tensor(r.mask) for r in rows])
+        coef = torch.cat([torch.tensor(r.mask) for r in rows]).to(learner.device)
         (mode,) = pass_plan(rows, learner.micro_batch, token_budget=learner.token_budget)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             learner._unit_loss(rows, coef, {}, 0, mode)

@@ -26,7 +26,8 @@ ROW = {
     "clip_frac": float, "is_weight_mean": float, "is_truncated_frac": float, "grad_norm": float, "lr": float,
     "task": dict, "workers_alive": int,
     "t_bcast_s": (float, None), "t_bcast_all_s": (float, None), "broadcast_repairs": int, "sampler_gap": dict,
-    "sampler_var": dict, "records_withheld": int, "workers_quarantined": int, "batches_dropped": int,
+    "sampler_var": dict, "sampler_replay_gap": dict, "sampler_replay_var": dict, "t_audit_replay_s": float,
+    "records_withheld": int, "workers_quarantined": int, "batches_dropped": int,
     "batches_withheld": int, "records_withheld_total": int,
 }
 
