@@ -2,8 +2,10 @@
 
     SandboxAdapter(env="pettingzoo://tictactoe_v3", env_options={"seat": 0, "opponent": "random"})
 
-`<module>` is a module of `pettingzoo.classic` (tictactoe_v3, connect_four_v3, ...) or a dotted path
-under `pettingzoo` (e.g. `classic.tictactoe_v3`). The model plays one seat (`seat`, an index into
+`<module>` is a module of `pettingzoo.classic` (tictactoe_v3, connect_four_v3, ...) or an environment
+module of another pettingzoo family (`classic.tictactoe_v3`, `butterfly.knights_archers_zombies_v10`): a
+name `<family>.<env>_v<N>` and nothing else, since the name can come from the coordinator's welcome and
+importing is running code. The model plays one seat (`seat`, an index into
 `possible_agents`); every other seat plays `opponent`: "random" (a seeded uniform choice among legal
 actions) or "first" (the first legal action). The seat's step reward is what AEC's `last()` reports for
 it when it is next to act (its cumulative reward since its previous action). Actions are the indices of
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,11 +45,16 @@ CLASSIC = (
     "texas_holdem_v4",
     "tictactoe_v3",
 )
+FAMILIES = ("classic", "butterfly", "atari", "mpe", "sisl")
+_ENV_ID = re.compile(rf"^(?:(?:{'|'.join(FAMILIES)})\.)?[a-z][a-z0-9_]*_v[0-9]+$")
 _OPPONENTS = ("random", "first")
 _OWN_OPTIONS = ("seat", "opponent")
 
 
 def _module(env_id: str):
+    if not _ENV_ID.match(env_id):
+        raise ConfigError(f"pettingzoo env {env_id!r}: expected an environment module <env>_v<N> of "
+                          f"pettingzoo.classic, or <family>.<env>_v<N> with family one of {', '.join(FAMILIES)}")
     path = f"pettingzoo.{env_id}" if "." in env_id else f"pettingzoo.classic.{env_id}"
     try:
         importlib.import_module("pettingzoo")

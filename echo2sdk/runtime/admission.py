@@ -59,6 +59,7 @@ class Admission:
         self.evicted = 0  # pending handshakes dropped to make room
         self.over_capacity = 0  # connections closed at once: max_conns reached
         self.failed_logins = 0
+        self.handshake_timeouts = 0  # handshakes that missed their deadline
 
     def open(self, ip: str, drop: Callable[[], None]) -> Ticket | None:
         """Admit a connection from `ip` (None: close it now). May drop older pending handshakes first."""
@@ -117,7 +118,12 @@ class Admission:
 
     def stats(self) -> dict[str, int]:
         return {"rate_limited": self.rate_limited, "evicted": self.evicted, "over_capacity": self.over_capacity,
-                "failed_logins": self.failed_logins}
+                "failed_logins": self.failed_logins, "handshake_timeouts": self.handshake_timeouts}
+
+    def timed_out(self) -> None:
+        """A handshake missed its deadline (counted; the caller closes it)."""
+        with self._lock:
+            self.handshake_timeouts += 1
 
     # -- under self._lock ----------------------------------------------------------------------------
     def _tokens(self, ip: str, now: float) -> float:

@@ -71,6 +71,7 @@ SEND_SLICE = 1 << 20  # a payload goes out in slices: at most one slice per work
 FROM_WORKER = (GetTasks, Trajectories, Heartbeat, Installed, Received, SnapshotRejected, GetBase)
 MAX_REPAIRS_KEPT = 4096  # broadcast repairs kept for the run's record (all are counted)
 LOGGED_REJECTIONS = 8  # rejected groups of one push logged one by one; the rest in one summary line
+MAX_CONNS_PER_CREDENTIAL = 4  # live connections one worker credential may hold (a re-join replaces its own)
 KEEP_DEPARTED = 1024  # records of workers that left, kept for the run's worker table (the oldest forgotten)
 KEEP_QUARANTINED = 4096  # quarantined worker ids refused by name (the oldest forgotten; `quarantines` counts all)
 
@@ -351,6 +352,7 @@ class Coordinator:
                     conn = await self._authenticate(reader, writer, address, ticket)
             except TimeoutError:
                 self.refused += 1
+                self.admission.timed_out()
                 log.warning("refused %s: no valid hello within %.0f s", address, self.handshake_s)
             if conn is None:
                 return
@@ -407,10 +409,22 @@ class Coordinator:
         if hello.worker_id in self.revocations:
             self.refused_revoked += 1
             return await self._refuse(writer, f"{who} is revoked", f"worker {hello.worker_id} is revoked")
+        by_credential = root != session.token_key(self.token)
+        if by_credential and self._credential_conns(hello) >= MAX_CONNS_PER_CREDENTIAL:
+            self.refused += 1
+            return await self._refuse(writer, f"{who}: its credential holds {MAX_CONNS_PER_CREDENTIAL} connections",
+                                      f"credential {hello.worker_id} already holds {MAX_CONNS_PER_CREDENTIAL} "
+                                      "connections, the most one credential may")
         self.admission.authenticated(ticket)
-        conn = self._register(hello, keys, writer, address, credential=root != session.token_key(self.token))
+        conn = self._register(hello, keys, writer, address, credential=by_credential)
         self._note_installed(conn, hello.version)  # a re-join's version: its `installed` report may have been lost
         return conn
+
+    def _credential_conns(self, hello: Hello) -> int:
+        """Live connections of the credential `hello` logs in with, less the one a re-join of the same process
+        replaces. Each gets every snapshot pushed: uncapped, one credential could multiply the learner's uplink."""
+        return sum(1 for c in self._conns.values()
+                   if c.info.credential == hello.worker_id and not (hello.session and c.info.session == hello.session))
 
     def _register(
         self, hello: Hello, keys: session.Session, writer: asyncio.StreamWriter, address: str, credential: bool = False

@@ -15,8 +15,10 @@ On the command line (`--token`, `--set run.token=...`) a token is readable by ev
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import stat
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,6 +38,7 @@ ARGV_WARNING = (
 MAX_TOKEN_FILE = 4096  # bytes read from a token file
 _HEX = set(string.hexdigits)
 _BASE64 = set(string.ascii_letters + string.digits + "-_+/=")
+log = logging.getLogger("echo2sdk.credentials")
 
 
 def token_bits(token: str) -> float:
@@ -61,16 +64,20 @@ def check_token(token: str, source: str) -> str:
 
 def read_secret_file(path: str | os.PathLike, limit: int, what: str) -> tuple[bytes, str]:
     """(The bytes, the name to show) of a small secret file `path` (a token, a worker credential) of at most
-    `limit` bytes; ConfigError naming `what` and the path when it cannot be read or is longer."""
+    `limit` bytes; ConfigError naming `what` and the path when it cannot be read or is longer. A file other
+    users may read or write (mode & 0o077) is read with a warning that says how to fix it (as ssh keys)."""
     p = Path(path).expanduser()
     shown = f"{what} {str(p)!r}"
     try:
         with open(p, "rb") as fh:
+            mode = stat.S_IMODE(os.fstat(fh.fileno()).st_mode)
             raw = fh.read(limit + 1)
     except OSError as e:
         raise ConfigError(f"{shown}: cannot read it ({e.strerror or e})") from None
     if len(raw) > limit:
         raise ConfigError(f"{shown}: longer than {limit} bytes; it should hold the {what.split()[0]} only")
+    if os.name == "posix" and mode & 0o077:
+        log.warning("%s: other users of this machine may read or change it (mode %04o); chmod 600 it", shown, mode)
     return raw, shown
 
 

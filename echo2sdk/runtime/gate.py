@@ -65,7 +65,6 @@ class Gate:
         self._challenge, self._accept, self._refuse = challenge, accept, refuse
         self._pending: set[_Pending] = set()
         self._closed = False
-        self.timeouts = 0  # handshakes that missed the deadline
         self._sel = selectors.DefaultSelector()
         self._server.setblocking(False)
         self._sel.register(self._server, selectors.EVENT_READ, None)
@@ -208,7 +207,7 @@ class Gate:
 
     def _expire(self, now: float) -> None:
         for p in [p for p in self._pending if p.deadline <= now]:
-            self.timeouts += 1
+            self.admission.timed_out()
             self._drop(p)
 
     def _drop(self, p: _Pending) -> None:

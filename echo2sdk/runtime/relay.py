@@ -32,6 +32,7 @@ at most `max_streams` authenticated children are served at a time.
 
 from __future__ import annotations
 
+import collections
 import logging
 import mmap
 import socket
@@ -75,6 +76,7 @@ MAX_SPARES = 1  # evicted snapshot buffers kept for reuse by the next version
 HANDSHAKE_S = 10.0  # one deadline for a child's whole handshake (TLS, challenge, fetch)
 WRITE_SLICE = 4 << 20  # unpaced sends go out in slices of this size, each under the write deadline
 MAX_STREAMS = 512  # children served at a time (threads); more get `unavailable` and repair elsewhere
+MAX_STREAMS_PER_IP = 64  # of them from one address: one holder of a relay key cannot take them all
 KEEP_RELAY_KEYS = 8  # relay keys (newest versions) a node keeps
 MAX_WAIT_STALLS = 6  # stall timeouts a parent may send keep-alives without a chunk (its own repair) before it is dropped
 
@@ -227,6 +229,7 @@ class RelayNode:
         admission: Admission | None = None,
         handshake_s: float = HANDSHAKE_S,
         max_streams: int = MAX_STREAMS,
+        max_streams_per_ip: int = MAX_STREAMS_PER_IP,
     ):
         """`token`: the run token, or None on a node that knows only the relay keys `add_relay_keys` gives it.
         `tls`: True (a certificate made for this node), an `Identity`, or False (plaintext, opt-in).
@@ -246,6 +249,7 @@ class RelayNode:
         identity = (tls if isinstance(tls, Identity) else Identity.generate(f"echo2 relay {node_id}")) if tls else None
         self.fingerprint = identity.fingerprint if identity is not None else b""
         self.max_streams, self.streams = max_streams, 0
+        self.max_streams_per_ip, self._ip_streams = max_streams_per_ip, collections.Counter()
         self.served_chunks = 0
         self.refused = 0
         self.fetches = 0  # fetches that authenticated (served, or answered `unavailable`); refused: the others
@@ -347,9 +351,11 @@ class RelayNode:
         self.admission.authenticated(ticket)
         self.fetches += 1
         with self._lock:
-            busy = self.streams >= self.max_streams or self._closed
+            busy = (self.streams >= self.max_streams or self._ip_streams[ticket.ip] >= self.max_streams_per_ip
+                    or self._closed)
             if not busy:
                 self.streams += 1
+                self._ip_streams[ticket.ip] += 1
         if busy:  # the child repairs at its next upstream node
             conn.settimeout(1.0)
             send_frame(conn, to_header(Unavailable(version=req.version)), key=keys.send)
@@ -359,8 +365,7 @@ class RelayNode:
             threading.Thread(target=self._serve, args=(conn, req, keys, ticket), daemon=True,
                              name=f"echo2-relay-{self.node_id}-stream").start()
         except RuntimeError as e:  # out of threads: this child is closed (it repairs elsewhere), the relay goes on
-            with self._lock:
-                self.streams -= 1
+            self._end_stream(ticket.ip)
             self._conns.discard(conn)
             raise OSError(f"cannot start a stream thread: {e}") from None
 
@@ -405,11 +410,17 @@ class RelayNode:
         except (OSError, EOFError, ProtocolError) as e:
             log.debug("relay %s: connection ended: %s", self.node_id, e)
         finally:
-            with self._lock:
-                self.streams -= 1
+            self._end_stream(ticket.ip)
             self._conns.discard(conn)
             self.admission.close(ticket)
             conn.close()
+
+    def _end_stream(self, ip: str) -> None:
+        with self._lock:
+            self.streams -= 1
+            self._ip_streams[ip] -= 1
+            if self._ip_streams[ip] <= 0:
+                del self._ip_streams[ip]
 
     def _stream(self, conn: socket.socket, asm: Assembly, start: int, key: session.FrameKey) -> None:
         """Send chunks start.. of `asm` to a child, each the moment it is verified here. Headers are sealed;

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from echo2sdk.runtime.credentials import check_token, given_token
 from echo2sdk.runtime.worker_keys import Revocations
 from echo2sdk.runtime.delivery import DirectPush
 from echo2sdk.runtime.plugin_policy import allowances
+from echo2sdk.runtime.providers.local import worker_command, worker_env
 from echo2sdk.runtime.sinks import Sinks, load_sinks, redact, sample_rows
 from echo2sdk.runtime.sinks.jsonl import reset_run_files
 from echo2sdk.core.contracts import TaskAdapter
@@ -138,26 +139,6 @@ def coordinator_args(cfg: Config, token: str, signing_key: Any = None) -> dict[s
         delivery=_delivery(cfg, token, signing_key),
         revoked=Revocations(run.revoked_workers, run.revoked_file),
     )
-
-
-def worker_command(
-    host: str, port: int, worker_id: str, nice: int, allow: Sequence[str] = (), plaintext: bool = False
-) -> list[str]:
-    """The command line of one local rollout worker (the token travels in its environment: ps shows argv).
-    `allow`: the "pkg.mod:Attr" plug-ins the run's own config names (workers import no other unregistered name);
-    `plaintext`: the coordinator runs without TLS (run.tls = false)."""
-    cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{port}", "--id", worker_id]
-    cmd += ["--plaintext"] if plaintext else []
-    for ref in allow:
-        cmd += ["--allow-plugin", ref]
-    return cmd + ["--nice", str(nice)]
-
-
-def worker_env(token: str, threads: int) -> dict[str, str]:
-    """The environment of a local rollout worker: the token and its thread counts."""
-    env = dict(os.environ, ECHO2_TOKEN=token)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    return env
 
 
 # -- one step's metrics --------------------------------------------------------------------------------
@@ -949,7 +930,8 @@ class Trainer:
         if not sc.standby:
             return None
         options = {"connect": f"{self.coordinator.host}:{self.coordinator.port}", "token": self.coordinator.token,
-                   "log_dir": str(self.out / "workers"), "threads": cfg.rollout.threads, "nice": cfg.rollout.nice}
+                   "log_dir": str(self.out / "workers"), "threads": cfg.rollout.threads, "nice": cfg.rollout.nice,
+                   "allow": allowances(self.coordinator.worker_config), "plaintext": not cfg.run.tls}
         provider = load_provider(sc.provider, **(options if sc.provider == "local" else {}), **sc.provider_options)
         for i in range(sc.standby):
             sched.add_worker(f"standby-{i}", sc.standby_price, prior, now=now)

@@ -93,10 +93,6 @@ class Revocations:
         self._from_file: frozenset[str] = frozenset()
         self.refresh()
 
-    @property
-    def names(self) -> frozenset[str]:
-        return self.fixed | self._from_file
-
     def __contains__(self, name: object) -> bool:
         return name in self.fixed or name in self._from_file
 

@@ -73,3 +73,18 @@ def test_pettingzoo_conformance_and_unknown_module():
     check_adapter(SandboxAdapter(env="pettingzoo://tictactoe_v3"))
     with pytest.raises(NameNotFound, match=r"unknown pettingzoo env 'tictactoe_v2'.*Did you mean 'tictactoe_v3'"):
         SandboxAdapter(env="pettingzoo://tictactoe_v2")
+
+
+@pytest.mark.parametrize("env", ["utils.conversions", "classic.tictactoe_v3.tictactoe", "../x_v1", "test.api_test"])
+def test_pettingzoo_names_only_environment_modules(env, monkeypatch):
+    """The env name can come over the wire (a welcome): nothing but <family>.<env>_v<N> is imported."""
+    import importlib
+
+    from echo2sdk.errors import ConfigError
+
+    imported = []
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: imported.append(name) or real(name, *a))
+    with pytest.raises(ConfigError, match=r"expected an (environment module|env URL)"):
+        SandboxAdapter(env=f"pettingzoo://{env}")
+    assert not [m for m in imported if m.startswith("pettingzoo")]

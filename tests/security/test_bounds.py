@@ -205,3 +205,48 @@ def test_a_stream_thread_that_cannot_start_costs_one_fetch_not_the_relay(monkeyp
     finally:
         for n in (*children, src):
             n.close()
+
+
+def test_a_handshake_past_its_deadline_is_closed_and_counted_on_the_coordinator_and_a_relay():
+    coord = make_coordinator(handshake_s=0.5)
+    relay = RelayNode(TOKEN, node_id="relay", handshake_s=0.5)
+    socks = []
+    try:
+        for port in (coord.port, relay.port):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"\x16")  # one byte of a TLS hello, then nothing
+            socks.append(s)
+        for s in socks:
+            assert s.recv(1 << 16) == b""  # closed at the deadline (recv's own timeout is 5 s)
+        assert wait(lambda: coord.stats()["handshake_timeouts"] == 1 and
+                    relay.admission.stats()["handshake_timeouts"] == 1, 5)
+    finally:
+        for s in socks:
+            s.close()
+        relay.close()
+        coord.stop()
+
+
+def test_a_relay_serves_at_most_max_streams_per_ip_to_one_address():
+    """One address (a relay-key holder's machine) cannot take every stream: past max_streams_per_ip its next
+    fetch is answered `unavailable` (the child repairs elsewhere); another stream ending frees the slot."""
+    signer = Signer()
+    src = RelayNode(TOKEN, node_id=SOURCE, max_streams_per_ip=1, stall_timeout_s=3.0)
+    data1, data2 = os.urandom(4 * (64 << 10)), os.urandom(4 * (64 << 10))
+    m1, m2 = build_manifest(data1, 1, 64 << 10, signer), build_manifest(data2, 2, 64 << 10, signer)
+    src.publish(m1, data1)  # version 2 is not there yet: a fetch of it holds its stream while it waits
+    up = [Upstream(SOURCE, src.host, src.port, src.fingerprint)]
+    waiting, second, third = (RelayNode(TOKEN, node_id=f"child{i}") for i in range(3))
+    try:
+        holder = threading.Thread(target=waiting.fetch, args=(m2, up), daemon=True)
+        holder.start()
+        assert wait(lambda: src.streams == 1, 5)
+        refused = second.fetch(m1, up)
+        assert not refused.ok and src.streams == 1
+        holder.join(30)
+        assert wait(lambda: src.streams == 0, 5)
+        served = third.fetch(m1, up)
+        assert served.ok and bytes(third.assembly(1).view) == data1
+    finally:
+        for node in (waiting, second, third, src):
+            node.close()

@@ -41,3 +41,23 @@ def test_plaintext_is_an_opt_in_that_reaches_the_learner_relay_and_the_local_wor
         assert isinstance(delivery, ChainBroadcast) and delivery.source.fingerprint == b""
     finally:
         delivery.close()
+
+
+def test_standby_workers_the_local_provider_starts_get_plaintext_and_the_allowed_plugins(tmp_path, monkeypatch):
+    """scheduler.standby machines from the `local` provider are started like the run's own workers: a
+    coordinator without TLS needs --plaintext on them too, and the run's pkg.mod:Attr plug-ins --allow-plugin."""
+    import subprocess
+
+    from echo2sdk.runtime.providers import load_provider
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: started.append((cmd, kw["env"])))
+    provider = load_provider("local", connect="127.0.0.1:7", token="tok", log_dir=tmp_path, allow=["m.n:A"],
+                             plaintext=True)
+    provider.start("standby-0", 0.25)
+    (cmd, env), = started
+    assert cmd[cmd.index("--connect") + 1] == "127.0.0.1:7" and "--plaintext" in cmd
+    assert cmd[cmd.index("--allow-plugin") + 1] == "m.n:A" and cmd[cmd.index("--price") + 1] == "0.25"
+    assert env["ECHO2_TOKEN"] == "tok" and "tok" not in cmd
+    load_provider("local", connect="127.0.0.1:7", token="tok", log_dir=tmp_path).start("standby-1")
+    assert "--plaintext" not in started[1][0] and "--allow-plugin" not in started[1][0]

@@ -58,6 +58,20 @@ def test_a_weak_token_is_refused_by_the_run_from_every_source(tmp_path):
         read_token_file(tmp_path / "two")
 
 
+def test_a_token_file_other_users_can_read_is_read_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "token"
+    path.write_text(STRONG)
+    path.chmod(0o600)
+    with caplog.at_level("WARNING", logger="echo2sdk.credentials"):
+        assert read_token_file(path) == STRONG
+    assert not caplog.records
+    path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="echo2sdk.credentials"):
+        assert read_token_file(path) == STRONG
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "mode 0644" in msg and "chmod 600" in msg and STRONG not in msg
+
+
 def test_echo2_run_warns_about_a_token_on_argv_and_refuses_a_weak_one(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text("")

@@ -1,8 +1,9 @@
 """The built-in ``local`` provider: rollout workers as local processes (``echo2 worker``).
 
-Each started worker is ``python -m echo2sdk.cli worker --connect HOST:PORT --id NAME --price P``, with
-the shared token in its environment (never on the command line), its output in ``log_dir/NAME.log``,
-``nice`` and ``threads`` as for the run's own local workers.
+Each started worker is ``python -m echo2sdk.cli worker --connect HOST:PORT --id NAME --price P`` (`worker_command`,
+the command of the run's own local workers too), with the shared token in its environment (never on the command
+line), its output in ``log_dir/NAME.log``, ``nice``, ``threads``, the plug-ins it may import (``allow``) and
+``plaintext`` (run.tls = false) as for the run's own local workers.
 """
 
 from __future__ import annotations
@@ -10,11 +11,33 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from echo2sdk.errors import ConfigError
 
-__all__ = ["LocalProvider"]
+__all__ = ["LocalProvider", "worker_command", "worker_env"]
+
+
+def worker_command(
+    host: str, port: int, worker_id: str, nice: int, allow: Sequence[str] = (), plaintext: bool = False,
+    python: str | None = None,
+) -> list[str]:
+    """The command line of one local rollout worker (the token travels in its environment: ps shows argv).
+    `allow`: the "pkg.mod:Attr" plug-ins the run's own config names (workers import no other unregistered name);
+    `plaintext`: the coordinator runs without TLS (run.tls = false)."""
+    cmd = [python or sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{port}", "--id", worker_id]
+    cmd += ["--plaintext"] if plaintext else []
+    for ref in allow:
+        cmd += ["--allow-plugin", ref]
+    return cmd + ["--nice", str(nice)]
+
+
+def worker_env(token: str, threads: int) -> dict[str, str]:
+    """The environment of a local rollout worker: the token and its thread counts."""
+    env = dict(os.environ, ECHO2_TOKEN=token)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    return env
 
 
 class LocalProvider:
@@ -27,6 +50,8 @@ class LocalProvider:
         threads: int = 1,
         nice: int = 0,
         python: str | None = None,
+        allow: Sequence[str] = (),
+        plaintext: bool = False,
     ):
         if not token:
             raise ConfigError("local provider: a token is required (workers must authenticate)")
@@ -34,16 +59,17 @@ class LocalProvider:
         self.log_dir = Path(log_dir)
         self.threads, self.nice = int(threads), int(nice)
         self.python = python or sys.executable
+        self.allow, self.plaintext = tuple(allow), bool(plaintext)
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, name: str, price_per_hour: float = 0.0) -> None:
         if name in self.running():
             return
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, ECHO2_TOKEN=self.token, OMP_NUM_THREADS=str(self.threads),
-                   MKL_NUM_THREADS=str(self.threads), TOKENIZERS_PARALLELISM="false")
-        cmd = [self.python, "-m", "echo2sdk.cli", "worker", "--connect", self.connect, "--id", name,
-               "--price", repr(float(price_per_hour)), "--nice", str(self.nice)]
+        host, _, port = self.connect.rpartition(":")
+        cmd = worker_command(host, int(port), name, self.nice, self.allow, self.plaintext, self.python)
+        cmd += ["--price", repr(float(price_per_hour))]
+        env = worker_env(self.token, self.threads)
         with open(self.log_dir / f"{name}.log", "a") as fh:
             self.procs[name] = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
 
