@@ -559,32 +559,48 @@ class Learner:
         it claims, `states[record.version]` (a published snapshot, as snapshot_state returns it), i.e. with
         d = log pi_v - log pi_sampler, which for an honest sampler is rounding whatever its lag. Runs in this
         process alone (rank 0 under FSDP), without gradients, on a second, unsharded copy of the architecture
-        (built at the first call) into which each claimed version is copied in turn; records whose version has
-        no state are not replayed (TokenSums() with n = 0), nor are off-policy ones."""
+        (made at the first call) into which each claimed version is copied in turn; records of one version
+        and prompt run as one unit (the prompt once). Records whose version has no state are not replayed
+        (TokenSums() with n = 0), nor are off-policy ones and ones without a loss token."""
         out = [TokenSums()] * len(records)
-        todo = sorted((t.version, i) for i, t in enumerate(records) if t.version in states and not t.meta.off_policy)
-        if not todo:
+        units: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        for i, t in enumerate(records):
+            trained = t.meta.loss_mask is None or any(t.meta.loss_mask)
+            if t.version in states and not t.meta.off_policy and trained:
+                units.setdefault((t.version, tuple(t.meta.prompt_ids)), []).append(i)
+        if not units:
             return out
-        if self._replay is None:
-            from transformers import AutoModelForCausalLM
-
-            net = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32).to(self.device)
-            self._replay = (_Forward(net.eval().requires_grad_(False)), net.state_dict(), [None])
-        fwd, targets, loaded = self._replay
+        fwd, targets, loaded = self._replay_model()
         with torch.no_grad():
-            for version, i in todo:
+            for (version, _), idx in sorted(units.items(), key=lambda u: u[0][0]):
                 if loaded[0] != version:
                     for name, tensor in states[version].items():
                         targets[name].copy_(tensor)  # casts; tied weights are one tensor, named once
                     loaded[0] = version
-                (row,) = self._rows([[records[i]]])
-                if not any(row.mask):
-                    continue
-                logp = self._unit_logprobs(fwd, [row], ONE_PASS)
-                mask = torch.tensor(row.mask, device=self.device)
-                _note_audit_sums([row], logp, torch.tensor(row.sampler_logprobs, device=self.device), mask)
-                out[i] = row.sums
+                rows = self._rows([[records[i]] for i in idx])
+                logp = self._unit_logprobs(fwd, rows, ONE_PASS if len(rows) == 1 else SHARED)
+                sampler = torch.tensor([lp for r in rows for lp in r.sampler_logprobs], device=self.device)
+                mask = torch.tensor([m for r in rows for m in r.mask], device=self.device)
+                _note_audit_sums(rows, logp, sampler, mask)
+                for i, r in zip(idx, rows):
+                    out[i] = r.sums
         return out
+
+    def _replay_model(self) -> tuple[_Forward, dict[str, torch.Tensor], list]:
+        """replay_sums' model (forward, its state-dict tensors, [the version loaded]), made once: a copy of the
+        policy (unsharded: from its config under FSDP), frozen."""
+        if self._replay is None:
+            if self.distributed:
+                from transformers import AutoModelForCausalLM
+
+                net = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32).to(self.device)
+            else:
+                net = copy.deepcopy(self.model)
+            net.eval().requires_grad_(False)
+            for p in net.parameters():
+                p.grad = None
+            self._replay = (_Forward(net), net.state_dict(), [None])
+        return self._replay
 
     # -- publication and checkpoints --------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:

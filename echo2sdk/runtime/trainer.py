@@ -556,20 +556,24 @@ class Trainer:
             del self._replay_states[v]
 
     def _replay_batch(self, groups: list) -> dict[str, WorkerStat]:
-        """The audit's replay (core/audit.py): up to learner.audit_replay records of each worker in the batch,
-        drawn at random, recomputed under the snapshot of the version each claims. Returns replay_stats."""
+        """The audit's replay (core/audit.py): for each worker in the batch, one of its groups drawn at random
+        among those generated under an older version than v_t (at v_t the step's pi_old is already the
+        claimed version's), up to learner.audit_replay of its records, recomputed under the snapshot of that
+        version. Returns replay_stats."""
         self._replay, self._replay_s = {}, 0.0
         if not self._replaying():
             return {}
         t0 = time.perf_counter()
-        by_worker: dict[str, list] = {}
-        for t in (t for g in groups for t in g):
-            if not t.meta.off_policy and t.version in self._replay_states:
-                by_worker.setdefault(t.meta.worker, []).append(t)
+        lagged: dict[str, list] = {}
+        for g in groups:
+            mine = [t for t in g if not t.meta.off_policy and t.version < self.version and t.version in self._replay_states]
+            for w in {t.meta.worker for t in mine}:
+                lagged.setdefault(w, []).append([t for t in mine if t.meta.worker == w])
         n = self.cfg.learner.audit_replay
-        picked = [t for w in sorted(by_worker) for t in self._replay_rng.sample(by_worker[w], min(n, len(by_worker[w])))]
-        sums = self.ops.replay_sums(picked, self._replay_states)
-        self._replay = replay_stats((t.meta.worker, s) for t, s in zip(picked, sums))
+        picked = [t for w in sorted(lagged) for t in self._replay_rng.choice(lagged[w])[:n]]
+        if picked:
+            sums = self.ops.replay_sums(picked, self._replay_states)
+            self._replay = replay_stats((t.meta.worker, s) for t, s in zip(picked, sums))
         self._replay_s = time.perf_counter() - t0
         return self._replay
 

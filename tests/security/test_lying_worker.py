@@ -78,9 +78,9 @@ def _check_gap_detection(tr: Trainer, summary: dict, rows: list[dict]) -> None:
     assert rows[-1]["records_withheld_total"] == sum(summary["records_withheld_by_worker"].values())
     assert rows[-1]["workers_quarantined"] == 1
     assert all(g < threshold for r in rows for w, g in r["sampler_gap"].items() if w != "liar")
-    # the replay (every step, 4 records per worker, under the version each claims): honest d is rounding
+    # the replay (a group per worker from an older version, under the version it claims): honest d is rounding
     replayed = [g for r in rows for w, g in r["sampler_replay_gap"].items() if w != "liar"]
-    assert replayed and max(replayed) < 0.05 and all(r["t_audit_replay_s"] > 0 for r in rows)
+    assert replayed and max(replayed) < 0.05 and any(r["t_audit_replay_s"] > 0 for r in rows)
 
 
 def test_fabricated_logprobs_are_quarantined_within_two_steps(tmp_path):
