@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ def _config(model: str, steps: int, out: str, extra: list[str]):
 
 
 def _one_run(model: str, steps: int, lie: list[str], extra: list[str]) -> dict:
+    from echo2sdk.runtime.providers.local import worker_env
     from echo2sdk.runtime.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as out:
@@ -58,7 +58,7 @@ def _one_run(model: str, steps: int, lie: list[str], extra: list[str]) -> dict:
             tr.setup()
             c = tr.coordinator
             third = subprocess.Popen([sys.executable, str(LIAR), "--connect", f"{c.host}:{c.port}", "--id", "third",
-                                      *lie], env=dict(os.environ, ECHO2_TOKEN=c.token), stdout=subprocess.DEVNULL,
+                                      *lie], env=worker_env(c.token, tr.cfg.rollout.threads), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.STDOUT)
             summary = tr.run()
         finally:
@@ -104,6 +104,9 @@ def _one_run(model: str, steps: int, lie: list[str], extra: list[str]) -> dict:
         "honest_records_withheld": sum(n for w, n in withheld.items() if w != "third"),
         "batches_withheld": summary["batches_withheld"],
         "reward_per_step": [round(r["reward_mean"], 4) for r in rows],
+        # who got records in at all, and what the buffer evicted (a worker may reach no batch in a short run)
+        "trajectories_by_worker": {w["worker_id"]: w["trajectories"] for w in summary["workers"]},
+        "evicted_by_reason": summary["buffer"].get("evicted_by_reason"),
     }
 
 
@@ -116,13 +119,14 @@ def runs(args: argparse.Namespace) -> None:
             from _liar import peaked_model
 
             other = str(peaked_model(Path(tmp) / "other"))
-        base = _one_run(args.model, args.steps, [], extra)
-        print(json.dumps(base), flush=True)
+        base = None if args.no_baseline else _one_run(args.model, args.steps, [], extra)
+        if base is not None:
+            print(json.dumps(base), flush=True)
         lies = {"fabricate": ["--fabricate", "-0.01"], "other": ["--model", other, "--keep-model"]}
         for lie in (lies[name] for name in args.lies.split(",")):
             row = _one_run(args.model, args.steps, lie, extra)
             after = row["flagged_at_step"]
-            if after is not None and after < args.steps:  # the steps after the quarantine, and the baseline's
+            if base is not None and after is not None and after < args.steps:  # the steps after the quarantine
                 row["reward_mean_after_flag"] = statistics.fmean(row["reward_per_step"][after:])
                 row["baseline_reward_mean_same_steps"] = statistics.fmean(base["reward_per_step"][after:])
             print(json.dumps(row), flush=True)
@@ -228,6 +232,7 @@ def main() -> None:
     r.add_argument("--set", action="append", default=[], help="config override key=value")
     r.add_argument("--lies", default="fabricate,other", choices=["fabricate,other", "fabricate", "other"],
                    help="the liar runs after the honest baseline (default both)")
+    r.add_argument("--no-baseline", action="store_true", help="the liar runs only (no honest baseline run first)")
     r.set_defaults(func=runs)
     g = sub.add_parser("gaps")
     g.add_argument("--model", default="smollm2-135m")

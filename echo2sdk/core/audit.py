@@ -34,9 +34,9 @@ A worker is over in a step when gap > `gap_threshold` or var > `var_threshold` (
 the step's pi_old or in the replay. The learner's step screens every unit (rows sharing a prompt) with
 `Screen` before its gradient is taken: the rows of a worker over the thresholds there, or condemned by the
 replay, are withheld from the update (they never train). `SamplerAudit` flags a worker over in `patience` (2)
-consecutive learner steps in which it contributed records (a step without its records neither counts nor
-resets), or at once when a statistic exceeds AT_ONCE (4) times its threshold (another model's log-probs give
-a gap of ~5 against 0.5). docs/security.md has the measured honest values and margins.
+consecutive learner steps in which it contributed records (a step without its records, or one where var is
+undefined for all of them and nothing is over, neither counts nor resets), or at once when a statistic
+exceeds AT_ONCE (4) times its threshold (another model's log-probs give a gap of ~5 against 0.5). docs/security.md has the measured honest values and margins.
 """
 
 from __future__ import annotations
@@ -190,7 +190,10 @@ class SamplerAudit:
                 if which:
                     over.append((label + which, *((ws.gap, self.gap_threshold) if which == "gap" else
                                                   (ws.var, self.var_threshold))))
-            self._strikes[w] = self._strikes.get(w, 0) + 1 if over else 0
+            if over:
+                self._strikes[w] = self._strikes.get(w, 0) + 1
+            elif self._informative(st, replay.get(w)):
+                self._strikes[w] = 0
             if not over or w in self.flagged:
                 continue
             which, value, limit = max(over, key=lambda o: o[1] / o[2])
@@ -205,3 +208,8 @@ class SamplerAudit:
             out.append(w)
         return out
 
+    def _informative(self, *stats: WorkerStat | None) -> bool:
+        """Whether a step under the thresholds clears a worker's strikes: only when var was defined for it (or
+        is not checked). Its records may all be nearly deterministic (log pi varying < MIN_LP_VAR), where any
+        claim is nearly right: such a step says nothing either way, like a step without its records."""
+        return not self.var_threshold or any(st is not None and math.isfinite(st.var) for st in stats)

@@ -93,6 +93,22 @@ def test_a_statistic_four_times_the_threshold_flags_at_once():
     assert audit.observe([("far", 0, far), ("liar", 0, LIE), ("fake", 0, FAKE)]) == ["liar", "fake"]  # 2nd strikes
 
 
+def test_a_step_where_var_is_undefined_neither_counts_nor_resets():
+    """A constant liar whose records in one step are all nearly deterministic (log pi varying < 0.1: var
+    undefined, its claims nearly right) is not cleared by that step; an honest step with var defined does."""
+    audit = SamplerAudit(gap_threshold=0.5, var_threshold=0.5)
+    certain = _sums([-0.01] * 24, [-0.01, -0.02] * 12)  # gap 0.005, var NaN
+    assert math.isnan(certain.unexplained)
+    assert audit.observe([("fake", 0, FAKE)]) == [] and audit.observe([("fake", 0, certain)]) == []
+    assert audit.observe([("fake", 0, FAKE)]) == ["fake"]
+    clears = SamplerAudit(gap_threshold=0.5, var_threshold=0.5)
+    for s in (FAKE, FINE, FAKE):
+        assert clears.observe([("w", 0, s)]) == []
+    gap_only = SamplerAudit(gap_threshold=0.5)  # var not checked: every step under the gap clears
+    for s in (LIE, certain, LIE):
+        assert gap_only.observe([("w", 0, s)]) == []
+
+
 def test_a_step_below_the_threshold_resets_the_count():
     audit = SamplerAudit(gap_threshold=0.5)
     for s in (LIE, FINE, LIE, FINE, LIE):
