@@ -160,10 +160,10 @@ class LearnerConfig(_Section):
         "is off)"
     )
     audit_replay: int = Field(
-        2, ge=0, description="worker audit: records of each worker per step (of one of its groups generated under "
-        "an older version) recomputed under the snapshot of the version they claim (the learner keeps the "
-        "published snapshots of the last S versions and one more copy of the model; docs/security.md) (0: no "
-        "replay)"
+        2, ge=0, description="worker audit: records of each worker per step, drawn at random among its records "
+        "generated under an older version, recomputed under the snapshot of the version they claim (the learner "
+        "keeps the published snapshots of the last S versions and one more copy of the model; docs/security.md) "
+        "(0: no replay)"
     )
 
     @model_validator(mode="after")

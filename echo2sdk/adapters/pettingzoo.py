@@ -52,7 +52,7 @@ _OWN_OPTIONS = ("seat", "opponent")
 
 
 def _module(env_id: str):
-    if not _ENV_ID.match(env_id):
+    if not _ENV_ID.fullmatch(env_id):
         raise ConfigError(f"pettingzoo env {env_id!r}: expected an environment module <env>_v<N> of "
                           f"pettingzoo.classic, or <family>.<env>_v<N> with family one of {', '.join(FAMILIES)}")
     path = f"pettingzoo.{env_id}" if "." in env_id else f"pettingzoo.classic.{env_id}"

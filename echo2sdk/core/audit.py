@@ -35,7 +35,8 @@ the step's pi_old or in the replay. The learner's step screens every unit (rows 
 `Screen` before its gradient is taken: the rows of a worker over the thresholds there, or condemned by the
 replay, are withheld from the update (they never train). `SamplerAudit` flags a worker over in `patience` (2)
 consecutive learner steps in which it contributed records (a step without its records, or one where var is
-undefined for all of them and nothing is over, neither counts nor resets), or at once when a statistic
+undefined for all of them and nothing is over, neither counts nor resets, up to MAX_SILENT - 1 of them in a
+row), or at once when a statistic
 exceeds AT_ONCE (4) times its threshold (another model's log-probs give a gap of ~5 against 0.5). docs/security.md has the measured honest values and margins.
 """
 
@@ -54,6 +55,7 @@ __all__ = ["AT_ONCE", "TokenSums", "replay_stats", "BatchWithheld", "WorkerStat"
 
 PATIENCE = 2  # consecutive learner steps over a threshold before a worker is flagged
 AT_ONCE = 4.0  # a statistic this many times its threshold flags the worker in one step
+MAX_SILENT = 3  # steps in a row that say nothing (var undefined, nothing over) after which a strike expires
 MIN_TOKENS = 16  # loss tokens the var statistic needs
 MIN_LP_VAR = 0.1  # per-token variance of log pi_old below which var is undefined
 
@@ -170,6 +172,7 @@ class SamplerAudit:
         self.replays: list[dict[str, WorkerStat]] = []  # each step's replay_stats, of the workers in its batch
         self.flagged: dict[str, str] = {}
         self._strikes: dict[str, int] = {}
+        self._silent: dict[str, int] = {}  # consecutive steps that said nothing (_informative) since its last strike
 
     def screen(self, v_t: int, replay: dict[str, WorkerStat] | None = None) -> Screen:
         """The step's screen; `replay`: the step's replay_stats, whose workers over a threshold are condemned."""
@@ -190,10 +193,13 @@ class SamplerAudit:
                 if which:
                     over.append((label + which, *((ws.gap, self.gap_threshold) if which == "gap" else
                                                   (ws.var, self.var_threshold))))
+            silent = self._silent.get(w, 0) + 1
             if over:
-                self._strikes[w] = self._strikes.get(w, 0) + 1
-            elif self._informative(st, replay.get(w)):
-                self._strikes[w] = 0
+                self._strikes[w], self._silent[w] = self._strikes.get(w, 0) + 1, 0
+            elif self._informative(st, replay.get(w)) or silent >= MAX_SILENT:
+                self._strikes[w], self._silent[w] = 0, 0
+            else:
+                self._silent[w] = silent
             if not over or w in self.flagged:
                 continue
             which, value, limit = max(over, key=lambda o: o[1] / o[2])

@@ -559,31 +559,36 @@ class Learner:
         it claims, `states[record.version]` (a published snapshot, as snapshot_state returns it), i.e. with
         d = log pi_v - log pi_sampler, which for an honest sampler is rounding whatever its lag. Runs in this
         process alone (rank 0 under FSDP), without gradients, on a second, unsharded copy of the architecture
-        (made at the first call) into which each claimed version is copied in turn; records of one version
-        and prompt run as one unit (the prompt once). Records whose version has no state are not replayed
-        (TokenSums() with n = 0), nor are off-policy ones and ones without a loss token."""
+        (made at the first call) into which each claimed version is copied in turn; records of one version run
+        in units as a step's are (rows sharing a prompt, at most micro_batch rows and token_budget tokens).
+        Records whose version has no state are not replayed (TokenSums() with n = 0), nor are off-policy ones
+        and ones without a loss token."""
         out = [TokenSums()] * len(records)
-        units: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        by_version: dict[int, list[int]] = {}
         for i, t in enumerate(records):
-            trained = t.meta.loss_mask is None or any(t.meta.loss_mask)
-            if t.version in states and not t.meta.off_policy and trained:
-                units.setdefault((t.version, tuple(t.meta.prompt_ids)), []).append(i)
-        if not units:
+            if t.version in states and not t.meta.off_policy:
+                by_version.setdefault(t.version, []).append(i)
+        if not by_version:
             return out
         fwd, targets, loaded = self._replay_model()
         with torch.no_grad():
-            for (version, _), idx in sorted(units.items(), key=lambda u: u[0][0]):
+            for version, idx in sorted(by_version.items()):
+                rows = self._rows([[records[i]] for i in idx])
+                units = _units(rows, self.micro_batch, self.token_budget)  # bounded as a step's units are
+                if not units:  # no loss token in any of them
+                    continue
                 if loaded[0] != version:
                     for name, tensor in states[version].items():
                         targets[name].copy_(tensor)  # casts; tied weights are one tensor, named once
                     loaded[0] = version
-                rows = self._rows([[records[i]] for i in idx])
-                logp = self._unit_logprobs(fwd, rows, ONE_PASS if len(rows) == 1 else SHARED)
-                sampler = torch.tensor([lp for r in rows for lp in r.sampler_logprobs], device=self.device)
-                mask = torch.tensor([m for r in rows for m in r.mask], device=self.device)
-                _note_audit_sums(rows, logp, sampler, mask)
-                for i, r in zip(idx, rows):
-                    out[i] = r.sums
+                for unit in units:
+                    mb = [rows[j] for j in unit]
+                    logp = self._unit_logprobs(fwd, mb, ONE_PASS if len(mb) == 1 else SHARED)
+                    sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
+                    mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
+                    _note_audit_sums(mb, logp, sampler, mask)
+                    for j in unit:
+                        out[idx[j]] = rows[j].sums
         return out
 
     def _replay_model(self) -> tuple[_Forward, dict[str, torch.Tensor], list]:

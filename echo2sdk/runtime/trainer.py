@@ -292,7 +292,8 @@ class Trainer:
         self.batches_withheld = 0  # batches the audit's screen withheld whole (not counted as dropped)
         # the audit's replay: the published snapshots of the admissible window, by version (learner.audit_replay)
         self._replay_states: dict[int, dict[str, Any]] = {}
-        self._replay_rng = random.Random(cfg.run.seed)
+        self._replay_rng = random.SystemRandom()  # a worker cannot predict which of its records are replayed
+        self._replay_off = False  # set when a replay failed
         self._replay: dict[str, WorkerStat] = {}  # the stepped batch's replay_stats
         self._replay_s = 0.0  # the stepped batch's replay time
         self.withheld_by_worker: collections.Counter[str] = collections.Counter()  # records withheld, by worker
@@ -556,23 +557,30 @@ class Trainer:
             del self._replay_states[v]
 
     def _replay_batch(self, groups: list) -> dict[str, WorkerStat]:
-        """The audit's replay (core/audit.py): for each worker in the batch, one of its groups drawn at random
-        among those generated under an older version than v_t (at v_t the step's pi_old is already the
-        claimed version's), up to learner.audit_replay of its records, recomputed under the snapshot of that
-        version. Returns replay_stats."""
+        """The audit's replay (core/audit.py): for each worker in the batch, up to learner.audit_replay of its
+        records generated under an older version than v_t (at v_t the step's pi_old is already the claimed
+        version's) and carrying a loss token, drawn at random (the worker cannot choose them), recomputed under
+        the snapshot of the version each claims. Returns replay_stats. A replay that fails (out of memory, say)
+        is logged and switched off for the rest of the run: the audit must not cost the learner its batches."""
         self._replay, self._replay_s = {}, 0.0
-        if not self._replaying():
+        if not self._replaying() or self._replay_off:
             return {}
         t0 = time.perf_counter()
         lagged: dict[str, list] = {}
-        for g in groups:
-            mine = [t for t in g if not t.meta.off_policy and t.version < self.version and t.version in self._replay_states]
-            for w in {t.meta.worker for t in mine}:
-                lagged.setdefault(w, []).append([t for t in mine if t.meta.worker == w])
+        for t in (t for g in groups for t in g):
+            trained = t.meta.loss_mask is None or any(t.meta.loss_mask)
+            if not t.meta.off_policy and trained and t.version < self.version and t.version in self._replay_states:
+                lagged.setdefault(t.meta.worker, []).append(t)
         n = self.cfg.learner.audit_replay
-        picked = [t for w in sorted(lagged) for t in self._replay_rng.choice(lagged[w])[:n]]
+        picked = [t for w in sorted(lagged) for t in self._replay_rng.sample(lagged[w], min(n, len(lagged[w])))]
         if picked:
-            sums = self.ops.replay_sums(picked, self._replay_states)
+            try:
+                sums = self.ops.replay_sums(picked, self._replay_states)
+            except (RuntimeError, ValueError, MemoryError) as e:
+                self._replay_off = True
+                log.error("the audit's replay failed at v%d (%s: %s): replay off for the rest of the run "
+                          "(learner.audit_replay); the screen on pi_old goes on", self.version, type(e).__name__, e)
+                return {}
             self._replay = replay_stats((t.meta.worker, s) for t, s in zip(picked, sums))
         self._replay_s = time.perf_counter() - t0
         return self._replay

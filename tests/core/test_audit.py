@@ -104,6 +104,9 @@ def test_a_step_where_var_is_undefined_neither_counts_nor_resets():
     clears = SamplerAudit(gap_threshold=0.5, var_threshold=0.5)
     for s in (FAKE, FINE, FAKE):
         assert clears.observe([("w", 0, s)]) == []
+    expires = SamplerAudit(gap_threshold=0.5, var_threshold=0.5)  # 3 silent steps in a row clear a strike
+    for s in (FAKE, certain, certain, certain, FAKE):
+        assert expires.observe([("w", 0, s)]) == []
     gap_only = SamplerAudit(gap_threshold=0.5)  # var not checked: every step under the gap clears
     for s in (LIE, certain, LIE):
         assert gap_only.observe([("w", 0, s)]) == []

@@ -232,3 +232,44 @@ def test_one_credential_holds_at_most_four_connections_and_a_rejoin_is_not_count
         for client in clients:
             loop.run(client.close())
         c.stop()
+
+
+def test_only_published_versions_count_as_installed():
+    """With kappa > 1 the versions between publications never leave the learner: a worker reporting one
+    installed gets nothing recorded, so a record claiming it quarantines it (and could never be replayed).
+    Versions below the first this coordinator published (from before a resume) are taken as they come."""
+    from types import SimpleNamespace
+
+    c = make_coordinator()
+    try:
+        conn = SimpleNamespace(info=SimpleNamespace(installed=set()))
+        c._note_installed(conn, 0)
+        c._note_installed(conn, 1)
+        assert conn.info.installed == set()  # nothing published yet
+        for v in (10, 12):
+            c.publish(v, b"snapshot")
+        assert wait(lambda: c._latest is not None and c._latest[0] == 12, 5)
+        for v in (8, 10, 11, 12, 13):
+            c._note_installed(conn, v)
+        assert conn.info.installed == {8, 10, 12}
+    finally:
+        c.stop()
+
+
+def test_the_credential_cap_counts_a_renamed_connection_of_the_same_session(loop):
+    """Re-joining with the session of a connection that was renamed NAME~N does not replace it: it counts."""
+    from echo2sdk.runtime.coordinator import MAX_CONNS_PER_CREDENTIAL
+
+    c = make_coordinator()
+    alice = issue(TOKEN, "alice")
+    clients = []
+    try:
+        for i in range(MAX_CONNS_PER_CREDENTIAL):
+            clients.append(loop.run(Client.join(c.port, alice.key, worker_id="alice", session=f"s{i}")))
+        again = loop.run(Client.join(c.port, alice.key, worker_id="alice", session="s1"))  # s1 is alice~N
+        clients.append(again)
+        assert again.answer["type"] == "refused", again.answer
+    finally:
+        for client in clients:
+            loop.run(client.close())
+        c.stop()
