@@ -36,8 +36,8 @@ the step's pi_old or in the replay. The learner's step screens every unit (rows 
 replay, are withheld from the update (they never train). `SamplerAudit` flags a worker over in `patience` (2)
 consecutive learner steps in which it contributed records (a step without its records, or one where var is
 undefined for all of them and nothing is over, neither counts nor resets, up to MAX_SILENT - 1 of them in a
-row), or at once when a statistic
-exceeds AT_ONCE (4) times its threshold (another model's log-probs give a gap of ~5 against 0.5). docs/security.md has the measured honest values and margins.
+row), or at once when a statistic exceeds AT_ONCE (4) times its threshold (another model's log-probs give a
+gap of ~5 against 0.5). docs/security.md has the measured honest values and margins.
 """
 
 from __future__ import annotations

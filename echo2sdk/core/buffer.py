@@ -345,5 +345,5 @@ class StalenessBuffer:
 def has_signal(records: Sequence[Trajectory]) -> bool:
     """True when the group's records that carry loss (a failed episode's all-zero loss mask does not) are at
     least two with different rewards: only then is any GRPO advantage non-zero."""
-    rewards = {t.reward for t in records if t.meta.loss_mask is None or any(t.meta.loss_mask)}
+    rewards = {t.reward for t in records if t.meta.trains}
     return len(rewards) > 1

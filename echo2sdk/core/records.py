@@ -120,6 +120,11 @@ class Meta(BaseModel):
             raise ValueError(f"loss_mask has {len(self.loss_mask)} entries, response_ids has {n}")
         return self
 
+    @property
+    def trains(self) -> bool:
+        """Whether a response token carries loss (a failed episode's all-zero loss mask: none)."""
+        return self.loss_mask is None or any(self.loss_mask)
+
 
 class Trajectory(BaseModel):
     """tau = (x, y, r, v, Omega): prompt, response, reward, snapshot version, metadata."""

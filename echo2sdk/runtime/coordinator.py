@@ -71,7 +71,6 @@ SEND_SLICE = 1 << 20  # a payload goes out in slices: at most one slice per work
 FROM_WORKER = (GetTasks, Trajectories, Heartbeat, Installed, Received, SnapshotRejected, GetBase)
 MAX_REPAIRS_KEPT = 4096  # broadcast repairs kept for the run's record (all are counted)
 LOGGED_REJECTIONS = 8  # rejected groups of one push logged one by one; the rest in one summary line
-KEEP_PUBLISHED = 1024  # published versions remembered (a worker claiming an older one is far past S anyway)
 MAX_CONNS_PER_CREDENTIAL = 4  # live connections one worker credential may hold (a re-join replaces its own)
 KEEP_DEPARTED = 1024  # records of workers that left, kept for the run's worker table (the oldest forgotten)
 KEEP_QUARANTINED = 4096  # quarantined worker ids refused by name (the oldest forgotten; `quarantines` counts all)
@@ -209,11 +208,8 @@ class Coordinator:
         self._ids = itertools.count(1)
         self._task_lock = threading.Lock()
         self._latest: tuple[int, bytes] | None = None
-        self._bcast: dict[int, dict[str, Any]] = {}  # version -> {t0, expected, installed: {id: t}}
-        # versions this coordinator published (the newest KEEP_PUBLISHED), and the first: the only ones a worker
-        # can have installed, with those from before a resume (below the first: not known here)
-        self._published: set[int] = set()
-        self._first_published: int | None = None
+        # every version this coordinator published, in order -> {t0, expected, installed: {id: t}}
+        self._bcast: dict[int, dict[str, Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._stopping = False  # set by stop(): a worker leaving then is the end of the run
@@ -274,10 +270,6 @@ class Coordinator:
 
     def _publish(self, version: int, weights: bytes) -> None:
         self._latest = (version, weights)
-        self._published.add(version)
-        self._published.difference_update([v for v in self._published if v <= version - KEEP_PUBLISHED])
-        if self._first_published is None:
-            self._first_published = version
         self._base_weights = None  # a worker that bootstraps from now on gets the latest snapshot
         peers = [c for c in self._conns.values() if c.info.alive]
         # T_bcast counts the active rollout pool (paper §4.2); idle standby workers still get the snapshot
@@ -433,9 +425,12 @@ class Coordinator:
         """Live connections of the credential `hello` logs in with, less the one a re-join of the same process
         replaces. Each gets every snapshot pushed: uncapped, one credential could multiply the learner's uplink."""
         held = sum(1 for c in self._conns.values() if c.info.credential == hello.worker_id)
-        own = self.workers.get(hello.worker_id)  # what _register replaces: the same process under the bare id
-        replaced = hello.worker_id in self._conns and own is not None and bool(hello.session) and own.session == hello.session
-        return held - replaced
+        return held - (hello.worker_id in self._conns and self._same_process(hello.worker_id, hello.session))
+
+    def _same_process(self, worker_id: str, session: str) -> bool:
+        """Whether a hello with `session` comes from the process registered under `worker_id` (a re-join)."""
+        before = self.workers.get(worker_id)
+        return before is not None and bool(session) and before.session == session
 
     def _register(
         self, hello: Hello, keys: session.Session, writer: asyncio.StreamWriter, address: str, credential: bool = False
@@ -445,7 +440,7 @@ class Coordinator:
         peer_host = address.rpartition(":")[0]
         wid, sess = hello.worker_id or f"w{next(self._ids)}", hello.session
         before = self.workers.get(wid)
-        rejoin = before is not None and bool(sess) and before.session == sess
+        rejoin = self._same_process(wid, sess)
         if wid in self._conns:
             if rejoin:  # the same process on a new connection: the old one is dead, whatever TCP says yet
                 old = self._conns[wid]
@@ -633,9 +628,10 @@ class Coordinator:
 
     def _note_installed(self, conn: _Conn, version: int) -> None:
         """Record a version the worker reports installed: a published one only (nothing else exists; with
-        kappa > 1 the versions between publications never leave the learner), or one from before a resume."""
-        first = self._first_published
-        if first is not None and (version in self._published or 0 < version < first):
+        kappa > 1 the versions between publications never leave the learner), or one from before a resume
+        (below the first this coordinator published, in `_bcast`: not known here)."""
+        first = next(iter(self._bcast), None)
+        if first is not None and (version in self._bcast or 0 < version < first):
             conn.info.installed.add(version)
 
     def _claims_lie(self, conn: _Conn, groups: tuple[Any, ...]) -> bool:

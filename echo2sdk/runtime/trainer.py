@@ -415,8 +415,7 @@ class Trainer:
         state = self.ops.snapshot_state(self.cfg.learner.snapshot_dtype)
         checkpoint.record_published(self.out, self.version)
         self._publish(self.version, state)
-        self._published.append(self.version)
-        self._keep_for_replay(self.version, state)
+        self._note_published(self.version, state)
         log.info("resumed from %s: step %d, version %d (checkpoint v%d, published up to v%d); buffer starts empty",
                  ckpt.path, self.step, self.version, ckpt.version, published)
 
@@ -547,6 +546,11 @@ class Trainer:
     def _replaying(self) -> bool:
         return self.audit is not None and self.cfg.learner.audit_replay > 0
 
+    def _note_published(self, version: int, state: dict[str, Any]) -> None:
+        """A version just published: listed (T_bcast at the run's end) and kept for the audit's replay."""
+        self._published.append(version)
+        self._keep_for_replay(version, state)
+
     def _keep_for_replay(self, version: int, state: dict[str, Any]) -> None:
         """Keep a published snapshot (the state being serialized, not a copy) while a record may claim it:
         versions below v_t - S are no longer admitted (the buffer drops them)."""
@@ -568,8 +572,7 @@ class Trainer:
         t0 = time.perf_counter()
         lagged: dict[str, list] = {}
         for t in (t for g in groups for t in g):
-            trained = t.meta.loss_mask is None or any(t.meta.loss_mask)
-            if not t.meta.off_policy and trained and t.version < self.version and t.version in self._replay_states:
+            if not t.meta.off_policy and t.meta.trains and t.version < self.version and t.version in self._replay_states:
                 lagged.setdefault(t.meta.worker, []).append(t)
         n = self.cfg.learner.audit_replay
         picked = [t for w in sorted(lagged) for t in self._replay_rng.sample(lagged[w], min(n, len(lagged[w])))]
@@ -628,8 +631,7 @@ class Trainer:
         state = self.ops.snapshot_state(self.cfg.learner.snapshot_dtype)  # copy now; serialize off-thread
         checkpoint.record_published(self.out, self.version)  # before the version leaves the learner
         publisher.submit(self._publish, self.version, state)
-        self._published.append(self.version)
-        self._keep_for_replay(self.version, state)
+        self._note_published(self.version, state)
         return time.perf_counter() - t0
 
     def _pool_counters(self) -> dict[str, int | float]:
@@ -869,8 +871,7 @@ class Trainer:
         checkpoint.record_published(self.out, self.version)
         state = self.ops.snapshot_state(self.cfg.learner.snapshot_dtype)
         self._publish(self.version, state)
-        self._published.append(self.version)
-        self._keep_for_replay(self.version, state)
+        self._note_published(self.version, state)
         t_bcast = None
         deadline = time.monotonic() + timeout_s
         while t_bcast is None and time.monotonic() < deadline:
