@@ -238,7 +238,7 @@ def main() -> None:
     g.add_argument("--model", default="smollm2-135m")
     g.add_argument("--other", default="tiny-random")
     g.add_argument("--lags", type=int, default=3)
-    g.add_argument("--lr", type=float, default=3e-6)  # the main job's (examples/math_smollm2.toml)
+    g.add_argument("--lr", type=float, default=3e-6)  # the main job's before it moved to 1e-5 (docs/security.md's runs)
     g.add_argument("--temperature", type=float, default=0.8)
     g.add_argument("--max-new-tokens", type=int, default=48)
     g.add_argument("--prompts", type=int, default=8)

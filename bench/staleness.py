@@ -1,6 +1,8 @@
 """RL quality under bounded staleness (paper §5.3, Figure 3(b)): the demo task trained once per staleness budget S,
 with and without the truncated importance weight w_t = min(pi_old / pi_sampler, C) (learner.importance_weight),
-per seed; reward and accuracy per learner step and against wall time, and the staleness each run realized.
+per seed; reward and accuracy per learner step and against wall time, and the staleness each run realized. Reward
+and accuracy are those of every group the workers completed since the previous step (metrics.jsonl
+`rollout_reward_mean`, `rollout_accuracy`): under dynamic sampling the trained batch holds mixed-reward groups only.
 
     PYTHONPATH=$PWD .venv/bin/python bench/staleness.py [--model smollm2-135m] [--steps 30] [--seeds 0]
         [--S 2,3,4,6,11] [--importance-weight on,off] [--workers N] [--set KEY=VALUE ...] [--out runs/bench_staleness]
@@ -94,12 +96,15 @@ def measurements(run_dir: Path, S: int, last: int) -> dict[str, Any]:
         for counts in run.histograms.get("staleness", {}).values():
             for d, n in counts.items():
                 hist[int(d)] = hist.get(int(d), 0) + n
-    reward = [r["reward_mean"] for r in rows]
-    accuracy = [r["accuracy"] for r in rows]
+    # the policy's level: every group the workers completed since the previous step, filtered or not (under
+    # dynamic sampling the trained batch holds groups with mixed rewards only, whatever the policy's level)
+    reward = [r.get("rollout_reward_mean") for r in rows]
+    accuracy = [r.get("rollout_accuracy") for r in rows]
     gaps = [g for r in rows for g in (r.get("sampler_gap") or {}).values() if g == g]  # NaN-free
     return {
         "R": run.summary.get("R"),
-        "reward": [round(x, 4) for x in reward],
+        "reward": [None if x is None else round(x, 4) for x in reward],
+        "batch_reward": [round(r["reward_mean"], 4) for r in rows],  # of the records trained on
         "accuracy": [None if a is None else round(a, 4) for a in accuracy],
         "time_s": [r["time_s"] for r in rows],  # since the run's start, at the end of each step
         "step_wall_s": [r["t_step_wall_s"] for r in rows],
@@ -163,6 +168,12 @@ def delta_stats(hist: dict[int, int], S: int) -> dict[str, Any]:
             "p50": quantile(0.5), "p90": quantile(0.9), "frac_at_S": round(hist.get(S, 0) / n, 4)}
 
 
+def _seed_mean(runs: list[dict[str, Any]], key: str, i: int) -> float:
+    """Step i's `key` averaged over seeds, NaN (a gap in the plot) when no seed has it (no group completed)."""
+    xs = [r[key][i] for r in runs if r[key][i] is not None]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
 def _mean(xs: list) -> float | None:
     xs = [x for x in xs if x is not None]
     return round(statistics.fmean(xs), 4) if xs else None
@@ -218,9 +229,9 @@ def plot(rows: list[dict[str, Any]], path: Path, smooth: int) -> None:
                      label=f"S={S} (kappa={S - 1}) IS {'on' if weight else 'off'}, {len(runs)} seed(s)")
         n = min(len(r["reward"]) for r in runs)
         steps = list(range(1, n + 1))
-        reward = _smooth([statistics.fmean(r["reward"][i] for r in runs) for i in range(n)], smooth)
+        reward = _smooth([_seed_mean(runs, "reward", i) for i in range(n)], smooth)
         wall = [statistics.fmean(r["time_s"][i] for r in runs) for i in range(n)]
-        acc = [statistics.fmean(r["accuracy"][i] or 0.0 for r in runs) for i in range(n)]
+        acc = [_seed_mean(runs, "accuracy", i) for i in range(n)]
         ax_r.plot(steps, reward, **style)
         ax_t.plot(wall, reward, **style)
         ax_a.plot(steps, _smooth(acc, smooth), **style)
@@ -250,7 +261,9 @@ def plot(rows: list[dict[str, Any]], path: Path, smooth: int) -> None:
 
 
 def _smooth(xs: list[float], k: int) -> list[float]:
-    return [statistics.fmean(xs[max(0, i - k + 1) : i + 1]) for i in range(len(xs))]
+    """Trailing mean of k values, NaN (a gap) skipped."""
+    windows = ([x for x in xs[max(0, i - k + 1) : i + 1] if x == x] for i in range(len(xs)))
+    return [statistics.fmean(w) if w else float("nan") for w in windows]
 
 
 def _ints(text: str) -> list[int]:
@@ -268,7 +281,7 @@ def _weights(text: str) -> list[bool]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model.policy (tiny-random for a smoke test)")
-    p.add_argument("--steps", type=int, default=30, help="learner steps per run")
+    p.add_argument("--steps", type=int, default=20, help="learner steps per run (the demo's 20)")
     p.add_argument("--seeds", type=_ints, default=[0], help="run.seed values, comma-separated")
     p.add_argument("--S", type=_ints, default=[2, 3, 4, 6, 11], help="staleness budgets, comma-separated (>= 2)")
     p.add_argument("--importance-weight", type=_weights, default=[True, False], help="on,off (default both)")

@@ -104,10 +104,15 @@ def _reward(fig: Any, run: Run) -> str | None:
     times = [r["time_s"] / scale for r in rows]
     mean = [r["reward_mean"] for r in rows]
     std = [r.get("reward_std") or 0.0 for r in rows]
+    # every completed group, filtered or not (dynamic sampling trains on mixed-reward groups only)
+    rollout = [r.get("rollout_reward_mean") for r in rows]
+    rollout_acc = [100 * r["rollout_accuracy"] if r.get("rollout_accuracy") is not None else None for r in rows]
     for ax, xs, xlabel in ((axes[0][0], steps, "learner step"), (axes[0][1], times, f"wall time ({unit})")):
         ax.plot(xs, mean, **_line(rows), label="mean reward of the batch")
         ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
                         label="+-1 std")
+        if any(x is not None for x in rollout):
+            ax.plot(xs, rollout, **_line(rows), color="tab:orange", label="mean reward of all completed groups")
         ax.set(xlabel=xlabel, ylabel="reward", title=f"Reward vs {xlabel.split(' (')[0]}")
         if xs is steps:
             _integer_ticks(ax)
@@ -116,9 +121,12 @@ def _reward(fig: Any, run: Run) -> str | None:
     if has_acc:
         acc = [100 * r["accuracy"] if r.get("accuracy") is not None else None for r in rows]
         for ax, xs, xlabel in ((axes[1][0], steps, "learner step"), (axes[1][1], times, f"wall time ({unit})")):
-            ax.plot(xs, acc, **_line(rows), color="tab:green")
-            ax.set(xlabel=xlabel, ylabel="accuracy (% of batch correct)", ylim=(-3, 103),
+            ax.plot(xs, acc, **_line(rows), color="tab:green", label="the batch")
+            if any(x is not None for x in rollout_acc):
+                ax.plot(xs, rollout_acc, **_line(rows), color="tab:orange", label="all completed groups")
+            ax.set(xlabel=xlabel, ylabel="accuracy (% correct)", ylim=(-3, 103),
                    title=f"Accuracy vs {xlabel.split(' (')[0]}")
+            ax.legend(fontsize=8, loc="lower right")
             if xs is steps:
                 _integer_ticks(ax)
             ax.grid(alpha=0.3)

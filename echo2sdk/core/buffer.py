@@ -113,6 +113,9 @@ class StalenessBuffer:
         self._filtered_since = 0  # groups filtered since the last sample
         self._filtered_groups = self._completed_groups = self._fallback_groups = 0
         self._filtered = 0  # records of filtered groups dropped unsampled
+        # Every completed group's records, filtered or not: what the workers produce, not what the learner trains on.
+        self._completed_records = self._completed_correct = self._completed_scored = 0
+        self._completed_reward = 0.0
 
         self._admitted = 0
         self._sampled = 0
@@ -265,6 +268,10 @@ class StalenessBuffer:
                 "ready_groups": len(self._ready),
                 "filtered": self._filtered,
                 "completed_groups": self._completed_groups,
+                "completed_records": self._completed_records,
+                "completed_reward_sum": self._completed_reward,
+                "completed_scored": self._completed_scored,  # records whose meta.extra has "correct"
+                "completed_correct": self._completed_correct,
                 "filtered_groups": self._filtered_groups,
                 "fallback_groups": self._fallback_groups,
                 "aside_groups": len(self._aside),
@@ -310,6 +317,11 @@ class StalenessBuffer:
 
     def _complete(self, key: GroupKey, records: list[Trajectory]) -> None:
         self._completed_groups += 1
+        self._completed_records += len(records)
+        self._completed_reward += sum(t.reward for t in records)
+        correct = [t.meta.extra.get("correct") for t in records]
+        self._completed_scored += sum(c is not None for c in correct)
+        self._completed_correct += sum(bool(c) for c in correct)
         if self.filter_zero_variance and not has_signal(records):
             self._filtered_groups += 1
             self._filtered_since += 1

@@ -167,6 +167,8 @@ def metrics_row(
     records_withheld: int = 0,
     groups_filtered: int = 0,
     groups_filtered_frac: float = 0.0,
+    rollout_reward_mean: float | None = None,
+    rollout_accuracy: float | None = None,
 ) -> dict[str, Any]:
     """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
     (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
@@ -187,6 +189,10 @@ def metrics_row(
         "reward_mean": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
         "accuracy": statistics.fmean(bool(c) for c in correct) if correct else None,
+        # every group completed since the previous step, filtered or not: the policy's level, which the trained
+        # batch's reward and accuracy are not under dynamic sampling (it keeps the groups with mixed rewards)
+        "rollout_reward_mean": rollout_reward_mean,
+        "rollout_accuracy": rollout_accuracy,
         "staleness_max": max(deltas),
         "staleness_mean": statistics.fmean(deltas),
         "trajectories": len(records),
@@ -290,6 +296,7 @@ class Trainer:
         # the worker audit (core/audit.py); None when learner.lie_threshold is 0
         self.audit = SamplerAudit(lt.lie_threshold, lt.lie_var_threshold) if lt.lie_threshold else None
         self.batches_withheld = 0  # batches the audit's screen withheld whole (not counted as dropped)
+        self._completed_seen = (0, 0.0, 0, 0)  # the buffer's completed_* counters at the previous step
         # the audit's replay: the published snapshots of the admissible window, by version (learner.audit_replay)
         self._replay_states: dict[int, dict[str, Any]] = {}
         self._replay_rng = random.SystemRandom()  # a worker cannot predict which of its records are replayed
@@ -634,9 +641,14 @@ class Trainer:
         self._note_published(self.version, state)
         return time.perf_counter() - t0
 
-    def _pool_counters(self) -> dict[str, int | float]:
+    def _pool_counters(self) -> dict[str, int | float | None]:
         buf = self.buffer.stats()
+        done = tuple(buf[k] for k in ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct"))
+        (n0, reward0, scored0, correct0), self._completed_seen = self._completed_seen, done
+        n, reward, scored, correct = done
         return {
+            "rollout_reward_mean": (reward - reward0) / (n - n0) if n > n0 else None,
+            "rollout_accuracy": (correct - correct0) / (scored - scored0) if scored > scored0 else None,
             "rejected": sum(self.coordinator.rejected.values()),
             "evicted": buf["evicted"],
             "groups_filtered": buf["filtered_groups"],
@@ -654,7 +666,8 @@ class Trainer:
         self.sinks.log(row["step"], row)
         self._metrics_bytes = self.sinks["jsonl"].tell()
         bar.update(1)
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row['accuracy'] or 0:.2f}",
+        acc = row["rollout_accuracy"] if row["rollout_accuracy"] is not None else row["accuracy"]
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{acc or 0:.2f}",
                         wait=f"{row['learner_wait_s']:.1f}s")
 
     def _publish(self, version: int, state: dict) -> None:
@@ -763,7 +776,10 @@ class Trainer:
     def summary(self, wall_s: float) -> dict[str, Any]:
         rows, cfg = self.rows, self.cfg
         head, tail = rows[:5], rows[-5:]
-        mean = lambda rs, key: statistics.fmean(r[key] for r in rs) if rs else None  # noqa: E731
+        def mean(rs: list[dict[str, Any]], key: str) -> float | None:
+            values = [r[key] for r in rs if r.get(key) is not None]
+            return statistics.fmean(values) if values else None
+
         t_train = statistics.median(r["t_train_s"] for r in rows) if rows else 0.0  # rows: none if stopped at once
         bcasts = [r["t_bcast_s"] for r in rows if r["t_bcast_s"] is not None]
         t_bcast = statistics.median(bcasts) if bcasts else 0.0
@@ -783,6 +799,8 @@ class Trainer:
             "reward_last5": mean(tail, "reward_mean"),
             "accuracy_first5": mean(head, "accuracy"),
             "accuracy_last5": mean(tail, "accuracy"),
+            "rollout_accuracy_first5": mean(head, "rollout_accuracy"),  # every completed group, filtered or not
+            "rollout_accuracy_last5": mean(tail, "rollout_accuracy"),
             "staleness_max": max((r["staleness_max"] for r in rows), default=0),
             "S": cfg.learner.staleness,
             "kappa": kappa,

@@ -447,6 +447,20 @@ def test_zero_variance_groups_are_filtered_and_counted():
     assert unfiltered.ready_groups() == 1
 
 
+def test_completed_groups_are_summed_filtered_or_not():
+    """The rollout-level reward and accuracy (metrics rollout_*) count every completed group, filtered ones too."""
+    buf = StalenessBuffer(staleness=1, group_size=2, filter_zero_variance=True)
+    right = [r.model_copy(update={"meta": r.meta.model_copy(update={"extra": {"correct": True}})})
+             for r in uniform("a", 0, reward=1.1)]
+    buf.add_group(right, **LIMITS)  # filtered: both right
+    buf.add_group(group("b", 0), **LIMITS)  # rewards 0 and 1, no "correct" key
+    buf.add(rec("c", 0), **LIMITS)  # incomplete: not counted
+    s = buf.stats()
+    assert (s["filtered_groups"], s["completed_groups"], s["completed_records"]) == (1, 2, 4)
+    assert s["completed_reward_sum"] == pytest.approx(2.2 + 1.0)
+    assert (s["completed_scored"], s["completed_correct"]) == (2, 2)
+
+
 def test_fallback_fills_the_batch_with_the_newest_filtered_groups():
     buf = StalenessBuffer(staleness=2, group_size=2, filter_zero_variance=True, fallback_after=2)
     buf.add_group(group("info", 0), **LIMITS)

@@ -21,6 +21,7 @@ ROW = {
     "step": int, "version": int, "time_s": float, "t_train_s": float, "t_forward_s": float,
     "t_backward_s": float, "t_optim_s": float, "t_publish_s": float, "t_step_wall_s": float,
     "learner_wait_s": float, "reward_mean": float, "reward_std": float, "accuracy": (float, None),
+    "rollout_reward_mean": (float, None), "rollout_accuracy": (float, None),
     "staleness_max": int, "staleness_mean": float, "trajectories": int, "tokens": int, "rejected": int,
     "evicted": int, "groups_filtered": int, "groups_filtered_frac": float, "loss": float, "kl": float,
     "clip_frac": float, "is_weight_mean": float, "is_truncated_frac": float, "grad_norm": float, "lr": float,
