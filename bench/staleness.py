@@ -27,10 +27,10 @@ Output (under --out): one folder per run (runs/S<S>-iw<on|off>-seed<seed>/, `ech
 accuracy vs step, realized Delta distribution; one line per (S, weight) config, the mean over seeds, a trailing
 moving average of --smooth steps).
 
-Full sweep (not measured yet): 5 S x 2 x 1 seed = 10 runs of 30 SmolLM2-135M steps; the README's S = 3 run took
-11:25 on this 2-core machine (learner waiting on 2 workers, 22.9 s/step), so ~12 min a run and ~2 h in all:
+Full sweep: 5 S x 2 x 1 seed = 10 runs of the demo's 20 SmolLM2-135M steps, ~10 min a run on the 2-core
+machine (the README's S = 3 run: 9:48), ~100 min in all; docs/recipes.md has what was measured:
 
-    PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/staleness.py --model smollm2-135m --steps 30 --seeds 0 \\
+    PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/staleness.py --model smollm2-135m --steps 20 --seeds 0 \\
         --S 2,3,4,6,11 --importance-weight on,off --out runs/bench_staleness
 
 Smoke test (tiny random model, whose reward is always 0: this checks the pipeline, not the finding):

@@ -151,12 +151,17 @@ def format_table(
     for label, cells in table.items():
         for o, c in cells.items():
             if c.stats:
-                s = c.stats
-                out.append(
-                    f"{label} vs {o}: win rate {s['win_rate']:.0%}, draws {s['draws']}, gold {s['gold_diff']:+.0f}, "
-                    f"XP {s['xp_diff']:+.0f}, kills {s['kills']:.2f}, deaths {s['deaths']:.2f}"
-                )
+                out.append(f"{label} vs {o}: " + ", ".join(_stat(k, v) for k, v in c.stats.items()))
     return "\n".join(out)
+
+
+def _stat(key: str, value: Any) -> str:
+    """One plug-in statistic as text: a *_rate as a percentage, a *_diff signed, other floats to 2 places."""
+    if isinstance(value, float):
+        text = f"{value:.0%}" if key.endswith("_rate") else f"{value:+.2f}" if key.endswith("_diff") else f"{value:.2f}"
+    else:
+        text = str(value)
+    return f"{key} {text}"
 
 
 # -- single-turn tasks ----------------------------------------------------------------------------------

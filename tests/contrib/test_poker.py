@@ -90,6 +90,59 @@ def test_malformed_reply_checks_or_folds_with_a_penalty():
     assert res.info["fallbacks"] == 1 and res.reward == pytest.approx(res.info["chips"] - 2.0)  # penalty: 1 big blind
 
 
+def _scripted_hands(adapter, reply, seeds):
+    """(the amount to call at the seat's first decision, the hand's result info) per hand when the seat always
+    plays reply(legal actions)."""
+    hands = []
+    for seed in seeds:
+        ep = adapter.start(next(adapter.tasks(seed)), 0)
+        to_call = ep.obs.state["to_call"]
+        while not ep.step(f"<answer>{reply(ep.obs.legal)}</answer>").done:
+            pass
+        hands.append((to_call, ep.result().info))
+    return hands
+
+
+def test_fold_preflop_vpip_and_their_rates_per_eval_cell():
+    from echo2_poker import PokerPlugin
+
+    from echo2sdk.adapters.evaluate import _stat
+
+    adapter = _adapter(opponent="calling_station")
+    folder = [i for _, i in _scripted_hands(adapter, lambda legal: "fold", range(8))]
+    assert all(i["fold_preflop"] and i["folded"] and not i["vpip"] and not i["won"] for i in folder)
+    caller = _scripted_hands(adapter, lambda legal: "call" if "call" in legal else "check", range(8))
+    assert not any(i["fold_preflop"] or i["folded"] for _, i in caller)
+    # the calling station only checks or calls: the seat puts chips in preflop exactly when it must call the
+    # small blind's missing chip; as the big blind it checks
+    assert [i["vpip"] for _, i in caller] == [to_call > 0 for to_call, _ in caller]
+    assert {i["vpip"] for _, i in caller} == {True, False}
+    stats = PokerPlugin().summarize(folder + [i for _, i in caller])
+    assert stats["hands"] == 16 and stats["fold_preflop_rate"] == stats["fold_rate"] == 0.5
+    assert stats["vpip_rate"] == sum(i["vpip"] for _, i in caller) / 16
+    assert stats["win_rate"] == sum(i["won"] for _, i in caller) / 16
+    assert _stat("fold_preflop_rate", 0.5) == "fold_preflop_rate 50%" and _stat("gold_diff", 3.0) == "gold_diff +3.00"
+
+
+def test_free_fold_false_takes_fold_off_the_legal_actions_when_checking_is_free():
+    checked = 0
+    for free_fold in (True, False):
+        adapter = _adapter(opponent="calling_station", free_fold=free_fold)
+        for seed in range(8):
+            ep = adapter.start(next(adapter.tasks(seed)), 0)
+            if "check" not in ep.obs.legal:
+                continue
+            checked += 1
+            assert ("fold" in ep.obs.legal) == free_fold
+            assert ("Legal: fold," in ep.messages[-1]["content"]) == free_fold
+            st = ep.step("<answer>fold</answer>")
+            assert st.info["status"] == ("ok" if free_fold else "illegal")
+            assert st.info["action"] == ("fold" if free_fold else "check")
+    assert checked >= 4
+    with pytest.raises(ConfigError, match=r"env_options.free_fold must be true or false, got 'no'"):
+        _adapter(opponent="calling_station", free_fold="no").start(next(_adapter().tasks(0)), 0)
+
+
 def test_a_hand_that_ends_before_the_seat_acts_is_redealt():
     # 6-max, tight opponents fold most hands: some seeds end before seat 0 acts and must be re-dealt
     adapter = _adapter("poker://nlhe_6max_v1", opponent="tight_aggressive", seat=2)

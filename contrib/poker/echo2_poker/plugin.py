@@ -8,6 +8,9 @@ env_options:
   opponent_backend:     its inference backend (default hf)
   opponent_max_tokens:  its reply budget (default 16)
   opponent_temperature: its sampling temperature (default 0.7)
+  free_fold:            false: fold is not a legal action when checking is free, for every seat (a reply
+                        "fold" there is illegal: the fallback checks, with the penalty); default true, rlcard's
+                        rules
 
 Defaults for SandboxAdapter: serializer `envstate->chat_prompt_v2`, penalty 2 chips (one big blind) for a
 malformed or illegal reply, whose fallback is check if free, else fold.
@@ -27,7 +30,8 @@ from .serializer import ChatPromptV2
 __all__ = ["PokerPlugin", "ENV_IDS"]
 
 ENV_IDS = {"nlhe_headsup_v1": 2, "nlhe_6max_v1": 6}
-_OPTIONS = ("opponent", "seat", "opponent_model", "opponent_backend", "opponent_max_tokens", "opponent_temperature")
+_OPTIONS = ("opponent", "seat", "opponent_model", "opponent_backend", "opponent_max_tokens", "opponent_temperature",
+            "free_fold")
 
 
 class PokerPlugin:
@@ -52,6 +56,8 @@ class PokerPlugin:
                 raise NameNotFound("poker opponent", str(name), OPPONENTS)
         if isinstance(opp, (list, tuple)) and len(names) != n - 1:
             raise ConfigError(f"poker://{env_id}: env_options.opponent lists {len(names)} policies for {n - 1} other seats")
+        if not isinstance(options.get("free_fold", True), bool):
+            raise ConfigError(f"poker://{env_id}: env_options.free_fold must be true or false, got {options['free_fold']!r}")
         seat = options.get("seat", 0)
         checks.integer(f"poker://{env_id} env_options.seat", seat, lo=0, hi=n - 1, error=ConfigError)
 
@@ -60,6 +66,14 @@ class PokerPlugin:
 
         self.check(env_id, options)
         return PokerSandbox(ENV_IDS[env_id], options)
+
+    def summarize(self, extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Per-cell statistics of evaluated hands (`echo2 eval` prints them under the table): how often the seat
+        won chips, folded preflop, folded at all, and put chips in preflop voluntarily (VPIP: a call or a raise)."""
+        n = max(1, len(extras))
+        rate = lambda key: sum(bool(e.get(key)) for e in extras) / n  # noqa: E731
+        return {"hands": len(extras), "win_rate": rate("won"), "fold_preflop_rate": rate("fold_preflop"),
+                "fold_rate": rate("folded"), "vpip_rate": rate("vpip")}
 
     def components(self) -> Mapping[str, Mapping[str, Any]]:
         return {"serializer": {"envstate->chat_prompt_v2": ChatPromptV2()}}

@@ -52,6 +52,8 @@ class PokerSandbox:
         }
         if "max_tokens" in self.llm_options:
             self.llm_options["max_new_tokens"] = self.llm_options.pop("max_tokens")
+        # false: folding is not a legal action when checking is free (it can only lose what checking keeps)
+        self.free_fold = bool(options.get("free_fold", True))
         self.env = _make_env(num_players)
         self.agent = f"player_{self.seat}"
         self.chips = 0.0
@@ -88,6 +90,8 @@ class PokerSandbox:
         for a in raw["raw_legal_actions"]:
             name = ACTIONS[int(a.value)]
             names.append(("check" if to_call == 0 else "call") if name == "check_call" else name)
+        if to_call == 0 and not self.free_fold:
+            names.remove("fold")
         players = self._raw.game.players
         state = {
             "you": f"P{player}",
@@ -189,9 +193,14 @@ class PokerSandbox:
         return self.step("fold").reward
 
     def summary(self) -> dict[str, Any]:
+        mine = [(stage, name) for stage, player, name, _ in self.log if player == self.seat]
         return {
             "chips": self.chips,
             "won": self.chips > 0,
+            # what the seat played (a fallback's fold counts): the degenerate policy folds preflop every hand
+            "fold_preflop": ("preflop", "fold") in mine,
+            "folded": any(name == "fold" for _, name in mine),
+            "vpip": any(stage == "preflop" and name not in ("fold", "check") for stage, name in mine),
             "decisions": self.decisions,
             "hand_seed": self.hand_seed,
             "opponent": ",".join(sorted({p.name for p in self.policies.values()})),
