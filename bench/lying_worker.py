@@ -17,7 +17,7 @@ also carry the baseline's mean reward over the steps after the quarantine beside
 gaps: the honest audit statistics per lag on a real backend, forward passes only (no worker processes): a batch
 sampled by the hf backend from the initial weights (as a fresh worker serves them), its per-record gap
 |log pi_old - log pi_sampler| and per-group var statistic (core/audit.py) under the learner at lag 0, then after
-each of `--lags` real learner updates (lr of the main job); beside them the statistics of the same responses
+each of `--lags` real learner updates (--lr, default 3e-6: the main job's before it moved to 1e-5); beside them the statistics of the same responses
 with fabricated constant log-probs (-0.01, -0.1, -1) and of tiny-random's responses. One JSON line per lag and
 one for the liars.
 """

@@ -42,10 +42,9 @@ Prints JSON lines: the parameters (both sides' settings and what differs), one l
 per-step wall time, accuracy and reward, and the comparison; draws accuracy vs wall time and vs step for
 both in one PNG (--png).
 
-    # the full comparison (SmolLM2-135M, 30 steps each; nothing else running on the machine). Not measured
-    # yet; expect about an hour on 2 cores: echo2 ~12 min (the main job's 22.9 s/step), TRL ~35-45 min (its
-    # 3-step smoke run used ~130 CPU-s per step, in-process generation and two updates)
-    .venv/bin/python bench/vs_trl.py --model smollm2-135m --steps 30 --png runs/vs_trl/vs_trl.png
+    # the comparison in docs/recipes.md (SmolLM2-135M, 20 steps each, nothing else running on the machine):
+    # ~18 min on 2 cores (echo2 ~7 min at 20 s/step, TRL ~11 min at 34 s/step)
+    .venv/bin/python bench/vs_trl.py --model smollm2-135m --steps 20 --png runs/vs_trl/vs_trl_t12.png
     # the smoke path (tests/test_benchmarks.py):
     .venv/bin/python bench/vs_trl.py --model tiny-random --steps 2 --set rollout.max_new_tokens=8
 

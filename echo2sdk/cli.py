@@ -259,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "on --tasks held-out tasks, adapter.tasks(1000003 + seed)")
     ev.add_argument("--task-option", action="append", metavar="KEY=VALUE",
                     help="an option of the --task adapter, TOML value (repeatable), e.g. difficulty=2")
+    ev.add_argument("--env-option", action="append", metavar="KEY=VALUE",
+                    help="an env_options key of the --env sandbox, TOML value (repeatable), e.g. free_fold=false")
     ev.add_argument("--tasks", type=int, default=100, help="held-out tasks per policy (with --task)")
     ev.add_argument("--base", default="smollm2-135m", help="the base policy (model name or HF folder)")
     ev.add_argument("--trained", help="the trained policy, e.g. runs/poker/checkpoint")
@@ -350,6 +352,7 @@ def _eval(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens or 12,
         temperature=args.temperature,
         llm_opponent_model=args.base,
+        env_options=_options("--env-option", args.env_option),
         backend=args.backend,
         batch=args.batch,
         on_cell=lambda label, opp, c, dt: print(
@@ -365,24 +368,35 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_tasks(args: argparse.Namespace) -> int:
-    """`echo2 eval --task ADAPTER`: accuracy and mean reward of base (and trained) on held-out tasks."""
-    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate_tasks, format_task_table
+def _options(flag: str, items: list[str] | None) -> dict[str, object]:
+    """KEY=VALUE items of a repeatable flag -> {key: TOML value}; a bare word is a string, as with --set."""
     import tomllib
 
     from echo2sdk.errors import ConfigError
 
-    if args.env:
-        raise ConfigError(f"echo2 eval: give --task or --env, not both (got --task {args.task} --env {args.env})")
-    options = {}
-    for item in args.task_option or []:
+    options: dict[str, object] = {}
+    for item in items or []:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--task-option expects KEY=VALUE, got {item!r}")
+            raise ConfigError(f"{flag} expects KEY=VALUE, got {item!r}")
         try:
             options[key.strip()] = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:  # a bare word is a string, as with --set
+        except tomllib.TOMLDecodeError:
             options[key.strip()] = text.strip()
+    return options
+
+
+def _eval_tasks(args: argparse.Namespace) -> int:
+    """`echo2 eval --task ADAPTER`: accuracy and mean reward of base (and trained) on held-out tasks."""
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate_tasks, format_task_table
+    from echo2sdk.errors import ConfigError
+
+    if args.env:
+        raise ConfigError(f"echo2 eval: give --task or --env, not both (got --task {args.task} --env {args.env})")
+    if args.env_option:
+        raise ConfigError(f"echo2 eval: --env-option is for --env sandboxes; a --task adapter takes --task-option "
+                          f"(got --env-option {args.env_option[0]!r})")
+    options = _options("--task-option", args.task_option)
     policies = {f"base ({args.base})": args.base}
     if args.trained:
         policies[f"trained ({args.trained})"] = args.trained

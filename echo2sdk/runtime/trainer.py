@@ -173,7 +173,7 @@ def metrics_row(
     """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
     (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
     rewards = [t.reward for t in records]
-    correct = [t.meta.extra.get("correct") for t in records]
+    scored = [c for c in (t.meta.extra.get("correct") for t in records) if c is not None]
     t_q, t_all = t_bcast
     return {
         "step": step,
@@ -188,7 +188,7 @@ def metrics_row(
         "learner_wait_s": round(wait_s, 4),
         "reward_mean": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
-        "accuracy": statistics.fmean(bool(c) for c in correct) if correct else None,
+        "accuracy": statistics.fmean(bool(c) for c in scored) if scored else None,  # None: the task scores no "correct"
         # every group completed since the previous step, filtered or not: the policy's level, which the trained
         # batch's reward and accuracy are not under dynamic sampling (it keeps the groups with mixed rewards)
         "rollout_reward_mean": rollout_reward_mean,
@@ -224,6 +224,17 @@ def metrics_row(
         "batches_dropped": batches_dropped,  # so far: batches the learner step raised on (Trainer._learn)
         "batches_withheld": batches_withheld,  # so far: batches the audit's screen withheld whole (records_withheld)
         "records_withheld_total": records_withheld,  # so far
+    }
+
+
+def rollout_means(before: tuple, now: tuple) -> dict[str, float | None]:
+    """rollout_reward_mean and rollout_accuracy of the groups completed between two readings of the buffer's
+    (completed_records, completed_reward_sum, completed_scored, completed_correct); None where none (or no
+    scored record) completed."""
+    (n0, reward0, scored0, correct0), (n, reward, scored, correct) = before, now
+    return {
+        "rollout_reward_mean": (reward - reward0) / (n - n0) if n > n0 else None,
+        "rollout_accuracy": (correct - correct0) / (scored - scored0) if scored > scored0 else None,
     }
 
 
@@ -644,11 +655,9 @@ class Trainer:
     def _pool_counters(self) -> dict[str, int | float | None]:
         buf = self.buffer.stats()
         done = tuple(buf[k] for k in ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct"))
-        (n0, reward0, scored0, correct0), self._completed_seen = self._completed_seen, done
-        n, reward, scored, correct = done
+        before, self._completed_seen = self._completed_seen, done
         return {
-            "rollout_reward_mean": (reward - reward0) / (n - n0) if n > n0 else None,
-            "rollout_accuracy": (correct - correct0) / (scored - scored0) if scored > scored0 else None,
+            **rollout_means(before, done),
             "rejected": sum(self.coordinator.rejected.values()),
             "evicted": buf["evicted"],
             "groups_filtered": buf["filtered_groups"],
@@ -666,9 +675,11 @@ class Trainer:
         self.sinks.log(row["step"], row)
         self._metrics_bytes = self.sinks["jsonl"].tell()
         bar.update(1)
+        # the workers' level (every completed group) where the step has one, else the trained batch's
+        reward = row["rollout_reward_mean"] if row["rollout_reward_mean"] is not None else row["reward_mean"]
         acc = row["rollout_accuracy"] if row["rollout_accuracy"] is not None else row["accuracy"]
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{acc or 0:.2f}",
-                        wait=f"{row['learner_wait_s']:.1f}s")
+        postfix = {"reward": f"{reward:.3f}", **({"acc": f"{acc:.2f}"} if acc is not None else {})}
+        bar.set_postfix(**postfix, wait=f"{row['learner_wait_s']:.1f}s")
 
     def _publish(self, version: int, state: dict) -> None:
         """Runs on the publisher thread: the state is already a private, cast copy."""
@@ -799,7 +810,9 @@ class Trainer:
             "reward_last5": mean(tail, "reward_mean"),
             "accuracy_first5": mean(head, "accuracy"),
             "accuracy_last5": mean(tail, "accuracy"),
-            "rollout_accuracy_first5": mean(head, "rollout_accuracy"),  # every completed group, filtered or not
+            "rollout_reward_first5": mean(head, "rollout_reward_mean"),  # every completed group, filtered or not
+            "rollout_reward_last5": mean(tail, "rollout_reward_mean"),
+            "rollout_accuracy_first5": mean(head, "rollout_accuracy"),
             "rollout_accuracy_last5": mean(tail, "rollout_accuracy"),
             "staleness_max": max((r["staleness_max"] for r in rows), default=0),
             "S": cfg.learner.staleness,

@@ -76,7 +76,8 @@ def test_eval_prints_table4_layout_and_pairs_the_hands():
 
     tiny = resolve_model("tiny-random")
     cmd = [sys.executable, "-m", "echo2sdk.cli", "eval", "--base", tiny, "--trained", tiny, "--hands", "6",
-           "--opponents", "calling_station,tight_aggressive,loose_aggressive,llm", "--max-new-tokens", "4"]
+           "--opponents", "calling_station,tight_aggressive,loose_aggressive,llm", "--max-new-tokens", "4",
+           "--env-option", "free_fold=false"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.splitlines()
@@ -87,6 +88,8 @@ def test_eval_prints_table4_layout_and_pairs_the_hands():
     base, trained = lines[3], lines[4]
     assert base.startswith("| base") and trained.startswith("| trained") and "±" in base
     assert base.split("|")[2:] == trained.split("|")[2:]  # the same policy on the same seeded hands: the same numbers
+    stats = [line for line in lines if line.startswith("base (") and " vs " in line]
+    assert len(stats) == 4 and all("fold_preflop_rate" in line and "vpip_rate" in line for line in stats)
 
 
 def test_importing_the_data_plane_is_cheap():

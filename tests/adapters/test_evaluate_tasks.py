@@ -51,6 +51,9 @@ def test_cli_refuses_task_and_env_together():
     r = subprocess.run([sys.executable, "-m", "echo2sdk.cli", "eval", "--task", "toy", "--env", "gym://FrozenLake-v1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "give --task or --env, not both" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "echo2sdk.cli", "eval", "--task", "toy", "--env-option", "free_fold=false"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--env-option is for --env sandboxes" in r.stderr
 
 
 @pytest.mark.integration

@@ -144,6 +144,19 @@ def test_metrics_row_keys_and_types_without_a_run():
     _check_row(row)
     assert row["reward_mean"] == 0.5 and row["accuracy"] == 0.5 and row["task"] == {"correct": 0.5, "turns": 2.0}
     assert (row["t_bcast_s"], row["t_bcast_all_s"], row["staleness_max"]) == (0.25, 0.5, 1)
+    unscored = [SimpleNamespace(reward=-1.0, version=3, meta=SimpleNamespace(extra={"chips": -1.0}))] * 2
+    row = metrics_row(2, 4, unscored, [1, 1], st, time_s=3.0, wall_s=0.6, wait_s=0.1, publish_s=0.0,
+                      t_bcast=(None, None), rejected=0, evicted=0, workers_alive=2, broadcast_repairs=0)
+    assert row["accuracy"] is None  # a task that scores no "correct" (poker) has no accuracy, not 0
+
+
+def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
+    from echo2sdk.runtime.trainer import rollout_means
+
+    before, now = (8, 4.4, 8, 4), (16, 10.0, 12, 7)  # 8 more records, 4 of them scored, 3 of those correct
+    assert rollout_means(before, now) == {"rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75}
+    assert rollout_means(now, now) == {"rollout_reward_mean": None, "rollout_accuracy": None}
+    assert rollout_means((0, 0.0, 0, 0), (4, -2.0, 0, 0)) == {"rollout_reward_mean": -0.5, "rollout_accuracy": None}
 
 
 def test_builders_fit_the_constructors(tmp_path):
