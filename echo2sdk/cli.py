@@ -41,7 +41,8 @@ def _run(args: argparse.Namespace) -> int:
     if not summary:  # a torchrun rank other than 0
         return 0
     keep = ("steps", "wall_s", "reward_first5", "reward_last5", "accuracy_first5", "accuracy_last5",
-            "rollout_accuracy_first5", "rollout_accuracy_last5", "staleness_max", "T_train_median_s", "T_bcast_median_s", "bubble_ratio", "checkpoint", "stopped")
+            "rollout_accuracy_first5", "rollout_accuracy_last5", "staleness_max", "T_train_median_s",
+            "T_bcast_median_s", "bubble_ratio", "checkpoint", "stopped")
     print(json.dumps({k: summary[k] for k in keep}, indent=2))
     stopped = summary.get("stopped")
     return 128 + int(getattr(signal, stopped)) if stopped else 0  # the shell's convention for a signal

@@ -106,7 +106,7 @@ def _reward(fig: Any, run: Run) -> str | None:
     std = [r.get("reward_std") or 0.0 for r in rows]
     # every completed group, filtered or not (dynamic sampling trains on mixed-reward groups only)
     rollout = [r.get("rollout_reward_mean") for r in rows]
-    rollout_acc = [100 * r["rollout_accuracy"] if r.get("rollout_accuracy") is not None else None for r in rows]
+    rollout_acc = _percent(rows, "rollout_accuracy")
     for ax, xs, xlabel in ((axes[0][0], steps, "learner step"), (axes[0][1], times, f"wall time ({unit})")):
         ax.plot(xs, mean, **_line(rows), label="mean reward of the batch")
         ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
@@ -119,7 +119,7 @@ def _reward(fig: Any, run: Run) -> str | None:
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
     if has_acc:
-        acc = [100 * r["accuracy"] if r.get("accuracy") is not None else None for r in rows]
+        acc = _percent(rows, "accuracy")
         for ax, xs, xlabel in ((axes[1][0], steps, "learner step"), (axes[1][1], times, f"wall time ({unit})")):
             ax.plot(xs, acc, **_line(rows), color="tab:green", label="the batch")
             if any(x is not None for x in rollout_acc):
@@ -334,6 +334,11 @@ def _integer_ticks(ax: Any, which: str = "x") -> None:
 def _time_unit(rows: list[dict[str, Any]]) -> tuple[float, str]:
     longest = max(r["time_s"] for r in rows)
     return (1.0, "s") if longest < 300 else (60.0, "min") if longest < 3 * 3600 else (3600.0, "h")
+
+
+def _percent(rows: list[dict[str, Any]], key: str) -> list[float | None]:
+    """A fraction column of the rows as percentages, None where a row lacks it."""
+    return [100 * r[key] if r.get(key) is not None else None for r in rows]
 
 
 def _line(rows: list[dict[str, Any]], marker: str = "o") -> dict[str, Any]:
