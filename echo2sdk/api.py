@@ -124,8 +124,11 @@ class Echo2:
         if self.config.scheduler.enabled and not getattr(self, "_calibrated", False):
             self.warmup()
         tr = self._trainer_()
+        clean = False
         try:
-            return tr.run()
+            out = tr.run()
+            clean = True
+            return out
         finally:
-            tr.close()
+            tr.close(clean)
             self._trainer = None

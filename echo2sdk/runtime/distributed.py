@@ -75,10 +75,16 @@ def init(topo: Topology) -> None:
     log.info("rank %d of %d joined (%s)", topo.rank, topo.world, backend)
 
 
-def shutdown() -> None:
+def shutdown(clean: bool = False) -> None:
+    """Leave the process group. After a `clean` finish every rank first meets at a barrier (which also waits
+    for the rank's pending collectives): a rank that tore down its gloo pairs while a peer still had work on
+    them aborted now and then ("terminate called without an active exception"). After a failure no barrier:
+    a dead peer would hold it for TIMEOUT, and torchrun stops the others anyway."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 

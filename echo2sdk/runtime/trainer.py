@@ -1009,7 +1009,9 @@ class Trainer:
             reset_run_files(self.out)
         self.sinks = load_sinks(self.cfg.run.log_to, self.out, self.cfg.model_dump(mode="json"))
 
-    def close(self) -> None:
+    def close(self, clean: bool = False) -> None:
+        """Stop everything the run started. `clean`: the run finished without an error (the torchrun ranks
+        then leave the process group together)."""
         self._stop_scheduler()
         if self.status is not None:
             self.status.stop()
@@ -1035,7 +1037,7 @@ class Trainer:
                     p.wait()
         self.procs.clear()
         if self.topo.world > 1:
-            distributed.shutdown()
+            distributed.shutdown(clean)
 
 
 def _given_token(cfg: Config) -> str | None:

@@ -57,7 +57,7 @@ RANK_SCRIPT = textwrap.dedent('''
     else:
         assert distributed.follow(learner) == 1  # the step, the gathered model and optimizer states, stop
         grads = [p.grad.full_tensor() for p in learner.model.parameters() if p.grad is not None]  # as rank 0
-    distributed.shutdown()
+    distributed.shutdown(clean=True)
 ''')
 
 KW = dict(lr=1e-3, precision="fp32", beta=0.1, micro_batch=3, threads=1, device="cpu",  # gloo ranks: CPU
