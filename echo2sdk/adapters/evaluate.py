@@ -3,7 +3,8 @@
 Rows are policies (the base model and the trained checkpoint), columns are opponents (three rule-based
 policies and an LLM opponent), cells are the mean net chip change per hand with a 95 % confidence
 interval (normal approximation, 1.96 standard errors) over the same seeded hands for every row, so
-rows differ only by the policy. The chip change is the env's outcome (`meta.extra.chips`), without the
+rows differ only by the policy; the hands come from `adapter.tasks(HELD_OUT_SEED + seed)`, never the deals of a
+training run (which reads `adapter.tasks(run.seed)`). The chip change is the env's outcome (`meta.extra.chips`), without the
 training penalty for malformed replies; the fallback rate is reported beside it.
 
     echo2 eval --env poker://nlhe_headsup_v1 --trained runs/poker/checkpoint --hands 200
@@ -31,7 +32,7 @@ __all__ = ["Cell", "TaskScores", "evaluate", "evaluate_tasks", "format_table", "
            "DEFAULT_OPPONENTS", "HELD_OUT_SEED"]
 
 DEFAULT_OPPONENTS = ("calling_station", "tight_aggressive", "loose_aggressive", "llm")
-HELD_OUT_SEED = 1_000_003  # single-turn evaluation reads adapter.tasks(HELD_OUT_SEED + seed)
+HELD_OUT_SEED = 1_000_003  # evaluation reads adapter.tasks(HELD_OUT_SEED + seed): tasks or hands, never training's
 
 
 @dataclass
@@ -100,7 +101,7 @@ def evaluate(
                 if opp == "llm":
                     opts.setdefault("opponent_model", llm_opponent_model or base_model)
                 adapter = SandboxAdapter(env=env, env_options=opts, max_action_tokens=max_new_tokens)
-                stream = adapter.tasks(seed)
+                stream = adapter.tasks(HELD_OUT_SEED + seed)  # hands no training run with run.seed = seed deals
                 tasks = [next(stream) for _ in range(hands)]
                 values: list[float] = []
                 extras: list[dict[str, Any]] = []
@@ -138,7 +139,7 @@ def format_table(
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(x.ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
     out = [
-        f"Net {metric} change per {unit} on {env}: mean ± 95% CI over {hands} seeded {unit}s (seed {seed}), "
+        f"Net {metric} change per {unit} on {env}: mean ± 95% CI over {hands} held-out seeded {unit}s (seed {seed}), "
         f"the same {unit}s for every row. Positive = profit.",
         line(head),
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",

@@ -198,3 +198,48 @@ def test_poker_conformance_with_a_real_model(tiny, env):
     with HFBackend(tiny) as backend:
         report = check_adapter(SandboxAdapter(env=env, max_action_tokens=6), backend=backend, n=2, groups=2)
     assert report["records"] == 4 and report["failed"] == 0
+
+
+def test_describe_hand_names_the_seats_own_hand_in_the_state():
+    from echo2_poker.cards import describe_hand
+
+    # preflop_strength: AKs 0.775, QJo 0.615, 87s 0.475, 72o 0.225
+    assert describe_hand(["Ah", "Kh"], []) == "premium starting hand"
+    assert describe_hand(["Qc", "Jd"], []) == "strong starting hand"
+    assert describe_hand(["8c", "7c"], []) == "playable starting hand"
+    assert describe_hand(["7h", "2c"], []) == "weak starting hand"
+    assert describe_hand(["7h", "2c"], ["7c", "Kd", "2s"]) == "two pair"
+    assert describe_hand(["7h", "2c"], ["Ac", "Kd", "Js"]) == "high card"
+    plain, described = _adapter(opponent="calling_station"), _adapter(opponent="calling_station", describe_hand=True)
+    for seed in range(6):
+        a = plain.start(next(plain.tasks(seed)), 0).messages[-1]["content"]
+        b = described.start(next(described.tasks(seed)), 0)
+        lines = b.messages[-1]["content"].splitlines()
+        assert lines[2] == f"You hold: {describe_hand(b.obs.state['hand'], b.obs.state['board'])}."
+        assert "\n".join(lines[:2] + lines[3:]) == a  # the same deal, one line more
+        assert "You hold" not in a
+    with pytest.raises(ConfigError, match=r"env_options.describe_hand must be true or false, got 1"):
+        _adapter(describe_hand=1).start(next(_adapter().tasks(0)), 0)
+
+
+def test_bench_poker_strategies_plays_the_eval_hands(capsys):
+    """bench/poker_strategies.py: scripted seats on echo2 eval's held-out deals, a line per (opponent, strategy)
+    and per strategy over the mixture, measured against the fold baseline."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "bench" / "poker_strategies.py"
+    spec = importlib.util.spec_from_file_location("poker_strategies", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--hands", "12"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    cells, mixture = lines[:21], {d["strategy"]: d for d in lines[21:]}
+    assert {(d["opponent"], d["strategy"]) for d in cells} == {(o, s) for o in bench.RULE_BASED for s in bench.STRATEGIES}
+    assert mixture["fold"]["vs_fold"] == 0.0 and set(mixture) == set(bench.STRATEGIES)
+    by = {(d["opponent"], d["strategy"]): d for d in cells}
+    assert by[("calling_station", "call")]["fold_preflop_rate"] == 0.0  # never folds
+    assert by[("loose_aggressive", "fold")]["chips_per_hand"] < 0  # folding loses the blinds
+    chips, _ = bench.play("tight_aggressive", bench.fold, 12, 0)
+    assert chips == bench.play("tight_aggressive", bench.fold, 12, 0)[0]  # the same deals every time

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-__all__ = ["card_text", "RANKS", "hand_category", "preflop_strength", "CATEGORY_NAMES"]
+__all__ = ["card_text", "RANKS", "hand_category", "preflop_strength", "CATEGORY_NAMES", "describe_hand"]
 
 RANKS = "23456789TJQKA"
 CATEGORY_NAMES = (
@@ -70,3 +70,16 @@ def preflop_strength(hand: Sequence[str]) -> float:
     if a - b == 1:
         score += 0.04
     return min(score, 0.95)
+
+
+#: preflop_strength bands, strongest first (tight_aggressive raises "premium" and plays "strong")
+_PREFLOP_BANDS = ((0.75, "premium"), (0.55, "strong"), (0.4, "playable"), (0.0, "weak"))
+
+
+def describe_hand(hand: Sequence[str], board: Sequence[str]) -> str:
+    """The seat's own hand in words: preflop its starting-hand band, after the flop its best category with the
+    board (e.g. "weak starting hand", "pair"). Derived from the seat's cards and the board only."""
+    if not board:
+        band = next(name for lo, name in _PREFLOP_BANDS if preflop_strength(hand) >= lo)
+        return f"{band} starting hand"
+    return CATEGORY_NAMES[hand_category(list(hand) + list(board))]

@@ -11,6 +11,8 @@ env_options:
   free_fold:            false: fold is not a legal action when checking is free, for every seat (a reply
                         "fold" there is illegal: the fallback checks, with the penalty); default true, rlcard's
                         rules
+  describe_hand:        true: each state also names the seat's hand ("You hold: pair." / "weak starting
+                        hand" preflop, by the rule-based opponents' strength bands); default false
 
 Defaults for SandboxAdapter: serializer `envstate->chat_prompt_v2`, penalty 2 chips (one big blind) for a
 malformed or illegal reply, whose fallback is check if free, else fold.
@@ -31,7 +33,7 @@ __all__ = ["PokerPlugin", "ENV_IDS"]
 
 ENV_IDS = {"nlhe_headsup_v1": 2, "nlhe_6max_v1": 6}
 _OPTIONS = ("opponent", "seat", "opponent_model", "opponent_backend", "opponent_max_tokens", "opponent_temperature",
-            "free_fold")
+            "free_fold", "describe_hand")
 
 
 class PokerPlugin:
@@ -56,8 +58,9 @@ class PokerPlugin:
                 raise NameNotFound("poker opponent", str(name), OPPONENTS)
         if isinstance(opp, (list, tuple)) and len(names) != n - 1:
             raise ConfigError(f"poker://{env_id}: env_options.opponent lists {len(names)} policies for {n - 1} other seats")
-        if not isinstance(options.get("free_fold", True), bool):
-            raise ConfigError(f"poker://{env_id}: env_options.free_fold must be true or false, got {options['free_fold']!r}")
+        for key in ("free_fold", "describe_hand"):
+            if key in options and not isinstance(options[key], bool):
+                raise ConfigError(f"poker://{env_id}: env_options.{key} must be true or false, got {options[key]!r}")
         seat = options.get("seat", 0)
         checks.integer(f"poker://{env_id} env_options.seat", seat, lo=0, hi=n - 1, error=ConfigError)
 

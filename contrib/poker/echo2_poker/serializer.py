@@ -52,6 +52,8 @@ class ChatPromptV2:
             f"Your cards: {' '.join(s['hand'])}. Board: {' '.join(s['board']) or '-'}.",
             f"Pot {s['pot']}, to call {s['to_call']}, your stack {s['stack']}.",
         ]
+        if "hand_strength" in s:  # env_options.describe_hand: after the cards line
+            lines.insert(2, f"You hold: {s['hand_strength']}.")
         others = [
             f"{o['seat']} {'folded' if o['folded'] else 'stack ' + str(o['stack'])}" for o in s["opponents"]
         ]

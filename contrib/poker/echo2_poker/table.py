@@ -17,7 +17,7 @@ from typing import Any
 from echo2sdk.adapters.contracts import Observation, Transition
 from echo2sdk.errors import AdapterError, DependencyNotInstalled
 
-from .cards import card_text
+from .cards import card_text, describe_hand
 from .opponents import fallback, make_opponent
 
 __all__ = ["PokerSandbox", "ACTIONS"]
@@ -54,6 +54,8 @@ class PokerSandbox:
             self.llm_options["max_new_tokens"] = self.llm_options.pop("max_tokens")
         # false: folding is not a legal action when checking is free (it can only lose what checking keeps)
         self.free_fold = bool(options.get("free_fold", True))
+        # true: the state also names the seat's hand ("pair", "weak starting hand"): a small model reads cards badly
+        self.describe_hand = bool(options.get("describe_hand", False))
         self.env = _make_env(num_players)
         self.agent = f"player_{self.seat}"
         self.chips = 0.0
@@ -115,6 +117,8 @@ class PokerSandbox:
             ],
             "history": self._history(player),
         }
+        if self.describe_hand:
+            state["hand_strength"] = describe_hand(state["hand"], state["board"])
         return state, tuple(names)
 
     def _history(self, viewer: int) -> list[str]:

@@ -1,0 +1,118 @@
+"""Scripted poker strategies against the rule-based opponents: the ceiling of what a policy can reach with and
+without reading its own hand, measured on the same seeded hands `echo2 eval` deals.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/poker_strategies.py [--hands 1000] [--seed 0]
+
+Strategies (a scripted seat in place of the model, the sandbox and opponents unchanged):
+  fold         folds whenever it faces a bet, checks when free (what the collapsed GRPO policy learned)
+  call         checks or calls everything (a calling station)
+  all_in       moves all in at every turn
+  -- these three read nothing of their hand; the rest read its strength (cards.preflop_strength, hand_category):
+  fit_or_fold  checks or calls a playable hand (preflop strength >= 0.5 or a pair or better), else folds to a bet
+  value_raise  raises a playable hand, checks or calls the rest
+  tight_aggressive, loose_aggressive: the opponents' own rules from the model's seat
+
+One JSON line per (opponent, strategy): mean chips per hand with its 95 % interval half-width, fold-preflop
+rate; then one line per strategy with the mean over the three opponents (the training mixture `mixed` draws
+each with probability 1/3). The baseline is `fold`, the best strategy that does not read its hand (the
+measurement behind docs/adapters.md's "no policy blind to its cards beats folding against the mixture").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from echo2_poker.cards import hand_category, preflop_strength
+from echo2_poker.opponents import RULE_BASED, LooseAggressive, TightAggressive
+from echo2_poker.table import PokerSandbox
+
+from echo2sdk.adapters.evaluate import HELD_OUT_SEED
+from echo2sdk.adapters.sandbox import SandboxAdapter
+
+
+def _passive(legal):
+    return "check" if "check" in legal else "call" if "call" in legal else legal[0]
+
+
+def _playable(state) -> bool:
+    if state["board"]:
+        return hand_category(list(state["hand"]) + list(state["board"])) >= 1
+    return preflop_strength(state["hand"]) >= 0.5
+
+
+def fold(state, legal, rng):
+    return "fold" if state["to_call"] > 0 and "fold" in legal else _passive(legal)
+
+
+def call(state, legal, rng):
+    return _passive(legal)
+
+
+def all_in(state, legal, rng):
+    return "all_in" if "all_in" in legal else _passive(legal)
+
+
+def fit_or_fold(state, legal, rng):
+    return _passive(legal) if _playable(state) or state["to_call"] == 0 else "fold"
+
+
+def value_raise(state, legal, rng):
+    if _playable(state):
+        return next((a for a in ("raise_half_pot", "raise_pot") if a in legal), _passive(legal))
+    return _passive(legal)
+
+
+STRATEGIES = {"fold": fold, "call": call, "all_in": all_in, "fit_or_fold": fit_or_fold, "value_raise": value_raise,
+              "tight_aggressive": TightAggressive().act, "loose_aggressive": LooseAggressive().act}
+BLIND = ("fold", "call", "all_in")
+
+
+def play(opponent: str, strategy, hands: int, seed: int) -> tuple[list[float], float]:
+    """`strategy` in the model's seat for the first `hands` held-out deals: chips per hand, fold-preflop rate.
+    None of the strategies folds when checking is free, so env_options.free_fold changes nothing here."""
+    options = {"opponent": opponent}
+    stream = SandboxAdapter(env="poker://nlhe_headsup_v1", env_options=options).tasks(HELD_OUT_SEED + seed)
+    deals = [next(stream).info["seed"] for _ in range(hands)]  # echo2 eval --seed SEED's hands
+    table = PokerSandbox(2, options)
+    rng, chips, fold_preflop = random.Random(seed), [], 0
+    try:
+        for deal in deals:
+            obs = table.reset(deal)
+            while obs is not None:
+                obs = table.step(strategy(obs.state, obs.legal, rng)).observation
+            chips.append(table.chips)
+            fold_preflop += table.summary()["fold_preflop"]
+    finally:
+        table.close()
+    return chips, fold_preflop / hands
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hands", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    means: dict[str, list[float]] = {name: [] for name in STRATEGIES}
+    for opponent in RULE_BASED:
+        for name, strategy in STRATEGIES.items():
+            t0 = time.perf_counter()
+            chips, fp = play(opponent, strategy, args.hands, args.seed)
+            m, half = statistics.mean(chips), 1.96 * statistics.stdev(chips) / len(chips) ** 0.5
+            means[name].append(m)
+            print(json.dumps({"opponent": opponent, "strategy": name, "reads_hand": name not in BLIND,
+                              "hands": args.hands, "seed": args.seed,
+                              "chips_per_hand": round(m, 3), "ci95": round(half, 3), "fold_preflop_rate": round(fp, 3),
+                              "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
+    base = statistics.mean(means["fold"])
+    for name, per in means.items():
+        mix = statistics.mean(per)
+        print(json.dumps({"opponent": "mixture", "strategy": name, "reads_hand": name not in BLIND,
+                          "chips_per_hand": round(mix, 3), "vs_fold": round(mix - base, 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
