@@ -140,7 +140,7 @@ function drawReward(points) {
   const line = (i) => points.filter((p) => p[i] !== null).map((p) => `${X(p[0]).toFixed(1)},${Y(p[i]).toFixed(1)}`).join(" ");
   el.appendChild(svg("polyline", { points: line(3), class: "accuracy" }));
   el.appendChild(svg("polyline", { points: line(2), class: "reward" }));
-  for (const p of points.slice(-200)) {
+  for (const p of points.slice(-200).filter((p) => p[2] !== null)) {
     el.appendChild(svg("circle", { cx: X(p[0]), cy: Y(p[2]), r: 2.5, class: "reward-point" }));
   }
 }

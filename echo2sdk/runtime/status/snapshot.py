@@ -43,7 +43,10 @@ def status_snapshot(trainer: Trainer) -> dict[str, Any]:
                     "train_total_s": busy, "last_wait_s": last.get("learner_wait_s"),
                     "last_train_s": last.get("t_train_s")},
         "cost": _cost(workers, cfg.scheduler.prices),
-        "reward": [[r["step"], r["time_s"], r["reward_mean"], r["accuracy"]] for r in rows[-MAX_POINTS:]],
+        # the workers' view (every group completed since the previous step): under dynamic sampling the trained
+        # batch holds mixed-reward groups only, so its mean is not the policy's level
+        "reward": [[r["step"], r["time_s"], r.get("rollout_reward_mean", r["reward_mean"]),
+                    r.get("rollout_accuracy", r["accuracy"])] for r in rows[-MAX_POINTS:]],
         "coordinator": {k: v for k, v in coord.stats().items() if isinstance(v, (int, float))},
     }
     return _json_safe(snap)
