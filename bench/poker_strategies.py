@@ -12,7 +12,8 @@ Strategies (a scripted seat in place of the model, the sandbox and opponents unc
   value_raise  raises a playable hand, checks or calls the rest
   tight_aggressive, loose_aggressive: the opponents' own rules from the model's seat
 
-One JSON line per (opponent, strategy): mean chips per hand with its 95 % interval half-width, fold-preflop
+The table is built directly (PokerSandbox): no plug-in validation, no max_turns forfeit (heads-up hands of
+these strategies end within a few decisions anyway). One JSON line per (opponent, strategy): mean chips per hand with its 95 % interval half-width, fold-preflop
 rate; then one line per strategy with the mean over the three opponents (the training mixture `mixed` draws
 each with probability 1/3). The baseline is `fold`, the best strategy that does not read its hand (the
 measurement behind docs/adapters.md's "no policy blind to its cards beats folding against the mixture").
@@ -30,7 +31,7 @@ from echo2_poker.cards import hand_category, preflop_strength
 from echo2_poker.opponents import RULE_BASED, LooseAggressive, TightAggressive
 from echo2_poker.table import PokerSandbox
 
-from echo2sdk.adapters.evaluate import HELD_OUT_SEED
+from echo2sdk.adapters.evaluate import held_out_tasks
 from echo2sdk.adapters.sandbox import SandboxAdapter
 
 
@@ -71,12 +72,17 @@ STRATEGIES = {"fold": fold, "call": call, "all_in": all_in, "fit_or_fold": fit_o
 BLIND = ("fold", "call", "all_in")
 
 
+def eval_deals(opponent: str, hands: int, seed: int) -> list[int]:
+    """The deal seeds `echo2 eval --hands HANDS --seed SEED` plays against `opponent`."""
+    adapter = SandboxAdapter(env="poker://nlhe_headsup_v1", env_options={"opponent": opponent})
+    return [task.info["seed"] for task in held_out_tasks(adapter, hands, seed)]
+
+
 def play(opponent: str, strategy, hands: int, seed: int) -> tuple[list[float], float]:
     """`strategy` in the model's seat for the first `hands` held-out deals: chips per hand, fold-preflop rate.
     None of the strategies folds when checking is free, so env_options.free_fold changes nothing here."""
     options = {"opponent": opponent}
-    stream = SandboxAdapter(env="poker://nlhe_headsup_v1", env_options=options).tasks(HELD_OUT_SEED + seed)
-    deals = [next(stream).info["seed"] for _ in range(hands)]  # echo2 eval --seed SEED's hands
+    deals = eval_deals(opponent, hands, seed)
     table = PokerSandbox(2, options)
     rng, chips, fold_preflop = random.Random(seed), [], 0
     try:
@@ -96,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hands", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.hands < 2:
+        p.error(f"--hands {args.hands}: at least 2 for a confidence interval")
     means: dict[str, list[float]] = {name: [] for name in STRATEGIES}
     for opponent in RULE_BASED:
         for name, strategy in STRATEGIES.items():

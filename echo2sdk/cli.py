@@ -331,7 +331,7 @@ def _keys_parser(sub: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> int:
     if args.task:
         return _eval_tasks(args)
-    from echo2sdk.adapters.evaluate import evaluate, format_table
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate, format_table
 
     # the table goes to stdout: keep an in-process vLLM engine's INFO/WARNING lines off it (unless asked for)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -365,7 +365,9 @@ def _eval(args: argparse.Namespace) -> int:
     if args.json:
         data = {p: {o: {k: v for k, v in vars(c).items() if k != "values"} for o, c in row.items()} for p, row in table.items()}
         with open(args.json, "w") as fh:
-            json.dump({"env": args.env, "hands": args.hands, "seed": args.seed, "metric": metric, "table": data}, fh, indent=2)
+            json.dump({"env": args.env, "env_options": _options("--env-option", args.env_option), "hands": args.hands,
+                       "seed": args.seed, "held_out_seed": HELD_OUT_SEED + args.seed, "metric": metric, "table": data},
+                      fh, indent=2)
     return 0
 
 
@@ -432,10 +434,15 @@ def main(argv: list[str] | None = None) -> int:
     from echo2sdk.errors import Echo2Error
 
     try:
-        return args.func(args)
+        code = args.func(args)
     except Echo2Error as e:
         print(f"echo2: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    if args.command == "run" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun rank
+        from echo2sdk.runtime.distributed import leave
+
+        leave(code)  # without the interpreter's teardown, where gloo aborts a rank now and then
+    return code
 
 
 if __name__ == "__main__":

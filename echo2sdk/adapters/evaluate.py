@@ -3,8 +3,8 @@
 Rows are policies (the base model and the trained checkpoint), columns are opponents (three rule-based
 policies and an LLM opponent), cells are the mean net chip change per hand with a 95 % confidence
 interval (normal approximation, 1.96 standard errors) over the same seeded hands for every row, so
-rows differ only by the policy; the hands come from `adapter.tasks(HELD_OUT_SEED + seed)`, never the deals of a
-training run (which reads `adapter.tasks(run.seed)`). The chip change is the env's outcome (`meta.extra.chips`), without the
+rows differ only by the policy; the hands come from `adapter.tasks(HELD_OUT_SEED + seed)` (`held_out_tasks`), not
+the deals of a training run (which reads `adapter.tasks(run.seed)`; each deal's seed is drawn from 2^31). The chip change is the env's outcome (`meta.extra.chips`), without the
 training penalty for malformed replies; the fallback rate is reported beside it.
 
     echo2 eval --env poker://nlhe_headsup_v1 --trained runs/poker/checkpoint --hands 200
@@ -101,8 +101,7 @@ def evaluate(
                 if opp == "llm":
                     opts.setdefault("opponent_model", llm_opponent_model or base_model)
                 adapter = SandboxAdapter(env=env, env_options=opts, max_action_tokens=max_new_tokens)
-                stream = adapter.tasks(HELD_OUT_SEED + seed)  # hands no training run with run.seed = seed deals
-                tasks = [next(stream) for _ in range(hands)]
+                tasks = held_out_tasks(adapter, hands, seed)  # deals no training run with run.seed = seed plays
                 values: list[float] = []
                 extras: list[dict[str, Any]] = []
                 fallbacks = decisions = 0
@@ -139,7 +138,8 @@ def format_table(
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(x.ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
     out = [
-        f"Net {metric} change per {unit} on {env}: mean ± 95% CI over {hands} held-out seeded {unit}s (seed {seed}), "
+        f"Net {metric} change per {unit} on {env}: mean ± 95% CI over {hands} held-out {unit}s "
+        f"(adapter.tasks({HELD_OUT_SEED} + {seed})), "
         f"the same {unit}s for every row. Positive = profit.",
         line(head),
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",

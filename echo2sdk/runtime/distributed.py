@@ -19,13 +19,13 @@ import os
 import sys
 from dataclasses import astuple, dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 from echo2sdk.core.audit import Screen
 from echo2sdk.core.records import Trajectory, pack, unpack
 from echo2sdk.errors import ConfigError
 
-__all__ = ["Topology", "Lockstep", "follow", "from_env", "init", "shutdown", "launch_argv", "TIMEOUT"]
+__all__ = ["Topology", "Lockstep", "Followed", "follow", "from_env", "init", "shutdown", "leave", "launch_argv", "TIMEOUT"]
 
 log = logging.getLogger("echo2sdk.distributed")
 
@@ -79,13 +79,31 @@ def shutdown(clean: bool = False) -> None:
     """Leave the process group. After a `clean` finish every rank first meets at a barrier (which also waits
     for the rank's pending collectives): a rank that tore down its gloo pairs while a peer still had work on
     them aborted now and then ("terminate called without an active exception"). After a failure no barrier:
-    a dead peer would hold it for TIMEOUT, and torchrun stops the others anyway."""
+    a dead peer would hold it for TIMEOUT, and torchrun stops the others anyway. A follower's `clean` must include
+    rank 0's (`Followed.clean`): otherwise it would wait at a barrier rank 0 never reaches."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         if clean:
-            dist.barrier()
+            try:
+                dist.barrier()
+            except Exception as e:  # a peer gone after all: leave anyway, the run's result stands
+                log.warning("leaving the process group without the other ranks (%s: %s)", type(e).__name__, e)
         dist.destroy_process_group()
+
+
+def leave(code: int) -> NoReturn:
+    """End a torchrun rank's process without the interpreter's teardown: flush the log handlers and the standard
+    streams, then os._exit(code). Destroying gloo's objects while the interpreter finalizes aborts a rank now and
+    then ("terminate called without an active exception" after every atexit handler has run, about once in 20
+    runs of tests/runtime/test_distributed.py here), and torchrun then reports the whole job failed."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _broadcast_bytes(data: bytes | None) -> bytes:
@@ -135,13 +153,19 @@ class Lockstep:
         self._announce("optimizer_state")
         return self.learner.optimizer_state()
 
-    def stop(self) -> None:
-        self._announce("stop")
+    def stop(self, clean: bool = True) -> None:
+        """The followers leave `follow`; `clean`: rank 0 finished without an error (they then meet it at the
+        barrier of `shutdown(clean=True)`; after a failure nobody waits there)."""
+        self._announce("stop", clean=clean)
 
 
-def follow(learner: Any) -> int:
-    """A follower rank's life: make every call rank 0 announces until it says stop. Returns the number of
-    updates made."""
+class Followed(NamedTuple):
+    steps: int  # updates made
+    clean: bool  # rank 0 stopped after a clean finish (Lockstep.stop)
+
+
+def follow(learner: Any) -> Followed:
+    """A follower rank's life: make every call rank 0 announces until it says stop."""
     steps = 0
     while True:
         msg = unpack(_broadcast_bytes(None))
@@ -160,7 +184,7 @@ def follow(learner: Any) -> int:
         elif op == "optimizer_state":
             learner.optimizer_state()
         elif op == "stop":
-            return steps
+            return Followed(steps, bool(msg.get("clean", False)))
         else:
             raise RuntimeError(f"rank 0 announced an unknown learner call {op!r}")
 

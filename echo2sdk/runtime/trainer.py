@@ -319,7 +319,7 @@ class Trainer:
         self.batches_dropped = 0  # batches the learner step raised on (dropped, training went on)
         self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
         self._held = contextlib.ExitStack()  # process-wide settings undone by close()
-        self._ready = self._stopped_followers = False
+        self._ready = self._stopped_followers = self._leader_clean = False
 
     # -- setup -------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -475,7 +475,7 @@ class Trainer:
         self.setup()
         if not self.topo.leader:
             with _signals(lambda signum: None):  # rank 0 decides when to stop; torchrun forwards signals to all
-                distributed.follow(self.learner)
+                self._leader_clean = distributed.follow(self.learner).clean
             return {}
         steps = self.cfg.learner.steps
         t_start = time.perf_counter() - (self.rows[-1]["time_s"] if self.rows else 0.0)  # time_s goes on across resumes
@@ -1022,7 +1022,7 @@ class Trainer:
         self._held.close()
         if self.ops is not None and self.topo.leader and not self._stopped_followers:
             self._stopped_followers = True
-            self.ops.stop()  # the other ranks leave distributed.follow
+            self.ops.stop(clean)  # the other ranks leave distributed.follow
         if self.coordinator is not None:
             self.coordinator.stop()
         for p in self.procs:
@@ -1036,8 +1036,8 @@ class Trainer:
                     p.kill()
                     p.wait()
         self.procs.clear()
-        if self.topo.world > 1:
-            distributed.shutdown(clean)
+        if self.topo.world > 1:  # a follower meets the others at the barrier only if rank 0 finished cleanly too
+            distributed.shutdown(clean and (self.topo.leader or self._leader_clean))
 
 
 def _given_token(cfg: Config) -> str | None:

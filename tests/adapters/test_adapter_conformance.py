@@ -81,7 +81,7 @@ def test_eval_prints_table4_layout_and_pairs_the_hands():
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.splitlines()
-    assert "over 6 held-out seeded hands" in lines[0]
+    assert "over 6 held-out hands (adapter.tasks(1000003 + 0))" in lines[0]
     head = lines[1]
     for col in ("Rule-based1 (calling_station)", "Rule-based2 (tight_aggressive)", "Rule-based3 (loose_aggressive)", "LLM opponent"):
         assert col in head

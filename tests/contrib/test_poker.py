@@ -210,6 +210,8 @@ def test_describe_hand_names_the_seats_own_hand_in_the_state():
     assert describe_hand(["7h", "2c"], []) == "weak starting hand"
     assert describe_hand(["7h", "2c"], ["7c", "Kd", "2s"]) == "two pair"
     assert describe_hand(["7h", "2c"], ["Ac", "Kd", "Js"]) == "high card"
+    assert describe_hand(["Ah", "Kc"], ["7c", "7d", "2s"]) == "pair on the board only"
+    assert describe_hand(["7h", "Kc"], ["7c", "7d", "2s"]) == "three of a kind"
     plain, described = _adapter(opponent="calling_station"), _adapter(opponent="calling_station", describe_hand=True)
     for seed in range(6):
         a = plain.start(next(plain.tasks(seed)), 0).messages[-1]["content"]
@@ -218,6 +220,15 @@ def test_describe_hand_names_the_seats_own_hand_in_the_state():
         assert lines[2] == f"You hold: {describe_hand(b.obs.state['hand'], b.obs.state['board'])}."
         assert "\n".join(lines[:2] + lines[3:]) == a  # the same deal, one line more
         assert "You hold" not in a
+    from echo2_poker.table import PokerSandbox
+
+    table = PokerSandbox(2, {"opponent": "calling_station", "describe_hand": True})
+    try:
+        table.reset(5)
+        # the other seat's view (an LLM opponent's prompt) stays as it was
+        assert "hand_strength" in table._view(0)[0] and "hand_strength" not in table._view(1)[0]
+    finally:
+        table.close()
     with pytest.raises(ConfigError, match=r"env_options.describe_hand must be true or false, got 1"):
         _adapter(describe_hand=1).start(next(_adapter().tasks(0)), 0)
 
@@ -241,5 +252,12 @@ def test_bench_poker_strategies_plays_the_eval_hands(capsys):
     by = {(d["opponent"], d["strategy"]): d for d in cells}
     assert by[("calling_station", "call")]["fold_preflop_rate"] == 0.0  # never folds
     assert by[("loose_aggressive", "fold")]["chips_per_hand"] < 0  # folding loses the blinds
-    chips, _ = bench.play("tight_aggressive", bench.fold, 12, 0)
-    assert chips == bench.play("tight_aggressive", bench.fold, 12, 0)[0]  # the same deals every time
+    # echo2 eval's hands: the held-out stream, which no training run with run.seed = 0 deals
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, held_out_tasks
+
+    adapter = _adapter(opponent="tight_aggressive")
+    held_out = held_out_tasks(adapter, 12, 0)
+    assert bench.eval_deals("tight_aggressive", 12, 0) == [t.info["seed"] for t in held_out]
+    assert all(t.id.startswith(f"poker-{HELD_OUT_SEED}-") for t in held_out)
+    train = adapter.tasks(0)  # a run with run.seed = 0: its first 200 deals
+    assert not {t.info["seed"] for t in held_out} & {next(train).info["seed"] for _ in range(200)}

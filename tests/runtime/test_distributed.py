@@ -52,12 +52,14 @@ RANK_SCRIPT = textwrap.dedent('''
         out = sys.argv[1]
         save_file({k: v.contiguous() for k, v in params.items()}, out + "/params.safetensors")
         save_file({k: v.contiguous() for k, v in grads.items()}, out + "/grads.safetensors")
-        json.dump({"loss": st.loss, "kl": st.kl, "grad_norm": st.grad_norm, "tokens": st.tokens, "step_s": step_s,
-                   "opt_params": sorted(opt["state"]), "withheld": st.withheld}, open(out + "/stats.json", "w"))
+        with open(out + "/stats.json", "w") as fh:
+            json.dump({"loss": st.loss, "kl": st.kl, "grad_norm": st.grad_norm, "tokens": st.tokens, "step_s": step_s,
+                       "opt_params": sorted(opt["state"]), "withheld": st.withheld}, fh)
     else:
-        assert distributed.follow(learner) == 1  # the step, the gathered model and optimizer states, stop
+        assert distributed.follow(learner) == (1, True)  # the step, the gathered model and optimizer states, stop
         grads = [p.grad.full_tensor() for p in learner.model.parameters() if p.grad is not None]  # as rank 0
     distributed.shutdown(clean=True)
+    distributed.leave(0)  # as echo2 run's ranks do: no interpreter teardown
 ''')
 
 KW = dict(lr=1e-3, precision="fp32", beta=0.1, micro_batch=3, threads=1, device="cpu",  # gloo ranks: CPU
@@ -135,6 +137,46 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointin
     print(json.dumps({"max_abs_param_diff": diff, "step_s_1rank": round(one_s, 3),
                       "step_s_2rank": round(got["step_s"], 3), "checkpointing": checkpointing,
                       "token_budget": token_budget}))
+
+
+#: Rank 0 stops its follower as after a failure and lingers; the follower must leave at once (no barrier).
+STOP_SCRIPT = textwrap.dedent('''
+    import json, sys, time
+    from echo2sdk.core.learner import Learner
+    from echo2sdk.runtime import distributed
+    from echo2sdk.weights import resolve_model
+
+    topo = distributed.from_env()
+    distributed.init(topo)
+    learner = Learner(resolve_model("tiny-random"), distributed=True, lr=1e-3, precision="fp32", threads=1, device="cpu")
+    if topo.leader:
+        distributed.Lockstep(learner, topo.world).stop(clean=sys.argv[2] == "1")
+        time.sleep(float(sys.argv[3]))  # a failed rank 0 never reaches the barrier; a clean one gets there late
+        distributed.shutdown(clean=sys.argv[2] == "1")
+    else:
+        t0 = time.perf_counter()
+        followed = distributed.follow(learner)
+        distributed.shutdown(clean=followed.clean)
+        with open(sys.argv[1] + "/follower.json", "w") as fh:
+            json.dump({"clean": followed.clean, "left_s": time.perf_counter() - t0}, fh)
+    distributed.leave(0)
+''')
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_follower_waits_for_rank_0_at_the_barrier_only_after_a_clean_finish(tmp_path, clean):
+    script = tmp_path / "stop.py"
+    script.write_text(STOP_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path), CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+                           str(tmp_path), "1" if clean else "0", "6"], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    follower = json.loads((tmp_path / "follower.json").read_text())
+    assert follower["clean"] is clean
+    if clean:
+        assert follower["left_s"] >= 5.5  # it met rank 0 at the barrier after rank 0's 6 s
+    else:
+        assert follower["left_s"] < 4  # a barrier here would hold it until rank 0 leaves (6 s)
 
 
 def test_launch_argv_reexecutes_the_cli_under_torchrun():

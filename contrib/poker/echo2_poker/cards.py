@@ -78,8 +78,12 @@ _PREFLOP_BANDS = ((0.75, "premium"), (0.55, "strong"), (0.4, "playable"), (0.0, 
 
 def describe_hand(hand: Sequence[str], board: Sequence[str]) -> str:
     """The seat's own hand in words: preflop its starting-hand band, after the flop its best category with the
-    board (e.g. "weak starting hand", "pair"). Derived from the seat's cards and the board only."""
+    board (e.g. "weak starting hand", "pair"; "pair on the board only" when the board alone makes it). Derived
+    from the seat's cards and the board only."""
     if not board:
         band = next(name for lo, name in _PREFLOP_BANDS if preflop_strength(hand) >= lo)
         return f"{band} starting hand"
-    return CATEGORY_NAMES[hand_category(list(hand) + list(board))]
+    made = hand_category(list(hand) + list(board))
+    if made and made == hand_category(board):  # the board alone makes it: every seat holds as much
+        return f"{CATEGORY_NAMES[made]} on the board only"
+    return CATEGORY_NAMES[made]

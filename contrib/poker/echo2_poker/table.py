@@ -117,7 +117,7 @@ class PokerSandbox:
             ],
             "history": self._history(player),
         }
-        if self.describe_hand:
+        if self.describe_hand and player == self.seat:  # the model's seat only: the LLM opponent's view is unchanged
             state["hand_strength"] = describe_hand(state["hand"], state["board"])
         return state, tuple(names)
 

@@ -43,13 +43,18 @@ def status_snapshot(trainer: Trainer) -> dict[str, Any]:
                     "train_total_s": busy, "last_wait_s": last.get("learner_wait_s"),
                     "last_train_s": last.get("t_train_s")},
         "cost": _cost(workers, cfg.scheduler.prices),
-        # the workers' view (every group completed since the previous step): under dynamic sampling the trained
-        # batch holds mixed-reward groups only, so its mean is not the policy's level
-        "reward": [[r["step"], r["time_s"], r.get("rollout_reward_mean", r["reward_mean"]),
-                    r.get("rollout_accuracy", r["accuracy"])] for r in rows[-MAX_POINTS:]],
+        # the workers' view (every group completed since the previous step), as the progress bar shows it: under
+        # dynamic sampling the trained batch holds mixed-reward groups only, so its mean is not the policy's level
+        "reward": [[r["step"], r["time_s"], _first(r.get("rollout_reward_mean"), r["reward_mean"]),
+                    _first(r.get("rollout_accuracy"), r["accuracy"])] for r in rows[-MAX_POINTS:]],
         "coordinator": {k: v for k, v in coord.stats().items() if isinstance(v, (int, float))},
     }
     return _json_safe(snap)
+
+
+def _first(value: Any, otherwise: Any) -> Any:
+    """`value` unless it is None (no group completed between two steps: the trained batch's value then)."""
+    return otherwise if value is None else value
 
 
 def _state(w: WorkerInfo, quarantined: Mapping[str, str]) -> str:
