@@ -261,3 +261,22 @@ def test_bench_poker_strategies_plays_the_eval_hands(capsys):
     assert all(t.id.startswith(f"poker-{HELD_OUT_SEED}-") for t in held_out)
     train = adapter.tasks(0)  # a run with run.seed = 0: its first 200 deals
     assert not {t.info["seed"] for t in held_out} & {next(train).info["seed"] for _ in range(200)}
+
+
+def test_summarize_splits_preflop_folds_by_starting_hand():
+    from echo2_poker.cards import preflop_band
+    from echo2_poker.plugin import PokerPlugin
+
+    extras = [{"fold_preflop": True, "preflop_band": "weak"}] * 3 + [{"fold_preflop": False, "preflop_band": "weak"}]
+    extras += [{"fold_preflop": True, "preflop_band": "premium"}, {"fold_preflop": False, "preflop_band": "strong"}]
+    extras += [{"fold_preflop": False, "preflop_band": "playable"}]
+    stats = PokerPlugin().summarize(extras)
+    assert stats["fold_preflop_weak_rate"] == 0.75 and stats["fold_preflop_strong_rate"] == 0.5
+    assert "fold_preflop_strong_rate" not in PokerPlugin().summarize(extras[:4])  # no strong hand: no rate
+    adapter = _adapter(opponent="calling_station")
+    for seed in range(4):
+        ep = adapter.start(next(adapter.tasks(seed)), 0)
+        hand = ep.obs.state["hand"]
+        while not ep.step("<answer>call</answer>").done:  # illegal when checking is free: the fallback checks
+            pass
+        assert ep.sandbox.summary()["preflop_band"] == preflop_band(hand)  # what the record's meta.extra carries

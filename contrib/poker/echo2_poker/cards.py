@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-__all__ = ["card_text", "RANKS", "hand_category", "preflop_strength", "CATEGORY_NAMES", "describe_hand"]
+__all__ = ["card_text", "RANKS", "hand_category", "preflop_strength", "CATEGORY_NAMES", "describe_hand", "preflop_band"]
 
 RANKS = "23456789TJQKA"
 CATEGORY_NAMES = (
@@ -76,13 +76,17 @@ def preflop_strength(hand: Sequence[str]) -> float:
 _PREFLOP_BANDS = ((0.75, "premium"), (0.55, "strong"), (0.4, "playable"), (0.0, "weak"))
 
 
+def preflop_band(hand: Sequence[str]) -> str:
+    """The starting hand's band: premium, strong, playable or weak."""
+    return next(name for lo, name in _PREFLOP_BANDS if preflop_strength(hand) >= lo)
+
+
 def describe_hand(hand: Sequence[str], board: Sequence[str]) -> str:
     """The seat's own hand in words: preflop its starting-hand band, after the flop its best category with the
     board (e.g. "weak starting hand", "pair"; "pair on the board only" when the board alone makes it). Derived
     from the seat's cards and the board only."""
     if not board:
-        band = next(name for lo, name in _PREFLOP_BANDS if preflop_strength(hand) >= lo)
-        return f"{band} starting hand"
+        return f"{preflop_band(hand)} starting hand"
     made = hand_category(list(hand) + list(board))
     if made and made == hand_category(board):  # the board alone makes it: every seat holds as much
         return f"{CATEGORY_NAMES[made]} on the board only"

@@ -72,11 +72,18 @@ class PokerPlugin:
 
     def summarize(self, extras: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Per-cell statistics of evaluated hands (`echo2 eval` prints them under the table): how often the seat
-        won chips, folded preflop, folded at all, and put chips in preflop voluntarily (VPIP: a call or a raise)."""
+        won chips, folded preflop, folded at all, and put chips in preflop voluntarily (VPIP: a call or a raise);
+        and the preflop fold rate of weak and of premium-or-strong starting hands (a policy that reads its hand
+        folds the first far more often)."""
         n = max(1, len(extras))
         rate = lambda key: sum(bool(e.get(key)) for e in extras) / n  # noqa: E731
-        return {"hands": len(extras), "win_rate": rate("won"), "fold_preflop_rate": rate("fold_preflop"),
-                "fold_rate": rate("folded"), "vpip_rate": rate("vpip")}
+        out = {"hands": len(extras), "win_rate": rate("won"), "fold_preflop_rate": rate("fold_preflop"),
+               "fold_rate": rate("folded"), "vpip_rate": rate("vpip")}
+        for label, bands in (("weak", ("weak",)), ("strong", ("premium", "strong"))):  # folds by starting hand
+            hands = [e for e in extras if e.get("preflop_band") in bands]
+            if hands:
+                out[f"fold_preflop_{label}_rate"] = sum(bool(e.get("fold_preflop")) for e in hands) / len(hands)
+        return out
 
     def components(self) -> Mapping[str, Mapping[str, Any]]:
         return {"serializer": {"envstate->chat_prompt_v2": ChatPromptV2()}}

@@ -17,7 +17,7 @@ from typing import Any
 from echo2sdk.adapters.contracts import Observation, Transition
 from echo2sdk.errors import AdapterError, DependencyNotInstalled
 
-from .cards import card_text, describe_hand
+from .cards import card_text, describe_hand, preflop_band
 from .opponents import fallback, make_opponent
 
 __all__ = ["PokerSandbox", "ACTIONS"]
@@ -205,6 +205,8 @@ class PokerSandbox:
             "fold_preflop": ("preflop", "fold") in mine,
             "folded": any(name == "fold" for _, name in mine),
             "vpip": any(stage == "preflop" and name not in ("fold", "check") for stage, name in mine),
+            # the seat's starting hand (whatever the prompt shows): does the policy fold by hand or regardless?
+            "preflop_band": preflop_band([card_text(c) for c in self._raw.get_state(self.seat)["raw_obs"]["hand"]]),
             "decisions": self.decisions,
             "hand_seed": self.hand_seed,
             "opponent": ",".join(sorted({p.name for p in self.policies.values()})),
