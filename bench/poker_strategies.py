@@ -27,30 +27,15 @@ import random
 import statistics
 import time
 
-from echo2_poker.cards import hand_category, preflop_strength
-from echo2_poker.opponents import RULE_BASED, LooseAggressive, TightAggressive
+from echo2_poker.opponents import RULE_BASED, CallingStation, LooseAggressive, TightAggressive, _passive, _playable, _raise
 from echo2_poker.table import PokerSandbox
 
 from echo2sdk.adapters.evaluate import held_out_tasks
 from echo2sdk.adapters.sandbox import SandboxAdapter
 
 
-def _passive(legal):
-    return "check" if "check" in legal else "call" if "call" in legal else legal[0]
-
-
-def _playable(state) -> bool:
-    if state["board"]:
-        return hand_category(list(state["hand"]) + list(state["board"])) >= 1
-    return preflop_strength(state["hand"]) >= 0.5
-
-
 def fold(state, legal, rng):
     return "fold" if state["to_call"] > 0 and "fold" in legal else _passive(legal)
-
-
-def call(state, legal, rng):
-    return _passive(legal)
 
 
 def all_in(state, legal, rng):
@@ -62,12 +47,11 @@ def fit_or_fold(state, legal, rng):
 
 
 def value_raise(state, legal, rng):
-    if _playable(state):
-        return next((a for a in ("raise_half_pot", "raise_pot") if a in legal), _passive(legal))
-    return _passive(legal)
+    return _raise(legal, big=False) if _playable(state) else _passive(legal)
 
 
-STRATEGIES = {"fold": fold, "call": call, "all_in": all_in, "fit_or_fold": fit_or_fold, "value_raise": value_raise,
+STRATEGIES = {"fold": fold, "call": CallingStation().act, "all_in": all_in, "fit_or_fold": fit_or_fold,
+              "value_raise": value_raise,
               "tight_aggressive": TightAggressive().act, "loose_aggressive": LooseAggressive().act}
 BLIND = ("fold", "call", "all_in")
 

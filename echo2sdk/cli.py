@@ -340,6 +340,7 @@ def _eval(args: argparse.Namespace) -> int:
     args.env = args.env or "poker://nlhe_headsup_v1"
     plugin = load_env_plugin(parse_env(args.env)[0])
     metric = args.metric or getattr(plugin, "eval_metric", "chips")
+    env_options = _options("--env-option", args.env_option)
     policies = {f"base ({args.base})": args.base}
     if args.trained:
         policies[f"trained ({args.trained})"] = args.trained
@@ -353,7 +354,7 @@ def _eval(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens or 12,
         temperature=args.temperature,
         llm_opponent_model=args.base,
-        env_options=_options("--env-option", args.env_option),
+        env_options=env_options,
         backend=args.backend,
         batch=args.batch,
         on_cell=lambda label, opp, c, dt: print(
@@ -365,7 +366,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.json:
         data = {p: {o: {k: v for k, v in vars(c).items() if k != "values"} for o, c in row.items()} for p, row in table.items()}
         with open(args.json, "w") as fh:
-            json.dump({"env": args.env, "env_options": _options("--env-option", args.env_option), "hands": args.hands,
+            json.dump({"env": args.env, "env_options": env_options, "hands": args.hands,
                        "seed": args.seed, "held_out_seed": HELD_OUT_SEED + args.seed, "metric": metric, "table": data},
                       fh, indent=2)
     return 0

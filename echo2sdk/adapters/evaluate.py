@@ -3,9 +3,10 @@
 Rows are policies (the base model and the trained checkpoint), columns are opponents (three rule-based
 policies and an LLM opponent), cells are the mean net chip change per hand with a 95 % confidence
 interval (normal approximation, 1.96 standard errors) over the same seeded hands for every row, so
-rows differ only by the policy; the hands come from `adapter.tasks(HELD_OUT_SEED + seed)` (`held_out_tasks`), not
-the deals of a training run (which reads `adapter.tasks(run.seed)`; each deal's seed is drawn from 2^31). The chip change is the env's outcome (`meta.extra.chips`), without the
-training penalty for malformed replies; the fallback rate is reported beside it.
+rows differ only by the policy; the hands come from `adapter.tasks(HELD_OUT_SEED + seed)` (`held_out_tasks`),
+not the deals of a training run (which reads `adapter.tasks(run.seed)`; each deal's seed is drawn from 2^31).
+The chip change is the env's outcome (`meta.extra.chips`), without the training penalty for malformed replies;
+the fallback rate is reported beside it.
 
     echo2 eval --env poker://nlhe_headsup_v1 --trained runs/poker/checkpoint --hands 200
 

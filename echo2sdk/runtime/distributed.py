@@ -77,10 +77,10 @@ def init(topo: Topology) -> None:
 
 def shutdown(clean: bool = False) -> None:
     """Leave the process group. After a `clean` finish every rank first meets at a barrier (which also waits
-    for the rank's pending collectives): a rank that tore down its gloo pairs while a peer still had work on
-    them aborted now and then ("terminate called without an active exception"). After a failure no barrier:
-    a dead peer would hold it for TIMEOUT, and torchrun stops the others anyway. A follower's `clean` must include
-    rank 0's (`Followed.clean`): otherwise it would wait at a barrier rank 0 never reaches."""
+    for the rank's pending collectives), so no rank leaves while a peer still has work on the group. After a
+    failure no barrier: a dead peer would hold it for TIMEOUT, and torchrun stops the others anyway. A
+    follower's `clean` must include rank 0's (`Followed.clean`): otherwise it would wait at a barrier rank 0 never
+    reaches. (The process then ends with `leave`: the abort CI saw came from the interpreter's teardown.)"""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

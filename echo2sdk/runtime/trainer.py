@@ -238,6 +238,14 @@ def rollout_means(before: tuple, now: tuple) -> dict[str, float | None]:
     }
 
 
+def shown_level(row: dict[str, Any]) -> tuple[float, float | None]:
+    """A metrics row's reward and accuracy as the progress bar and the status page show them: the workers' (every
+    group completed since the previous step) where the step has them, else the trained batch's (also for rows
+    written before the rollout_* keys existed)."""
+    reward, acc = row.get("rollout_reward_mean"), row.get("rollout_accuracy")
+    return (row["reward_mean"] if reward is None else reward, row["accuracy"] if acc is None else acc)
+
+
 # -- the provisioning decision (paper §4.3) -------------------------------------------------------------
 def decide(
     measured: dict[str, Any], prices: dict[str, float], *, R: int, S: int, kappa: int, gamma: float, solver: str = "exact"
@@ -675,9 +683,7 @@ class Trainer:
         self.sinks.log(row["step"], row)
         self._metrics_bytes = self.sinks["jsonl"].tell()
         bar.update(1)
-        # the workers' level (every completed group) where the step has one, else the trained batch's
-        reward = row["rollout_reward_mean"] if row["rollout_reward_mean"] is not None else row["reward_mean"]
-        acc = row["rollout_accuracy"] if row["rollout_accuracy"] is not None else row["accuracy"]
+        reward, acc = shown_level(row)
         postfix = {"reward": f"{reward:.3f}", **({"acc": f"{acc:.2f}"} if acc is not None else {})}
         bar.set_postfix(**postfix, wait=f"{row['learner_wait_s']:.1f}s")
 

@@ -44,6 +44,11 @@ def _made(state: Mapping[str, Any]) -> int:
     return hand_category(list(state["hand"]) + list(state["board"]))
 
 
+def _playable(state: Mapping[str, Any]) -> bool:
+    """A pair or better after the flop, a preflop strength of at least 0.5 before it (loose_aggressive's raise)."""
+    return _made(state) >= 1 if state["board"] else preflop_strength(state["hand"]) >= 0.5
+
+
 class CallingStation:
     name = "calling_station"
 
@@ -74,8 +79,7 @@ class LooseAggressive:
     name = "loose_aggressive"
 
     def act(self, state: Mapping[str, Any], legal: Sequence[str], rng: random.Random) -> str:
-        strong = _made(state) >= 1 if state["board"] else preflop_strength(state["hand"]) >= 0.5
-        if strong or rng.random() < 0.3:
+        if _playable(state) or rng.random() < 0.3:
             return _raise(legal, big=rng.random() < 0.4)
         if state["to_call"] > state["pot"] and rng.random() < 0.5:
             return fallback(legal)

@@ -75,14 +75,15 @@ class PokerPlugin:
         won chips, folded preflop, folded at all, and put chips in preflop voluntarily (VPIP: a call or a raise);
         and the preflop fold rate of weak and of premium-or-strong starting hands (a policy that reads its hand
         folds the first far more often)."""
-        n = max(1, len(extras))
-        rate = lambda key: sum(bool(e.get(key)) for e in extras) / n  # noqa: E731
+        def rate(key: str, hands: Sequence[Mapping[str, Any]] = extras) -> float:
+            return sum(bool(e.get(key)) for e in hands) / max(1, len(hands))
+
         out = {"hands": len(extras), "win_rate": rate("won"), "fold_preflop_rate": rate("fold_preflop"),
                "fold_rate": rate("folded"), "vpip_rate": rate("vpip")}
         for label, bands in (("weak", ("weak",)), ("strong", ("premium", "strong"))):  # folds by starting hand
             hands = [e for e in extras if e.get("preflop_band") in bands]
             if hands:
-                out[f"fold_preflop_{label}_rate"] = sum(bool(e.get("fold_preflop")) for e in hands) / len(hands)
+                out[f"fold_preflop_{label}_rate"] = rate("fold_preflop", hands)
         return out
 
     def components(self) -> Mapping[str, Mapping[str, Any]]:

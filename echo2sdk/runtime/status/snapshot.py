@@ -25,6 +25,8 @@ MAX_POINTS = 2000  # reward-curve points sent (the newest), whatever the run's l
 def status_snapshot(trainer: Trainer) -> dict[str, Any]:
     """The run as the status page draws it: progress, workers, the newest broadcast plan, staleness, the
     learner's wait (bubble), the worker cost so far and the reward curve."""
+    from echo2sdk.runtime.trainer import shown_level  # the module that calls this one has loaded it
+
     cfg, coord = trainer.cfg, trainer.coordinator
     rows = list(trainer.rows)  # the learner thread appends; a copy is a consistent view
     workers, quarantined = list(coord.workers.values()), dict(coord.quarantined)
@@ -43,18 +45,12 @@ def status_snapshot(trainer: Trainer) -> dict[str, Any]:
                     "train_total_s": busy, "last_wait_s": last.get("learner_wait_s"),
                     "last_train_s": last.get("t_train_s")},
         "cost": _cost(workers, cfg.scheduler.prices),
-        # the workers' view (every group completed since the previous step), as the progress bar shows it: under
-        # dynamic sampling the trained batch holds mixed-reward groups only, so its mean is not the policy's level
-        "reward": [[r["step"], r["time_s"], _first(r.get("rollout_reward_mean"), r["reward_mean"]),
-                    _first(r.get("rollout_accuracy"), r["accuracy"])] for r in rows[-MAX_POINTS:]],
+        # the workers' view, as the progress bar shows it: under dynamic sampling the trained batch holds
+        # mixed-reward groups only, so its mean is not the policy's level
+        "reward": [[r["step"], r["time_s"], *shown_level(r)] for r in rows[-MAX_POINTS:]],
         "coordinator": {k: v for k, v in coord.stats().items() if isinstance(v, (int, float))},
     }
     return _json_safe(snap)
-
-
-def _first(value: Any, otherwise: Any) -> Any:
-    """`value` unless it is None (no group completed between two steps: the trained batch's value then)."""
-    return otherwise if value is None else value
 
 
 def _state(w: WorkerInfo, quarantined: Mapping[str, str]) -> str:
