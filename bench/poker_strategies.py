@@ -12,6 +12,9 @@ Strategies (a scripted seat in place of the model, the sandbox and opponents unc
   value_raise  raises a playable hand, checks or calls the rest
   tight_aggressive, loose_aggressive: the opponents' own rules from the model's seat
 
+Each cell also gives the spread of the hand's chips and of the env_options.reward = allin_ev reward on the same
+hands (the all-in expectation: the same mean, what luck it removes shows in allin_ev_sd vs chips_sd).
+
 The table is built directly (PokerSandbox): no plug-in validation, no max_turns forfeit (heads-up hands of
 these strategies end within a few decisions anyway). One JSON line per (opponent, strategy): mean chips per hand with its 95 % interval half-width, fold-preflop
 rate; then one line per strategy with the mean over the three opponents (the training mixture `mixed` draws
@@ -62,23 +65,26 @@ def eval_deals(opponent: str, hands: int, seed: int) -> list[int]:
     return [task.info["seed"] for task in held_out_tasks(adapter, hands, seed)]
 
 
-def play(opponent: str, strategy, hands: int, seed: int) -> tuple[list[float], float]:
-    """`strategy` in the model's seat for the first `hands` held-out deals: chips per hand, fold-preflop rate.
-    None of the strategies folds when checking is free, so env_options.free_fold changes nothing here."""
-    options = {"opponent": opponent}
+def play(opponent: str, strategy, hands: int, seed: int) -> tuple[list[float], list[float], float]:
+    """`strategy` in the model's seat for the first `hands` held-out deals: chips per hand, the env_options.reward
+    = allin_ev reward per hand (the same hands), fold-preflop rate. None of the strategies folds when checking is
+    free, so env_options.free_fold changes nothing here."""
+    options = {"opponent": opponent, "reward": "allin_ev"}
     deals = eval_deals(opponent, hands, seed)
     table = PokerSandbox(2, options)
-    rng, chips, fold_preflop = random.Random(seed), [], 0
+    rng, chips, expected, fold_preflop = random.Random(seed), [], [], 0
     try:
         for deal in deals:
             obs = table.reset(deal)
             while obs is not None:
                 obs = table.step(strategy(obs.state, obs.legal, rng)).observation
-            chips.append(table.chips)
-            fold_preflop += table.summary()["fold_preflop"]
+            summary = table.summary()
+            chips.append(summary["chips"])
+            expected.append(summary["expected_chips"])
+            fold_preflop += summary["fold_preflop"]
     finally:
         table.close()
-    return chips, fold_preflop / hands
+    return chips, expected, fold_preflop / hands
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,12 +98,15 @@ def main(argv: list[str] | None = None) -> None:
     for opponent in RULE_BASED:
         for name, strategy in STRATEGIES.items():
             t0 = time.perf_counter()
-            chips, fp = play(opponent, strategy, args.hands, args.seed)
+            chips, expected, fp = play(opponent, strategy, args.hands, args.seed)
             m, half = statistics.mean(chips), 1.96 * statistics.stdev(chips) / len(chips) ** 0.5
             means[name].append(m)
             print(json.dumps({"opponent": opponent, "strategy": name, "reads_hand": name not in BLIND,
                               "hands": args.hands, "seed": args.seed,
                               "chips_per_hand": round(m, 3), "ci95": round(half, 3), "fold_preflop_rate": round(fp, 3),
+                              "chips_sd": round(statistics.stdev(chips), 2),
+                              "allin_ev_per_hand": round(statistics.mean(expected), 3),
+                              "allin_ev_sd": round(statistics.stdev(expected), 2),
                               "wall_s": round(time.perf_counter() - t0, 1)}), flush=True)
     base = statistics.mean(means["fold"])
     for name, per in means.items():

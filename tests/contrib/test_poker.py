@@ -252,6 +252,9 @@ def test_bench_poker_strategies_plays_the_eval_hands(capsys):
     by = {(d["opponent"], d["strategy"]): d for d in cells}
     assert by[("calling_station", "call")]["fold_preflop_rate"] == 0.0  # never folds
     assert by[("loose_aggressive", "fold")]["chips_per_hand"] < 0  # folding loses the blinds
+    shove = by[("calling_station", "all_in")]  # every hand an all-in the station calls: the luck allin_ev removes
+    assert shove["allin_ev_sd"] < shove["chips_sd"] and by[("calling_station", "fold")]["allin_ev_sd"] == by[
+        ("calling_station", "fold")]["chips_sd"]
     # echo2 eval's hands: the held-out stream, which no training run with run.seed = 0 deals
     from echo2sdk.adapters.evaluate import HELD_OUT_SEED, held_out_tasks
 
@@ -280,3 +283,83 @@ def test_summarize_splits_preflop_folds_by_starting_hand():
         while not ep.step("<answer>call</answer>").done:  # illegal when checking is free: the fallback checks
             pass
         assert ep.sandbox.summary()["preflop_band"] == preflop_band(hand)  # what the record's meta.extra carries
+
+
+def _play_scripted(opponent, strategy, deals, **options):
+    """`strategy(state, legal)` in the model's seat of a PokerSandbox, hand by hand: (sandbox, summaries,
+    rewards handed out per hand)."""
+    from echo2_poker.table import PokerSandbox
+
+    table = PokerSandbox(2, {"opponent": opponent, **options})
+    summaries, rewards = [], []
+    for deal in deals:
+        obs, total = table.reset(deal), 0.0
+        while obs is not None:
+            tr = table.step(strategy(obs.state, obs.legal))
+            obs, total = tr.observation, total + tr.reward
+        summaries.append(table.summary())
+        rewards.append(total)
+    return table, summaries, rewards
+
+
+def test_allin_ev_reward_is_the_chips_expectation_with_less_luck():
+    """env_options.reward = allin_ev: after an all-in before the river the hand's reward is the seat's mean
+    result over the boards still to come; the dealt chips stay in the summary. Over 300 all-in hands the two
+    agree in mean (the paired difference within 3 standard errors) while the reward's spread drops."""
+    import statistics
+
+    def shove(state, legal):
+        return "all_in" if "all_in" in legal else legal[0]
+
+    _, summaries, rewards = _play_scripted("calling_station", shove, range(300), reward="allin_ev")
+    chips = [s["chips"] for s in summaries]
+    assert rewards == [s["expected_chips"] for s in summaries]
+    assert sum(r != c for r, c in zip(rewards, chips)) > 250  # a shove the station calls: every hand adjusted
+    diff = [c - r for c, r in zip(chips, rewards)]
+    assert abs(statistics.mean(diff)) < 3 * statistics.stdev(diff) / len(diff) ** 0.5
+    assert statistics.stdev(rewards) < 0.5 * statistics.stdev(chips)
+    # the default reward is the chips themselves, and no summary says otherwise
+    _, plain, plain_rewards = _play_scripted("calling_station", shove, range(20))
+    assert plain_rewards == [s["chips"] for s in plain] == chips[:20] and "expected_chips" not in plain[0]
+
+
+def test_allin_ev_leaves_folds_and_river_showdowns_alone_and_counts_the_unseen_cards():
+    def passive(state, legal):  # checks or calls to the river: no all-in, a showdown on the full board
+        return "check" if "check" in legal else "call"
+
+    table, summaries, rewards = _play_scripted("calling_station", passive, range(20), reward="allin_ev")
+    assert rewards == [s["chips"] for s in summaries] == [s["expected_chips"] for s in summaries]
+    assert table.expected is None and any(s["chips"] for s in summaries)
+
+    def fold(state, legal):
+        return "fold" if "fold" in legal else legal[0]
+
+    _, summaries, rewards = _play_scripted("loose_aggressive", fold, range(20), reward="allin_ev")
+    assert rewards == [s["chips"] for s in summaries] == [s["expected_chips"] for s in summaries]
+
+    def flop_shove(state, legal):  # call preflop, all in on the flop: the last two board cards are enumerated
+        return "call" if state["stage"] == "preflop" and "call" in legal else ("all_in" if "all_in" in legal else legal[0])
+
+    table, summaries, _ = _play_scripted("calling_station", flop_shove, [3], reward="allin_ev")
+    game = table._raw.game
+    board, pool = table.unseen(3)
+    held = {c.get_index() for p in game.players for c in p.hand}
+    assert len(board) == 3 and len(pool) == 52 - 4 - 3 and len(held) == 4
+    assert not {c.get_index() for c in pool} & (held | {c.get_index() for c in board})
+    assert game.public_cards[3].get_index() in {c.get_index() for c in pool}  # the dealt turn is one of the boards
+    assert table.expected is not None and table.expected == summaries[0]["expected_chips"]
+
+
+def test_allin_ev_through_the_adapter_and_a_bad_reward_named():
+    adapter = _adapter(opponent="calling_station", reward="allin_ev")
+    ep = adapter.start(next(adapter.tasks(5)), 0)
+    while not (st := ep.step("<answer>all_in</answer>")).done:
+        pass
+    info = ep.result().info
+    assert st.reward == ep.sandbox.summary()["expected_chips"] != info["chips"]  # the shove met a call
+    with pytest.raises(ConfigError, match=r"env_options.reward must be one of chips, allin_ev, got 'ev'"):
+        _adapter(reward="ev")
+    from echo2_poker.plugin import PokerPlugin
+
+    stats = PokerPlugin().summarize([{"expected_chips": 3.0}, {"expected_chips": -1.0}, {}])
+    assert stats["expected_chips_mean"] == 1.0

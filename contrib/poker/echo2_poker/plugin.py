@@ -13,6 +13,9 @@ env_options:
                         rules
   describe_hand:        true: each state also names the seat's hand ("You hold: pair." / "weak starting
                         hand" preflop, by the rule-based opponents' strength bands); default false
+  reward:               chips (default: the seat's net chips for the hand) | allin_ev: after an all-in before
+                        the river, the seat's expected chips over the boards that could still come (the same
+                        expectation, far less luck; see table.py); summaries add "expected_chips"
 
 Defaults for SandboxAdapter: serializer `envstate->chat_prompt_v2`, penalty 2 chips (one big blind) for a
 malformed or illegal reply, whose fallback is check if free, else fold.
@@ -27,13 +30,14 @@ from echo2sdk.core import checks
 from echo2sdk.errors import ConfigError, NameNotFound
 
 from .opponents import OPPONENTS
+from .table import REWARDS
 from .serializer import ChatPromptV2
 
 __all__ = ["PokerPlugin", "ENV_IDS"]
 
 ENV_IDS = {"nlhe_headsup_v1": 2, "nlhe_6max_v1": 6}
 _OPTIONS = ("opponent", "seat", "opponent_model", "opponent_backend", "opponent_max_tokens", "opponent_temperature",
-            "free_fold", "describe_hand")
+            "free_fold", "describe_hand", "reward")
 
 
 class PokerPlugin:
@@ -61,6 +65,8 @@ class PokerPlugin:
         for key in ("free_fold", "describe_hand"):
             if key in options and not isinstance(options[key], bool):
                 raise ConfigError(f"poker://{env_id}: env_options.{key} must be true or false, got {options[key]!r}")
+        if options.get("reward", "chips") not in REWARDS:
+            raise ConfigError(f"poker://{env_id}: env_options.reward must be one of {', '.join(REWARDS)}, got {options['reward']!r}")
         seat = options.get("seat", 0)
         checks.integer(f"poker://{env_id} env_options.seat", seat, lo=0, hi=n - 1, error=ConfigError)
 
@@ -74,7 +80,7 @@ class PokerPlugin:
         """Per-cell statistics of evaluated hands (`echo2 eval` prints them under the table): how often the seat
         won chips, folded preflop, folded at all, and put chips in preflop voluntarily (VPIP: a call or a raise);
         and the preflop fold rate of weak and of premium-or-strong starting hands (a policy that reads its hand
-        folds the first far more often)."""
+        folds the first far more often); with env_options.reward = allin_ev the mean all-in expectation too."""
         def rate(key: str, hands: Sequence[Mapping[str, Any]] = extras) -> float:
             return sum(bool(e.get(key)) for e in hands) / max(1, len(hands))
 
@@ -84,6 +90,9 @@ class PokerPlugin:
             hands = [e for e in extras if e.get("preflop_band") in bands]
             if hands:
                 out[f"fold_preflop_{label}_rate"] = rate("fold_preflop", hands)
+        expected = [e["expected_chips"] for e in extras if "expected_chips" in e]  # env_options.reward = allin_ev
+        if expected:
+            out["expected_chips_mean"] = sum(expected) / len(expected)
         return out
 
     def components(self) -> Mapping[str, Mapping[str, Any]]:

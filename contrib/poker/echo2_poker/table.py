@@ -5,10 +5,19 @@ Rewards are chips (blinds 1/2, 100-chip stacks): the seat's net chip change for 
 last step's reward, read from AEC `last()` when the hand is over. A hand that ends before the model's
 seat acts (everyone folds to its big blind) is re-dealt from a seed derived from the episode seed, so
 every episode has at least one decision and one seed always gives the same hand.
+
+env_options.reward = "allin_ev" swaps luck for its expectation where no decision is left: when the hand went
+to showdown after an all-in before the river, the seat's reward is its mean result over the boards that could
+have come (all of them after a flop all-in, `ALLIN_EV_SAMPLES` drawn ones after a preflop all-in), split by
+rlcard's own judge; the dealt board would be one of them. The expectation is the same as the chips' (the
+remaining cards are drawn from the same deck either way), the variance far lower: a call with the worst hand
+no longer pays because this deal's river did. `summary()` keeps the dealt result as "chips".
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import warnings
 from collections.abc import Mapping
@@ -24,6 +33,9 @@ __all__ = ["PokerSandbox", "ACTIONS"]
 
 ACTIONS = ("fold", "check_call", "raise_half_pot", "raise_pot", "all_in")  # rlcard Action values 0..4
 _REDEALS = 64
+ALLIN_EV_SAMPLES = 400  # boards drawn for a preflop all-in (C(48, 5) is too many); later streets enumerate
+_BOARD_KNOWN = {"preflop": 0, "flop": 3, "turn": 4}  # cards on the board while that street's betting went on
+REWARDS = ("chips", "allin_ev")
 
 
 def _make_env(num_players: int):
@@ -56,6 +68,7 @@ class PokerSandbox:
         self.free_fold = bool(options.get("free_fold", True))
         # true: the state also names the seat's hand ("pair", "weak starting hand"): a small model reads cards badly
         self.describe_hand = bool(options.get("describe_hand", False))
+        self.allin_ev = options.get("reward", "chips") == "allin_ev"
         self.env = _make_env(num_players)
         self.agent = f"player_{self.seat}"
         self.chips = 0.0
@@ -158,6 +171,34 @@ class PokerSandbox:
         self.over = True
         return None, reward
 
+    def allin_expectation(self) -> float | None:
+        """The seat's expected chips over the boards still to come when the last decision of a finished hand was
+        made before the river and the hand went to showdown (an all-in); None otherwise (a fold ended it, or the
+        betting reached the river)."""
+        game = self._raw.game
+        known = _BOARD_KNOWN.get(self.log[-1][0]) if self.log else None
+        alive = [p for p in game.players if p.status.name != "FOLDED"]
+        if known is None or len(alive) < 2 or game.players[self.seat].status.name == "FOLDED":
+            return None
+        board, pool = self.unseen(known)
+        need = 5 - known
+        if math.comb(len(pool), need) <= 2 * ALLIN_EV_SAMPLES:
+            boards = list(itertools.combinations(pool, need))
+        else:
+            rng = random.Random(f"{self.hand_seed}|allin_ev")
+            boards = [rng.sample(pool, need) for _ in range(ALLIN_EV_SAMPLES)]
+        total = 0.0
+        for rest in boards:
+            hands = [p.hand + board + list(rest) if p.status.name != "FOLDED" else None for p in game.players]
+            total += game.judger.judge_game(game.players, hands)[self.seat]
+        return total / len(boards)
+
+    def unseen(self, known: int) -> tuple[list, list]:
+        """The first `known` board cards, and every card neither on them nor in any seat's hand (folded ones
+        too: the deck the rest of the board was dealt from). rlcard Card objects."""
+        game = self._raw.game
+        return list(game.public_cards[:known]), list(game.dealer.deck) + list(game.public_cards[known:])
+
     def reset(self, seed: int) -> Observation:
         for k in range(_REDEALS):
             s = seed if k == 0 else random.Random(f"{seed}|redeal|{k}").randrange(2**31)
@@ -172,6 +213,7 @@ class PokerSandbox:
             }
             self.log: list[tuple[str, int, str, int]] = []
             self.chips, self.decisions, self.over = 0.0, 0, False
+            self.expected: float | None = None  # allin_expectation() of the finished hand, when computed
             obs, reward = self._advance()
             if obs is not None:
                 self.chips += reward
@@ -185,6 +227,11 @@ class PokerSandbox:
         self.decisions += 1
         obs, reward = self._advance()
         self.chips += reward
+        if self.over and self.allin_ev:  # the hand's chips (self.chips, all of it in this reward) -> their expectation
+            ev = self.allin_expectation()
+            if ev is not None:
+                reward += ev - self.chips
+                self.expected = ev
         return Transition(obs, reward)
 
     def fallback(self, observation: Observation) -> str:
@@ -200,6 +247,8 @@ class PokerSandbox:
         mine = [(stage, name) for stage, player, name, _ in self.log if player == self.seat]
         return {
             "chips": self.chips,
+            # with reward = allin_ev: the reward handed out (the all-in expectation, else the chips)
+            **({"expected_chips": self.chips if self.expected is None else self.expected} if self.allin_ev else {}),
             "won": self.chips > 0,
             # what the seat played (a fallback's fold counts): the degenerate policy folds preflop every hand
             "fold_preflop": ("preflop", "fold") in mine,
