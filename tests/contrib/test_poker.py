@@ -363,3 +363,45 @@ def test_allin_ev_through_the_adapter_and_a_bad_reward_named():
 
     stats = PokerPlugin().summarize([{"expected_chips": 3.0}, {"expected_chips": -1.0}, {}])
     assert stats["expected_chips_mean"] == 1.0
+
+
+@pytest.mark.parametrize("street", ["flop", "turn"])
+def test_allin_ev_equals_a_brute_force_count_of_every_runout(street):
+    """Heads-up, the seat calls down to `street` and moves all in; the station calls. Every runout is counted
+    here independently of the sandbox's judge: rlcard's hand ranking only, the pot arithmetic by hand (win:
+    +the matched chips, loss: -them, tie: 0). The reward must equal that mean exactly (both enumerate)."""
+    import itertools
+
+    from rlcard.games.limitholdem.utils import compare_hands
+
+    def shove_on(state, legal):
+        if state["stage"] == street and "all_in" in legal:
+            return "all_in"
+        return "check" if "check" in legal else "call"
+
+    checked = 0
+    for deal in range(40):
+        table, summaries, rewards = _play_scripted("calling_station", shove_on, [deal], reward="allin_ev")
+        if table.expected is None:  # the hand ended otherwise (e.g. no all-in was legal)
+            continue
+        game = table._raw.game
+        known = {"flop": 3, "turn": 4}[street]
+        board = [c.get_index() for c in game.public_cards[:known]]
+        held = {c.get_index() for p in game.players for c in p.hand}
+        pool = [s + r for r in "A23456789TJQK" for s in "SHDC" if s + r not in held and s + r not in board]
+        mine, theirs = table.seat, 1 - table.seat
+        matched = min(game.players[mine].in_chips, game.players[theirs].in_chips)
+        total, n = 0.0, 0
+        for rest in itertools.combinations(pool, 5 - known):
+            hands = [None, None]
+            for j in (mine, theirs):
+                hands[j] = [c.get_index() for c in game.players[j].hand] + board + list(rest)
+            win = compare_hands(hands)
+            total += 0 if win[mine] == win[theirs] else (matched if win[mine] else -matched)
+            n += 1
+        assert n == (990 if street == "flop" else 44)
+        assert rewards[0] == summaries[0]["expected_chips"] == pytest.approx(total / n, abs=1e-9)
+        checked += 1
+        if checked == 3:
+            break
+    assert checked == 3

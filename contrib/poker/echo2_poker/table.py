@@ -33,7 +33,8 @@ __all__ = ["PokerSandbox", "ACTIONS"]
 
 ACTIONS = ("fold", "check_call", "raise_half_pot", "raise_pot", "all_in")  # rlcard Action values 0..4
 _REDEALS = 64
-ALLIN_EV_SAMPLES = 400  # boards drawn for a preflop all-in (C(48, 5) is too many); later streets enumerate
+ALLIN_EV_SAMPLES = 400  # boards drawn for a preflop all-in (C(48, 5) is too many)
+_ENUMERATE_UP_TO = 1000  # runouts enumerated: a heads-up flop all-in's C(45, 2) = 990, any turn all-in's
 _BOARD_KNOWN = {"preflop": 0, "flop": 3, "turn": 4}  # cards on the board while that street's betting went on
 REWARDS = ("chips", "allin_ev")
 
@@ -182,7 +183,7 @@ class PokerSandbox:
             return None
         board, pool = self.unseen(known)
         need = 5 - known
-        if math.comb(len(pool), need) <= 2 * ALLIN_EV_SAMPLES:
+        if math.comb(len(pool), need) <= _ENUMERATE_UP_TO:
             boards = list(itertools.combinations(pool, need))
         else:
             rng = random.Random(f"{self.hand_seed}|allin_ev")
@@ -230,7 +231,7 @@ class PokerSandbox:
         if self.over and self.allin_ev:  # the hand's chips (self.chips, all of it in this reward) -> their expectation
             ev = self.allin_expectation()
             if ev is not None:
-                reward += ev - self.chips
+                reward = reward - self.chips + ev  # the whole hand's chips came in this reward: exactly ev
                 self.expected = ev
         return Transition(obs, reward)
 
