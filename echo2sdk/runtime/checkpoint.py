@@ -3,6 +3,9 @@
     DIR/checkpoints/step-000120/
       config.json, model.safetensors, generation_config.json, tokenizer files
                               the policy, Hugging Face format (loadable by transformers and vLLM as it is)
+      model.safetensors.index.json
+                              names model.safetensors as the policy's only weight file: vLLM, SGLang and
+                              echo2's snapshot layout otherwise take every *.safetensors here for weights
       optimizer.safetensors   the optimizer's tensors (AdamW moments and step), "<parameter name>/<key>"
       optimizer.json          its param_groups (lr, betas, weight decay, ...) and any non-tensor state
       rng.safetensors         torch's CPU (and CUDA) generator states
@@ -33,6 +36,7 @@ import os
 import random
 import re
 import shutil
+import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -174,11 +178,26 @@ def _fsync_tree(folder: Path) -> None:
         _fsync_dir(sub)
 
 
+def _index_weights(folder: Path) -> None:
+    """Write model.safetensors.index.json for a single-file model.safetensors (a sharded save_pretrained
+    writes its own): its tensor names, each in model.safetensors."""
+    model, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if index.exists() or not model.is_file():
+        return
+    with open(model, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    names = sorted(k for k in header if k != "__metadata__")
+    index.write_text(json.dumps({"metadata": {"total_size": model.stat().st_size - 8 - n},
+                                 "weight_map": {name: model.name for name in names}}, indent=1))
+
+
 def _write(tmp: Path, write_model: Callable[[Path], None], optimizer: Mapping[str, Any], state: Mapping[str, Any],
            secrets: Mapping[str, bytes]) -> None:
     from safetensors.torch import save_file
 
     write_model(tmp)
+    _index_weights(tmp)
     opt_tensors, opt_plain = _split_optimizer(optimizer)
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
     (tmp / "optimizer.json").write_text(json.dumps(opt_plain))

@@ -89,6 +89,19 @@ def test_save_is_atomic_keeps_the_last_k_and_guards_its_secrets(tiny, tmp_path):
     # the policy folder is plain Hugging Face
     AutoModelForCausalLM.from_pretrained(last.path)
     AutoTokenizer.from_pretrained(last.path)
+    # ... whose index names model.safetensors as the only weight file: vLLM, SGLang and the snapshot layout
+    # otherwise load optimizer.safetensors and rng.safetensors as weights ('embed_tokens.weight/exp_avg')
+    from safetensors import safe_open
+
+    from echo2sdk.backends._common import Layout
+
+    index = json.loads((last.path / "model.safetensors.index.json").read_text())
+    with safe_open(str(last.path / "model.safetensors"), "pt") as fh:
+        stored = set(fh.keys())
+    assert set(index["weight_map"]) == stored and set(index["weight_map"].values()) == {"model.safetensors"}
+    assert {"optimizer.safetensors", "rng.safetensors"} <= {p.name for p in last.path.glob("*.safetensors")}
+    layout = Layout.from_folder(last.path)
+    assert set(layout.shapes) == stored and all(not k.endswith("exp_avg") for k in layout.shapes)
     # secrets: a 0700 folder of 0600 files; the signing key signs as before
     assert stat.S_IMODE((last.path / "secrets").stat().st_mode) == 0o700
     for f in (last.path / "secrets").iterdir():
