@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from echo2sdk.core import capacity
@@ -321,8 +321,17 @@ class Coordinator:
         return {"adapter_failures": dict(total), "groups_dropped": sum(w.groups_dropped for w in self.workers.values())}
 
     def worker_table(self) -> list[dict[str, Any]]:
+        """One row per worker seen, without its session, relay fingerprint and bookkeeping sets. Safe to call
+        from another thread than the coordinator's loop: no field is deep-copied while the loop mutates it
+        (dataclasses.asdict did, and raised "deque mutated during iteration" on `batches`); the workers and
+        their failure counts are copied in one C-level call each."""
         hidden = ("batches", "installed", "session", "relay_fingerprint")
-        return [{k: v for k, v in asdict(w).items() if k not in hidden} for w in self.workers.values()]
+        rows = []
+        for w in list(self.workers.values()):
+            row = {f.name: getattr(w, f.name) for f in fields(w) if f.name not in hidden}
+            row["adapter_failures"] = dict(row["adapter_failures"])
+            rows.append(row)
+        return rows
 
     # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) ---------------------------------
     default_active: bool = True  # whether a worker that joins is handed tasks at once

@@ -256,3 +256,39 @@ def test_the_versions_a_worker_reported_are_forgotten_with_its_record(loop, monk
         assert "installed" not in c.worker_table()[0]  # internal: not in the run's worker table
     finally:
         c.stop()
+
+
+def test_worker_table_is_safe_while_the_coordinator_loop_mutates_a_worker():
+    """The trainer reads worker_table() from its own thread while the coordinator's loop appends to a worker's
+    recent batch ids and failure counts; dataclasses.asdict deep-copied the deque mid-append ("deque mutated
+    during iteration": a CI failure of test_run_writes_metrics_summary_and_checkpoint)."""
+    import sys
+    import threading
+
+    from echo2sdk.runtime.coordinator import WorkerInfo
+
+    c = make_coordinator(tls=False)
+    w = WorkerInfo("w0", "127.0.0.1:1")
+    c.workers["w0"] = w
+    stop = threading.Event()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            w.batches.append(f"b{i}")
+            w.adapter_failures[f"r{i % 97}"] = i
+            i += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as possible: the race shows within a few calls
+    t = threading.Thread(target=churn, daemon=True)
+    t.start()
+    try:
+        for _ in range(3000):
+            row = c.worker_table()[0]
+            assert row["worker_id"] == "w0" and "batches" not in row and "installed" not in row
+    finally:
+        stop.set()
+        t.join(5)
+        sys.setswitchinterval(old)
+        c.stop()
