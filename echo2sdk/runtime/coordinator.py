@@ -295,7 +295,7 @@ class Coordinator:
 
     # -- statistics --------------------------------------------------------------------------------
     def alive_workers(self) -> list[WorkerInfo]:
-        return [w for w in self.workers.values() if w.alive]
+        return [w for w in list(self.workers.values()) if w.alive]  # list(): a join mid-call from the loop's thread
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -316,9 +316,10 @@ class Coordinator:
         """Rollouts the workers' adapters failed (score raised, or gave a NaN or a non-number), by reason, and
         the groups the workers dropped for them: the sums of what every worker seen last reported."""
         total: Counter[str] = Counter()
-        for w in self.workers.values():
-            total.update(w.adapter_failures)
-        return {"adapter_failures": dict(total), "groups_dropped": sum(w.groups_dropped for w in self.workers.values())}
+        workers = list(self.workers.values())  # copied in one C-level call each: the loop may mutate them meanwhile
+        for w in workers:
+            total.update(dict(w.adapter_failures))
+        return {"adapter_failures": dict(total), "groups_dropped": sum(w.groups_dropped for w in workers)}
 
     def worker_table(self) -> list[dict[str, Any]]:
         """One row per worker seen, without its session, relay fingerprint and bookkeeping sets. Safe to call

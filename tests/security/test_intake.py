@@ -259,8 +259,8 @@ def test_the_versions_a_worker_reported_are_forgotten_with_its_record(loop, monk
 
 
 def test_worker_table_is_safe_while_the_coordinator_loop_mutates_a_worker():
-    """The trainer reads worker_table() from its own thread while the coordinator's loop appends to a worker's
-    recent batch ids and failure counts; dataclasses.asdict deep-copied the deque mid-append ("deque mutated
+    """The trainer reads worker_table(), alive_workers() and adapter_failures() from its own thread while the
+    coordinator's loop appends to a worker's recent batch ids and failure counts and registers workers; dataclasses.asdict deep-copied the deque mid-append ("deque mutated
     during iteration": a CI failure of test_run_writes_metrics_summary_and_checkpoint)."""
     import sys
     import threading
@@ -268,15 +268,20 @@ def test_worker_table_is_safe_while_the_coordinator_loop_mutates_a_worker():
     from echo2sdk.runtime.coordinator import WorkerInfo
 
     c = make_coordinator(tls=False)
-    w = WorkerInfo("w0", "127.0.0.1:1")
-    c.workers["w0"] = w
+    w, w1 = WorkerInfo("w0", "127.0.0.1:1"), WorkerInfo("w1", "127.0.0.1:2")
+    c.workers["w0"], c.workers["w1"] = w, w1
     stop = threading.Event()
 
-    def churn() -> None:
+    def churn() -> None:  # and workers joining and leaving: alive_workers / adapter_failures iterate the registry
         i = 0
         while not stop.is_set():
             w.batches.append(f"b{i}")
             w.adapter_failures[f"r{i % 97}"] = i
+            w1.adapter_failures[f"r{i % 89}"] = i
+            if i % 7 == 0:
+                c.workers[f"j{i % 5}"] = WorkerInfo(f"j{i % 5}", "127.0.0.1:3")
+            elif i % 7 == 3:
+                c.workers.pop(f"j{i % 5}", None)
             i += 1
 
     old = sys.getswitchinterval()
@@ -287,6 +292,7 @@ def test_worker_table_is_safe_while_the_coordinator_loop_mutates_a_worker():
         for _ in range(3000):
             row = c.worker_table()[0]
             assert row["worker_id"] == "w0" and "batches" not in row and "installed" not in row
+            assert len(c.alive_workers()) >= 2 and c.adapter_failures()["groups_dropped"] == 0
     finally:
         stop.set()
         t.join(5)
