@@ -1,7 +1,7 @@
 """Scripted poker strategies against the rule-based opponents: the ceiling of what a policy can reach with and
 without reading its own hand, measured on the same seeded hands `echo2 eval` deals.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/poker_strategies.py [--hands 1000] [--seed 0]
+    PYTHONPATH=$PWD .venv/bin/python bench/poker_strategies.py [--hands 1000] [--seed 0] [--postflop tight_aggressive]
 
 Strategies (a scripted seat in place of the model, the sandbox and opponents unchanged):
   fold         folds whenever it faces a bet, checks when free (what the collapsed GRPO policy learned)
@@ -11,9 +11,14 @@ Strategies (a scripted seat in place of the model, the sandbox and opponents unc
   fit_or_fold  checks or calls a playable hand (preflop strength >= 0.5 or a pair or better), else folds to a bet
   value_raise  raises a playable hand, checks or calls the rest
   tight_aggressive, loose_aggressive: the opponents' own rules from the model's seat
+  shove_strong moves all in preflop with a premium or strong starting hand, else folds (checks when free)
 
 Each cell also gives the spread of the hand's chips and of the env_options.reward = allin_ev reward on the same
 hands (the all-in expectation: the same mean, what luck it removes shows in allin_ev_sd vs chips_sd).
+
+With --postflop RULE (env_options.postflop, the preflop curriculum) each strategy decides preflop only and RULE
+plays the seat from the flop on: the ceiling of each preflop strategy in that curriculum. With --preflop push_fold
+(env_options.preflop) only the strategies that choose among fold, check and all in play: fold, all_in, shove_strong.
 
 The table is built directly (PokerSandbox): no plug-in validation, no max_turns forfeit (heads-up hands of
 these strategies end within a few decisions anyway). One JSON line per (opponent, strategy): mean chips per hand with its 95 % interval half-width, fold-preflop
@@ -31,7 +36,8 @@ import statistics
 import time
 
 from echo2_poker.opponents import RULE_BASED, CallingStation, LooseAggressive, TightAggressive, _passive, _playable, _raise
-from echo2_poker.table import PokerSandbox
+from echo2_poker.cards import preflop_strength
+from echo2_poker.table import POSTFLOP, PREFLOP, PokerSandbox
 
 from echo2sdk.adapters.evaluate import held_out_tasks
 from echo2sdk.adapters.sandbox import SandboxAdapter
@@ -53,10 +59,18 @@ def value_raise(state, legal, rng):
     return _raise(legal, big=False) if _playable(state) else _passive(legal)
 
 
+def shove_strong(state, legal, rng):
+    if not state["board"] and preflop_strength(state["hand"]) >= 0.55 and "all_in" in legal:
+        return "all_in"
+    return "fold" if state["to_call"] > 0 and "fold" in legal else _passive(legal)
+
+
 STRATEGIES = {"fold": fold, "call": CallingStation().act, "all_in": all_in, "fit_or_fold": fit_or_fold,
               "value_raise": value_raise,
-              "tight_aggressive": TightAggressive().act, "loose_aggressive": LooseAggressive().act}
+              "tight_aggressive": TightAggressive().act, "loose_aggressive": LooseAggressive().act,
+              "shove_strong": shove_strong}
 BLIND = ("fold", "call", "all_in")
+PUSH_FOLD = ("fold", "all_in", "shove_strong")  # the strategies legal under env_options.preflop = push_fold
 
 
 def eval_deals(opponent: str, hands: int, seed: int) -> list[int]:
@@ -65,11 +79,12 @@ def eval_deals(opponent: str, hands: int, seed: int) -> list[int]:
     return [task.info["seed"] for task in held_out_tasks(adapter, hands, seed)]
 
 
-def play(opponent: str, strategy, hands: int, seed: int) -> tuple[list[float], list[float], float]:
+def play(opponent: str, strategy, hands: int, seed: int, postflop: str = "model",
+         preflop: str = "all") -> tuple[list[float], list[float], float]:
     """`strategy` in the model's seat for the first `hands` held-out deals: chips per hand, the env_options.reward
     = allin_ev reward per hand (the same hands), fold-preflop rate. None of the strategies folds when checking is
     free, so env_options.free_fold changes nothing here."""
-    options = {"opponent": opponent, "reward": "allin_ev"}
+    options = {"opponent": opponent, "reward": "allin_ev", "postflop": postflop, "preflop": preflop}
     deals = eval_deals(opponent, hands, seed)
     table = PokerSandbox(2, options)
     rng, chips, expected, fold_preflop = random.Random(seed), [], [], 0
@@ -91,18 +106,22 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hands", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--postflop", default="model", choices=POSTFLOP, help="who plays the seat from the flop on")
+    p.add_argument("--preflop", default="all", choices=PREFLOP, help="the seat's preflop choices")
     args = p.parse_args(argv)
     if args.hands < 2:
         p.error(f"--hands {args.hands}: at least 2 for a confidence interval")
-    means: dict[str, list[float]] = {name: [] for name in STRATEGIES}
+    names = PUSH_FOLD if args.preflop == "push_fold" else tuple(STRATEGIES)
+    means: dict[str, list[float]] = {name: [] for name in names}
     for opponent in RULE_BASED:
-        for name, strategy in STRATEGIES.items():
+        for name in names:
+            strategy = STRATEGIES[name]
             t0 = time.perf_counter()
-            chips, expected, fp = play(opponent, strategy, args.hands, args.seed)
+            chips, expected, fp = play(opponent, strategy, args.hands, args.seed, args.postflop, args.preflop)
             m, half = statistics.mean(chips), 1.96 * statistics.stdev(chips) / len(chips) ** 0.5
             means[name].append(m)
             print(json.dumps({"opponent": opponent, "strategy": name, "reads_hand": name not in BLIND,
-                              "hands": args.hands, "seed": args.seed,
+                              "hands": args.hands, "seed": args.seed, "postflop": args.postflop, "preflop": args.preflop,
                               "chips_per_hand": round(m, 3), "ci95": round(half, 3), "fold_preflop_rate": round(fp, 3),
                               "chips_sd": round(statistics.stdev(chips), 2),
                               "allin_ev_per_hand": round(statistics.mean(expected), 3),
@@ -112,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, per in means.items():
         mix = statistics.mean(per)
         print(json.dumps({"opponent": "mixture", "strategy": name, "reads_hand": name not in BLIND,
+                          "postflop": args.postflop, "preflop": args.preflop,
                           "chips_per_hand": round(mix, 3), "vs_fold": round(mix - base, 3)}), flush=True)
 
 

@@ -79,6 +79,10 @@ class AnswerTagRenderer:
         prompt (it used to be legal[0], "fold" in poker) is a bias a small model can copy."""
         return "Always output exactly one of the legal actions as <answer>ACTION</answer>."
 
+    def answer(self, action: str) -> str:
+        """A reply naming `action` in this format (a worked example's answer)."""
+        return f"<answer>{action}</answer>"
+
     def parse(self, text: str, legal: Sequence[str]) -> ParsedAction:
         if not isinstance(text, str):
             return ParsedAction(None, "unparsable")

@@ -96,6 +96,10 @@ class Sandbox(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: `example_turns() -> Sequence[tuple[Observation, str]]`, worked turns in the sandbox's own view (its
+    # options applied) that an episode shows before the first state, rendered by the serializer's `user` and the
+    # renderer's `answer`; a serializer with its own `examples(renderer)` takes precedence.
+
 
 @runtime_checkable
 class SandboxPlugin(Protocol):

@@ -222,12 +222,26 @@ class SandboxEpisode:
         except Exception:
             sandbox.close()
             raise
-        examples = getattr(adapter.serializer, "examples", None)  # optional worked turns (few-shot)
         self._messages = (
             {"role": "system", "content": adapter.serializer.system(adapter.env)},
-            *(examples(adapter.renderer) if callable(examples) else ()),
+            *self._examples(),
             {"role": "user", "content": self._user(self.obs)},
         )
+
+    def _examples(self) -> list[dict[str, str]]:
+        """Optional worked turns (few-shot) before the first state: the serializer's own, else the sandbox's
+        `example_turns()` ((Observation, action) pairs in its view under its options) rendered like every
+        state, answered in the renderer's `answer(action)` format."""
+        examples = getattr(self.adapter.serializer, "examples", None)
+        if callable(examples):
+            return examples(self.adapter.renderer)
+        turns, answer = getattr(self.sandbox, "example_turns", None), getattr(self.adapter.renderer, "answer", None)
+        if not callable(turns) or not callable(answer):
+            return []
+        out = []
+        for obs, action in turns():
+            out += [{"role": "user", "content": self._user(obs)}, {"role": "assistant", "content": answer(action)}]
+        return out
 
     def _user(self, obs: Observation) -> str:
         return self.adapter.serializer.user(obs, self.turn) + "\n" + self.adapter.renderer.instructions(obs.legal)

@@ -246,7 +246,8 @@ def test_bench_poker_strategies_plays_the_eval_hands(capsys):
     spec.loader.exec_module(bench)
     bench.main(["--hands", "12"])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    cells, mixture = lines[:21], {d["strategy"]: d for d in lines[21:]}
+    n = 3 * len(bench.STRATEGIES)
+    cells, mixture = lines[:n], {d["strategy"]: d for d in lines[n:]}
     assert {(d["opponent"], d["strategy"]) for d in cells} == {(o, s) for o in bench.RULE_BASED for s in bench.STRATEGIES}
     assert mixture["fold"]["vs_fold"] == 0.0 and set(mixture) == set(bench.STRATEGIES)
     by = {(d["opponent"], d["strategy"]): d for d in cells}
@@ -264,6 +265,136 @@ def test_bench_poker_strategies_plays_the_eval_hands(capsys):
     assert all(t.id.startswith(f"poker-{HELD_OUT_SEED}-") for t in held_out)
     train = adapter.tasks(0)  # a run with run.seed = 0: its first 200 deals
     assert not {t.info["seed"] for t in held_out} & {next(train).info["seed"] for _ in range(200)}
+    # the push/fold curriculum: only the strategies legal there, each deciding preflop only
+    bench.main(["--hands", "12", "--preflop", "push_fold", "--postflop", "tight_aggressive"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [d["strategy"] for d in lines[:3]] == list(bench.PUSH_FOLD) and len(lines) == 12
+    assert all(d["preflop"] == "push_fold" and d["postflop"] == "tight_aggressive" for d in lines)
+
+
+def test_postflop_rule_plays_the_seats_hand_from_the_flop_on():
+    """env_options.postflop: the model decides preflop only; the named rule plays the seat's postflop streets (its
+    actions are in the hand's history), and the hand's reward still arrives at the model's last step."""
+    from echo2_poker.opponents import CallingStation
+    from echo2_poker.table import PokerSandbox
+
+    rng, reached_flop = random.Random(0), 0
+    for postflop in ("calling_station", "tight_aggressive"):
+        adapter = _adapter(opponent="calling_station", postflop=postflop)
+        for seed in range(16):
+            ep, states, steps = _random_hand(adapter, seed, rng)
+            assert all("Board: -." in text for text in states)  # every state the model saw was preflop
+            log = ep.sandbox.log
+            mine_postflop = [name for stage, player, name, _ in log if player == ep.sandbox.seat and stage != "preflop"]
+            if mine_postflop:
+                reached_flop += 1
+                if postflop == "calling_station":  # the station's rule: never a fold or a raise
+                    assert set(mine_postflop) <= {"check", "call"}
+            assert sum(st.reward for st in steps) == pytest.approx(ep.sandbox.chips)
+            assert ep.sandbox.summary()["decisions"] == len(steps)  # the model's decisions only
+    assert reached_flop >= 8
+    # the rule sees the seat's own view: TightAggressive postflop folds air to a bet, the station never does
+    table = PokerSandbox(2, {"opponent": "loose_aggressive", "postflop": "tight_aggressive"})
+    try:
+        folds = 0
+        for seed in range(40):
+            obs = table.reset(seed)
+            while obs is not None:
+                obs = table.step(CallingStation().act(obs.state, obs.legal, rng)).observation
+            folds += any(p == 0 and n == "fold" and st != "preflop" for st, p, n, _ in table.log)
+        assert folds >= 1
+    finally:
+        table.close()
+    with pytest.raises(ConfigError, match=r"env_options.postflop must be one of model, calling_station, .*got 'shark'"):
+        _adapter(postflop="shark").start(next(_adapter().tasks(0)), 0)
+
+
+def test_push_fold_narrows_the_seats_preflop_choices_to_fold_or_all_in():
+    from echo2_poker.table import PokerSandbox
+
+    seen = set()
+    adapter = _adapter(opponent="mixed", preflop="push_fold", free_fold=False, postflop="tight_aggressive")
+    for seed in range(24):
+        ep = adapter.start(next(adapter.tasks(seed)), 0)
+        legal = ep.obs.legal
+        seen.add(legal)
+        assert legal in (("fold", "all_in"), ("check", "all_in")), legal
+        assert "Legal: " + ", ".join(legal) + "." in ep.messages[-1]["content"]
+        st = ep.step("<answer>raise_pot</answer>")  # rlcard's other actions are illegal now: the fallback plays
+        assert st.info["status"] == "illegal" and st.info["action"] == ("check" if "check" in legal else "fold")
+    assert seen == {("fold", "all_in"), ("check", "all_in")}
+    # only the model's seat is narrowed, and only preflop; facing an all-in the seat may call it
+    table = PokerSandbox(2, {"opponent": "calling_station", "preflop": "push_fold"})
+    try:
+        obs = table.reset(3)
+        assert "raise_pot" in table._view(1)[1]
+        assert "call" not in obs.legal and "all_in" in obs.legal
+        game = table._raw.game  # the other seat raised all in: rlcard offers fold and call only
+        game.players[1].in_chips, game.players[1].remained_chips, game.round.raised[1] = 100, 0, 100
+        assert table._view(0)[1] == ("fold", "call")
+    finally:
+        table.close()
+    # a group's answers on one deal: the same choice gets exactly the same reward (opponents' draws and the
+    # preflop runouts are seeded by the deal), so GRPO's advantage is the chosen action's value on that hand
+    adapter = _adapter(opponent="mixed", preflop="push_fold", reward="allin_ev", postflop="tight_aggressive")
+    differs = 0
+    for seed in range(8):
+        task = next(adapter.tasks(seed))
+        rewards = {}
+        for action in ("all_in", "fold", "all_in", "fold"):
+            ep = adapter.start(task, 0)
+            total, st = 0.0, None
+            while st is None or not st.done:
+                legal = ep.obs.legal
+                st = ep.step(f"<answer>{action if action in legal else legal[0]}</answer>")
+                total += st.reward
+            rewards.setdefault(action, set()).add(total)
+        assert all(len(r) == 1 for r in rewards.values()), (seed, rewards)
+        differs += rewards["all_in"] != rewards["fold"]
+    assert differs >= 6
+    with pytest.raises(ConfigError, match=r"env_options.preflop must be one of all, push_fold, got 'shove'"):
+        _adapter(preflop="shove").start(next(_adapter().tasks(0)), 0)
+
+
+def test_worked_examples_follow_the_tables_options():
+    """The two worked turns before the first state come from the table (example_turns) and are rendered like every
+    state: with default options the text the serializer used to hold fixed; describe_hand adds the hand line,
+    free_fold = false drops fold where checking is free, push_fold shows fold and all in preflop."""
+    def shown(**options):
+        ep = _adapter(opponent="calling_station", **options).start(next(_adapter().tasks(0)), 0)
+        return [m["content"] for m in ep.messages[1:5]]
+
+    fmt = "Always output exactly one of the legal actions as <answer>ACTION</answer>."
+    assert shown() == [
+        "Preflop. You are P1 (big blind).\nYour cards: 9c 4d. Board: -.\nPot 8, to call 4, your stack 98.\n"
+        "Others: P0 stack 94.\nBetting: [preflop]; P0 raise_pot 6.\nLegal: fold, call, raise_pot, all_in.\n" + fmt,
+        "<answer>fold</answer>",
+        "Flop. You are P0 (small blind).\nYour cards: Kh Qh. Board: Ks 7d 2h.\nPot 4, to call 0, your stack 98.\n"
+        "Others: P1 stack 98.\nBetting: [preflop]; you call 2; P1 check.\n"
+        "Legal: fold, check, raise_half_pot, raise_pot, all_in.\n" + fmt,
+        "<answer>raise_half_pot</answer>",
+    ]
+    view = shown(describe_hand=True, free_fold=False)
+    assert "\nYou hold: weak starting hand.\n" in view[0] and "\nYou hold: pair.\n" in view[2]
+    assert "Legal: fold, call, raise_pot, all_in." in view[0]  # facing a raise fold stays
+    assert "Legal: check, raise_half_pot, raise_pot, all_in." in view[2]
+    push = shown(describe_hand=True, preflop="push_fold")
+    assert "Legal: fold, all_in." in push[0] and push[1] == "<answer>fold</answer>"
+    assert "Your cards: As Ad." in push[2] and "You hold: premium starting hand." in push[2]
+    assert "Legal: fold, all_in." in push[2] and push[3] == "<answer>all_in</answer>"
+
+
+def test_the_push_fold_example_config_builds_its_curriculum():
+    from pathlib import Path
+
+    from echo2sdk.config import load_config
+
+    cfg = load_config(Path(__file__).parents[2] / "examples" / "poker_pushfold.toml")
+    assert cfg.run.out == "runs/poker_pushfold"
+    adapter = SandboxAdapter(env=cfg.task.adapter, **cfg.task.options)
+    ep = adapter.start(next(adapter.tasks(cfg.run.seed)), 0)
+    assert ep.obs.legal in (("fold", "all_in"), ("check", "all_in")) and "You hold: " in ep.messages[-1]["content"]
+    assert ep.sandbox.allin_ev and ep.sandbox.postflop.name == "tight_aggressive"
 
 
 def test_summarize_splits_preflop_folds_by_starting_hand():

@@ -16,6 +16,10 @@ env_options:
   reward:               chips (default: the seat's net chips for the hand) | allin_ev: after an all-in before
                         the river, the seat's expected chips over the boards that could still come (the same
                         expectation, far less luck; see table.py); summaries add "expected_chips"
+  postflop:             model (default: the model plays every street) | a rule-based policy name: a curriculum
+                        of preflop decisions, that rule plays the model's seat from the flop on
+  preflop:              all (default: rlcard's actions) | push_fold: the model's seat chooses between fold (check
+                        when free) and all in before the flop (call when the other seat is already all in)
 
 Defaults for SandboxAdapter: serializer `envstate->chat_prompt_v2`, penalty 2 chips (one big blind) for a
 malformed or illegal reply, whose fallback is check if free, else fold.
@@ -30,14 +34,14 @@ from echo2sdk.core import checks
 from echo2sdk.errors import ConfigError, NameNotFound
 
 from .opponents import OPPONENTS
-from .table import REWARDS
+from .table import POSTFLOP, PREFLOP, REWARDS
 from .serializer import ChatPromptV2
 
 __all__ = ["PokerPlugin", "ENV_IDS"]
 
 ENV_IDS = {"nlhe_headsup_v1": 2, "nlhe_6max_v1": 6}
 _OPTIONS = ("opponent", "seat", "opponent_model", "opponent_backend", "opponent_max_tokens", "opponent_temperature",
-            "free_fold", "describe_hand", "reward")
+            "free_fold", "describe_hand", "reward", "postflop", "preflop")
 
 
 class PokerPlugin:
@@ -67,6 +71,10 @@ class PokerPlugin:
                 raise ConfigError(f"poker://{env_id}: env_options.{key} must be true or false, got {options[key]!r}")
         if options.get("reward", "chips") not in REWARDS:
             raise ConfigError(f"poker://{env_id}: env_options.reward must be one of {', '.join(REWARDS)}, got {options['reward']!r}")
+        if options.get("postflop", "model") not in POSTFLOP:
+            raise ConfigError(f"poker://{env_id}: env_options.postflop must be one of {', '.join(POSTFLOP)}, got {options['postflop']!r}")
+        if options.get("preflop", "all") not in PREFLOP:
+            raise ConfigError(f"poker://{env_id}: env_options.preflop must be one of {', '.join(PREFLOP)}, got {options['preflop']!r}")
         seat = options.get("seat", 0)
         checks.integer(f"poker://{env_id} env_options.seat", seat, lo=0, hi=n - 1, error=ConfigError)
 

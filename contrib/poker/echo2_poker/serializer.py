@@ -13,31 +13,9 @@ from typing import Any
 __all__ = ["ChatPromptV2"]
 
 
-_EXAMPLES = (
-    (
-        "Preflop. You are P1 (big blind).\nYour cards: 9c 4d. Board: -.\nPot 8, to call 4, your stack 98.\n"
-        "Others: P0 stack 94.\nBetting: [preflop]; P0 raise_pot 6.\nLegal: fold, call, raise_pot, all_in.",
-        "fold",
-    ),
-    (
-        "Flop. You are P0 (small blind).\nYour cards: Kh Qh. Board: Ks 7d 2h.\nPot 4, to call 0, your stack 98.\n"
-        "Others: P1 stack 98.\nBetting: [preflop]; you call 2; P1 check.\nLegal: fold, check, raise_half_pot, raise_pot, all_in.",
-        "raise_half_pot",
-    ),
-)
-
-
 class ChatPromptV2:
-    """With `examples()`: two worked turns shown before the first state (a 135M model follows a shown
-    answer format far better than a described one)."""
-
-    def examples(self, renderer) -> list[dict[str, str]]:
-        out = []
-        for state, action in _EXAMPLES:
-            legal = [a.strip() for a in state.rsplit("Legal: ", 1)[1].rstrip(".").split(",")]
-            out.append({"role": "user", "content": state + "\n" + renderer.instructions(legal)})
-            out.append({"role": "assistant", "content": f"<answer>{action}</answer>"})
-        return out
+    """The table's worked turns (`PokerSandbox.example_turns`, shown before the first state: a 135M model
+    follows a shown answer format far better than a described one) are rendered with `user` like every state."""
 
     def system(self, env: str) -> str:
         return (

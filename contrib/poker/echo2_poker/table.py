@@ -12,6 +12,12 @@ have come (all of them after a flop all-in, `ALLIN_EV_SAMPLES` drawn ones after 
 rlcard's own judge; the dealt board would be one of them. The expectation is the same as the chips' (the
 remaining cards are drawn from the same deck either way), the variance far lower: a call with the worst hand
 no longer pays because this deal's river did. `summary()` keeps the dealt result as "chips".
+
+env_options.postflop = "tight_aggressive" (or another rule-based policy) is a curriculum of preflop decisions:
+the model's seat decides before the flop only, and that rule plays its hand from the flop on (inside `step`, as
+the opponents play theirs). The default "model" leaves every decision to the model. env_options.preflop =
+"push_fold" narrows the seat's preflop choices to fold (or check when free) and all in (call when all in is not
+legal: the other seat already is): the short-stack game where the only question is which hands to play.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from echo2sdk.adapters.contracts import Observation, Transition
 from echo2sdk.errors import AdapterError, DependencyNotInstalled
 
 from .cards import card_text, describe_hand, preflop_band
-from .opponents import fallback, make_opponent
+from .opponents import RULE_BASED, fallback, make_opponent
 
 __all__ = ["PokerSandbox", "ACTIONS"]
 
@@ -37,6 +43,27 @@ ALLIN_EV_SAMPLES = 400  # boards drawn for a preflop all-in (C(48, 5) is too man
 _ENUMERATE_UP_TO = 1000  # runouts enumerated: a heads-up flop all-in's C(45, 2) = 990, any turn all-in's
 _BOARD_KNOWN = {"preflop": 0, "flop": 3, "turn": 4}  # cards on the board while that street's betting went on
 REWARDS = ("chips", "allin_ev")
+POSTFLOP = ("model", *RULE_BASED)  # who plays the model's seat from the flop on
+PREFLOP = ("all", "push_fold")  # the model's seat's preflop choices: rlcard's, or fold/check and all in
+_PUSH_FOLD = ("fold", "check", "all_in")
+
+
+def _example(stage, position, hand, board, pot, to_call, stack, other_stack, history, names, action):
+    you, other = ("P1", "P0") if position == "big blind" else ("P0", "P1")
+    state = {"you": you, "position": position, "stage": stage, "hand": hand, "board": board, "pot": pot,
+             "to_call": to_call, "stack": stack, "in_pot": 100 - stack,
+             "opponents": [{"seat": other, "stack": other_stack, "in_pot": 100 - other_stack, "folded": False}],
+             "history": history}
+    return state, names, action
+
+
+_EXAMPLE_FOLD = _example("preflop", "big blind", ["9c", "4d"], [], 8, 4, 98, 94, ["[preflop]", "P0 raise_pot 6"],
+                         ("fold", "call", "raise_pot", "all_in"), "fold")
+_EXAMPLE_RAISE = _example("flop", "small blind", ["Kh", "Qh"], ["Ks", "7d", "2h"], 4, 0, 98, 98,
+                          ["[preflop]", "you call 2", "P1 check"],
+                          ("fold", "check", "raise_half_pot", "raise_pot", "all_in"), "raise_half_pot")
+_EXAMPLE_SHOVE = _example("preflop", "small blind", ["As", "Ad"], [], 3, 1, 99, 98, [],
+                          ("fold", "call", "raise_pot", "all_in"), "all_in")
 
 
 def _make_env(num_players: int):
@@ -70,6 +97,9 @@ class PokerSandbox:
         # true: the state also names the seat's hand ("pair", "weak starting hand"): a small model reads cards badly
         self.describe_hand = bool(options.get("describe_hand", False))
         self.allin_ev = options.get("reward", "chips") == "allin_ev"
+        postflop = options.get("postflop", "model")
+        self.postflop = None if postflop == "model" else make_opponent(postflop, random.Random(0), {})
+        self.push_fold = options.get("preflop", "all") == "push_fold"
         self.env = _make_env(num_players)
         self.agent = f"player_{self.seat}"
         self.chips = 0.0
@@ -106,8 +136,7 @@ class PokerSandbox:
         for a in raw["raw_legal_actions"]:
             name = ACTIONS[int(a.value)]
             names.append(("check" if to_call == 0 else "call") if name == "check_call" else name)
-        if to_call == 0 and not self.free_fold:
-            names.remove("fold")
+        names = self._narrow(names, to_call, obs["stage"].name == "PREFLOP", player == self.seat)
         players = self._raw.game.players
         state = {
             "you": f"P{player}",
@@ -134,6 +163,28 @@ class PokerSandbox:
         if self.describe_hand and player == self.seat:  # the model's seat only: the LLM opponent's view is unchanged
             state["hand_strength"] = describe_hand(state["hand"], state["board"])
         return state, tuple(names)
+
+    def _narrow(self, names: list[str], to_call: int, preflop: bool, mine: bool) -> list[str]:
+        """rlcard's legal action names as the options narrow them: no fold when checking is free (free_fold =
+        false), fold-or-all-in for the model's seat before the flop (preflop = push_fold)."""
+        if to_call == 0 and not self.free_fold and "fold" in names:
+            names = [a for a in names if a != "fold"]
+        if self.push_fold and mine and preflop:
+            names = [a for a in names if a in _PUSH_FOLD or (a == "call" and "all_in" not in names)]
+        return names
+
+    def example_turns(self) -> list[tuple[Observation, str]]:
+        """Two worked turns for the prompt, in this table's view of them: the options that change a state (the
+        hand line, the legal actions) change the examples too. A weak hand folded to a raise; then a pair raised
+        on the flop, or under push_fold (where the model decides preflop) a premium hand moved all in."""
+        out = []
+        for state, names, action in (_EXAMPLE_FOLD, _EXAMPLE_SHOVE if self.push_fold else _EXAMPLE_RAISE):
+            state = {**state, "opponents": [dict(o) for o in state["opponents"]], "history": list(state["history"])}
+            if self.describe_hand:
+                state["hand_strength"] = describe_hand(state["hand"], state["board"])
+            legal = self._narrow(list(names), state["to_call"], state["stage"] == "preflop", True)
+            out.append((Observation(state=state, legal=tuple(legal)), action))
+        return out
 
     def _history(self, viewer: int) -> list[str]:
         out, stage = [], None
@@ -163,6 +214,9 @@ class PokerSandbox:
                     self.over = True
                     return None, reward
                 state, legal = self._view(player)
+                if self.postflop is not None and state["board"]:  # the curriculum's rule plays the seat's postflop
+                    self._act(player, self.postflop.act(state, legal, self.rng))
+                    continue
                 return Observation(state=state, legal=legal), reward
             if term or trunc:
                 env.step(None)
