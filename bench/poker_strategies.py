@@ -60,8 +60,9 @@ def value_raise(state, legal, rng):
 
 
 def shove_strong(state, legal, rng):
-    if not state["board"] and preflop_strength(state["hand"]) >= 0.55 and "all_in" in legal:
-        return "all_in"
+    if not state["board"] and preflop_strength(state["hand"]) >= 0.55:
+        if "all_in" in legal or "call" in legal:  # call: the other seat is already all in
+            return "all_in" if "all_in" in legal else "call"
     return "fold" if state["to_call"] > 0 and "fold" in legal else _passive(legal)
 
 

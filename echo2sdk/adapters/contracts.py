@@ -150,6 +150,9 @@ class ActionRenderer(Protocol):
 
     def parse(self, text: str, legal: Sequence[str]) -> ParsedAction: ...
 
+    # Optional: `answer(action) -> str`, a reply naming `action` in this format: what a sandbox's example_turns()
+    # are answered with (without it they are not shown, and a warning says so).
+
 
 @runtime_checkable
 class RewardSpec(Protocol):

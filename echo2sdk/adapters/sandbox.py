@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +39,8 @@ from echo2sdk.adapters.registry import load_env_plugin, parse_env, resolve_compo
 from echo2sdk.core import checks
 from echo2sdk.core.contracts import Score, Task
 from echo2sdk.errors import AdapterError, ConfigError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SandboxAdapter", "SandboxEpisode", "OfflineEpisode", "AdapterStream", "write_episode_log", "read_episode_log"]
 
@@ -98,6 +101,7 @@ class SandboxAdapter:
         self.reward_spec = resolve_component("reward_spec", reward_spec, self.plugin)
         self.metadata_spec_name = metadata_spec
         self.metadata = resolve_component("metadata_spec", metadata_spec, self.plugin)
+        self.warned_no_answer = False  # logged once: example turns the renderer cannot format
         for kind, obj, need in (
             ("serializer", self.serializer, ("system", "user")),
             ("action_renderer", self.renderer, ("instructions", "parse")),
@@ -219,14 +223,14 @@ class SandboxEpisode:
         self.aborted: str | None = None
         try:
             self.obs: Observation = sandbox.reset(seed)
+            self._messages = (
+                {"role": "system", "content": adapter.serializer.system(adapter.env)},
+                *self._examples(),
+                {"role": "user", "content": self._user(self.obs)},
+            )
         except Exception:
             sandbox.close()
             raise
-        self._messages = (
-            {"role": "system", "content": adapter.serializer.system(adapter.env)},
-            *self._examples(),
-            {"role": "user", "content": self._user(self.obs)},
-        )
 
     def _examples(self) -> list[dict[str, str]]:
         """Optional worked turns (few-shot) before the first state: the serializer's own, else the sandbox's
@@ -236,7 +240,14 @@ class SandboxEpisode:
         if callable(examples):
             return examples(self.adapter.renderer)
         turns, answer = getattr(self.sandbox, "example_turns", None), getattr(self.adapter.renderer, "answer", None)
-        if not callable(turns) or not callable(answer):
+        if not callable(turns):
+            return []
+        if not callable(answer):
+            if not self.adapter.warned_no_answer:
+                self.adapter.warned_no_answer = True
+                log.warning("%s: the env offers worked example turns but the action renderer %s has no answer(action) "
+                            "to format them in: the prompt shows none", self.adapter.env,
+                            type(self.adapter.renderer).__name__)
             return []
         out = []
         for obs, action in turns():

@@ -280,7 +280,7 @@ def test_postflop_rule_plays_the_seats_hand_from_the_flop_on():
 
     rng, reached_flop = random.Random(0), 0
     for postflop in ("calling_station", "tight_aggressive"):
-        adapter = _adapter(opponent="calling_station", postflop=postflop)
+        adapter = _adapter(opponent="loose_aggressive", postflop=postflop)  # it bets: the rule folds some hands
         for seed in range(16):
             ep, states, steps = _random_hand(adapter, seed, rng)
             assert all("Board: -." in text for text in states)  # every state the model saw was preflop
@@ -290,8 +290,11 @@ def test_postflop_rule_plays_the_seats_hand_from_the_flop_on():
                 reached_flop += 1
                 if postflop == "calling_station":  # the station's rule: never a fold or a raise
                     assert set(mine_postflop) <= {"check", "call"}
-            assert sum(st.reward for st in steps) == pytest.approx(ep.sandbox.chips)
-            assert ep.sandbox.summary()["decisions"] == len(steps)  # the model's decisions only
+            # every chip of the hand, the rule's streets included, reached the model's steps: rlcard's own payoff
+            assert sum(st.reward for st in steps) == pytest.approx(ep.sandbox._raw.get_payoffs()[ep.sandbox.seat])
+            summary = ep.sandbox.summary()
+            assert summary["decisions"] == len(steps)  # the model's decisions only
+            assert summary["folded"] == any(st.info["action"] == "fold" for st in steps)  # not the rule's folds
     assert reached_flop >= 8
     # the rule sees the seat's own view: TightAggressive postflop folds air to a bet, the station never does
     table = PokerSandbox(2, {"opponent": "loose_aggressive", "postflop": "tight_aggressive"})
@@ -309,7 +312,8 @@ def test_postflop_rule_plays_the_seats_hand_from_the_flop_on():
         _adapter(postflop="shark").start(next(_adapter().tasks(0)), 0)
 
 
-def test_push_fold_narrows_the_seats_preflop_choices_to_fold_or_all_in():
+def test_push_fold_narrows_the_seats_preflop_choices_to_fold_or_all_in(monkeypatch):
+    from echo2_poker.opponents import LooseAggressive
     from echo2_poker.table import PokerSandbox
 
     seen = set()
@@ -323,11 +327,31 @@ def test_push_fold_narrows_the_seats_preflop_choices_to_fold_or_all_in():
         st = ep.step("<answer>raise_pot</answer>")  # rlcard's other actions are illegal now: the fallback plays
         assert st.info["status"] == "illegal" and st.info["action"] == ("check" if "check" in legal else "fold")
     assert seen == {("fold", "all_in"), ("check", "all_in")}
-    # only the model's seat is narrowed, and only preflop; facing an all-in the seat may call it
+    # only the model's seat is narrowed, and only preflop: what the opponent's policy is offered keeps raises
+    import echo2_poker.table as table_module
+
+    offered = []
+
+    class Recorder(LooseAggressive):
+        def act(self, state, legal, rng):
+            offered.append((state["stage"], tuple(legal)))
+            return super().act(state, legal, rng)
+
+    monkeypatch.setattr(table_module, "make_opponent", lambda *a: Recorder())
+    table = PokerSandbox(2, {"opponent": "loose_aggressive", "preflop": "push_fold"})
+    try:
+        for seed in range(12):
+            obs = table.reset(seed)
+            while obs is not None:
+                obs = table.step("all_in" if "all_in" in obs.legal else obs.legal[0]).observation
+    finally:
+        table.close()
+    assert any(stage == "preflop" and "raise_pot" in legal for stage, legal in offered), offered
+    monkeypatch.undo()
+    # facing an all-in the seat may call it
     table = PokerSandbox(2, {"opponent": "calling_station", "preflop": "push_fold"})
     try:
         obs = table.reset(3)
-        assert "raise_pot" in table._view(1)[1]
         assert "call" not in obs.legal and "all_in" in obs.legal
         game = table._raw.game  # the other seat raised all in: rlcard offers fold and call only
         game.players[1].in_chips, game.players[1].remained_chips, game.round.raised[1] = 100, 0, 100
@@ -356,7 +380,7 @@ def test_push_fold_narrows_the_seats_preflop_choices_to_fold_or_all_in():
         _adapter(preflop="shove").start(next(_adapter().tasks(0)), 0)
 
 
-def test_worked_examples_follow_the_tables_options():
+def test_worked_examples_follow_the_tables_options(caplog):
     """The two worked turns before the first state come from the table (example_turns) and are rendered like every
     state: with default options the text the serializer used to hold fixed; describe_hand adds the hand line,
     free_fold = false drops fold where checking is free, push_fold shows fold and all in preflop."""
@@ -382,6 +406,25 @@ def test_worked_examples_follow_the_tables_options():
     assert "Legal: fold, all_in." in push[0] and push[1] == "<answer>fold</answer>"
     assert "Your cards: As Ad." in push[2] and "You hold: premium starting hand." in push[2]
     assert "Legal: fold, all_in." in push[2] and push[3] == "<answer>all_in</answer>"
+    # a renderer with no answer() cannot format them: none are shown, and a warning (once) says so
+    import logging
+
+    class Bare:
+        def instructions(self, legal):
+            return "Answer with an action."
+
+        def parse(self, text, legal):
+            return _adapter().renderer.parse(text, legal)
+
+    adapter = _adapter(opponent="calling_station")
+    adapter.renderer = Bare()
+    with caplog.at_level(logging.WARNING, logger="echo2sdk.adapters.sandbox"):
+        for seed in range(2):
+            roles = [m["role"] for m in adapter.start(next(adapter.tasks(seed)), 0).messages]
+            assert roles == ["system", "user"]
+    assert [r.getMessage() for r in caplog.records].count(
+        "poker://nlhe_headsup_v1: the env offers worked example turns but the action renderer Bare has no "
+        "answer(action) to format them in: the prompt shows none") == 1
 
 
 def test_the_push_fold_example_config_builds_its_curriculum():

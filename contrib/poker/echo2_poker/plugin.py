@@ -18,8 +18,9 @@ env_options:
                         expectation, far less luck; see table.py); summaries add "expected_chips"
   postflop:             model (default: the model plays every street) | a rule-based policy name: a curriculum
                         of preflop decisions, that rule plays the model's seat from the flop on
-  preflop:              all (default: rlcard's actions) | push_fold: the model's seat chooses between fold (check
-                        when free) and all in before the flop (call when the other seat is already all in)
+  preflop:              all (default: rlcard's actions) | push_fold: the model's seat chooses between fold or
+                        check (as rlcard and free_fold allow) and all in before the flop (call when the other
+                        seat is already all in)
 
 Defaults for SandboxAdapter: serializer `envstate->chat_prompt_v2`, penalty 2 chips (one big blind) for a
 malformed or illegal reply, whose fallback is check if free, else fold.

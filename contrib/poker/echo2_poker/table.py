@@ -16,8 +16,9 @@ no longer pays because this deal's river did. `summary()` keeps the dealt result
 env_options.postflop = "tight_aggressive" (or another rule-based policy) is a curriculum of preflop decisions:
 the model's seat decides before the flop only, and that rule plays its hand from the flop on (inside `step`, as
 the opponents play theirs). The default "model" leaves every decision to the model. env_options.preflop =
-"push_fold" narrows the seat's preflop choices to fold (or check when free) and all in (call when all in is not
-legal: the other seat already is): the short-stack game where the only question is which hands to play.
+"push_fold" narrows the seat's preflop choices to fold or check (whichever rlcard and free_fold allow) and all in
+(call when all in is not legal: the other seat already is): the short-stack game where the only question is which
+hands to play.
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ class PokerSandbox:
                     return None, reward
                 state, legal = self._view(player)
                 if self.postflop is not None and state["board"]:  # the curriculum's rule plays the seat's postflop
+                    self.ruled.add(len(self.log))  # not the model's decision: summary() leaves it out
                     self._act(player, self.postflop.act(state, legal, self.rng))
                     continue
                 return Observation(state=state, legal=legal), reward
@@ -267,6 +269,7 @@ class PokerSandbox:
                 for i, j in enumerate(others)
             }
             self.log: list[tuple[str, int, str, int]] = []
+            self.ruled: set[int] = set()  # indices into log of the seat's actions env_options.postflop's rule took
             self.chips, self.decisions, self.over = 0.0, 0, False
             self.expected: float | None = None  # allin_expectation() of the finished hand, when computed
             obs, reward = self._advance()
@@ -299,7 +302,8 @@ class PokerSandbox:
         return self.step("fold").reward
 
     def summary(self) -> dict[str, Any]:
-        mine = [(stage, name) for stage, player, name, _ in self.log if player == self.seat]
+        # the model's own actions (a fallback's fold counts; the postflop rule's do not)
+        mine = [(stage, name) for i, (stage, player, name, _) in enumerate(self.log) if player == self.seat and i not in self.ruled]
         return {
             "chips": self.chips,
             # with reward = allin_ev: the reward handed out (the all-in expectation, else the chips)
