@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import secrets
 import threading
 import time
 from collections import Counter, OrderedDict, deque
@@ -33,6 +32,7 @@ from echo2sdk.errors import AuthError, ProtocolError, TrajectoryRejected
 from echo2sdk.runtime import session
 from echo2sdk.runtime.admission import Admission, Ticket
 from echo2sdk.runtime.bootstrap import ModelFolder
+from echo2sdk.runtime.credentials import new_token
 from echo2sdk.runtime.delivery import DirectPush, SnapshotDelivery, check_delivery
 from echo2sdk.runtime.messages import (
     MAX_ID,
@@ -180,7 +180,7 @@ class Coordinator:
             worker_config, heartbeat_s=heartbeat_s, staleness=buffer.staleness
         )
         self.vocab_size, self.max_len = vocab_size, max_len
-        self.token = token or secrets.token_urlsafe(24)
+        self.token = token or new_token()
         session.token_key(self.token)  # scrypt once, here, not in the event loop on the first hello
         self.host, self.port = host, port
         self.worker_timeout_s, self.q = worker_timeout_s, 1.0 / gamma  # T_bcast counts q = 1/gamma of workers

@@ -6,7 +6,8 @@ bits per character of the smallest usual alphabet that holds all its characters:
 or standard base64 6, anything else log2(95) (printable ASCII). So 22 url-safe base64 characters
 (`secrets.token_urlsafe(16)`) or 32 hex digits (`secrets.token_hex(16)`) pass. The estimate cannot tell a
 random string from a pattern of the same alphabet and length: draw tokens, do not make them up. A token
-the run draws itself (`secrets.token_urlsafe(24)`, 192 bits) needs no check.
+the run draws itself (`new_token()`: `secrets.token_urlsafe(24)`, 192 bits, redrawn while it starts with "-", which
+`echo2 worker --token T` would read as an option) needs no check.
 
 On the command line (`--token`, `--set run.token=...`) a token is readable by every user of the machine
 (`ps`, /proc/PID/cmdline) and lands in shell history: the CLI warns and names the safer ways, a file
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import stat
 import string
 from collections.abc import Mapping
@@ -26,7 +28,7 @@ from pathlib import Path
 from echo2sdk.errors import ConfigError
 
 __all__ = [
-    "ENV", "MIN_TOKEN_BITS", "ARGV_WARNING", "token_bits", "check_token", "read_token_file", "given_token",
+    "ENV", "MIN_TOKEN_BITS", "ARGV_WARNING", "new_token", "token_bits", "check_token", "read_token_file", "given_token",
 ]
 
 ENV = "ECHO2_TOKEN"  # the environment variable the run and its workers read the token from
@@ -39,6 +41,14 @@ MAX_TOKEN_FILE = 4096  # bytes read from a token file
 _HEX = set(string.hexdigits)
 _BASE64 = set(string.ascii_letters + string.digits + "-_+/=")
 log = logging.getLogger("echo2sdk.credentials")
+
+
+def new_token() -> str:
+    """A run token: 24 random bytes, url-safe base64, never starting with "-" (1 in 64 draws would, and argparse
+    reads `--token -x...` as a missing value followed by an option)."""
+    while (token := secrets.token_urlsafe(24)).startswith("-"):
+        pass
+    return token
 
 
 def token_bits(token: str) -> float:

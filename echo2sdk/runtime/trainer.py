@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import random
-import secrets
 import signal
 import statistics
 import subprocess
@@ -43,7 +42,7 @@ from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime import checkpoint, distributed
 from echo2sdk.runtime.bootstrap import ModelFolder
 from echo2sdk.runtime.coordinator import Coordinator
-from echo2sdk.runtime.credentials import check_token, given_token
+from echo2sdk.runtime.credentials import check_token, given_token, new_token
 from echo2sdk.runtime.worker_keys import Revocations
 from echo2sdk.runtime.delivery import DirectPush
 from echo2sdk.runtime.plugin_policy import allowances
@@ -371,7 +370,7 @@ class Trainer:
         self.buffer = StalenessBuffer(**buffer_args(cfg))
         kept = ckpt.secrets() if ckpt is not None else {}
         given = self._given_token
-        token = given or kept.get("token", b"").decode() or secrets.token_urlsafe(24)
+        token = given or kept.get("token", b"").decode() or new_token()
         self._drawn_token = not given
         if cfg.broadcast.topology != "direct":
             raw = kept.get("signing.key")

@@ -13,9 +13,9 @@ from _peers import finish, make_coordinator, wait
 
 from echo2sdk.config import load_config
 from echo2sdk.errors import ConfigError
-from echo2sdk.runtime.credentials import MIN_TOKEN_BITS, check_token, given_token, read_token_file, token_bits
+from echo2sdk.runtime.credentials import MIN_TOKEN_BITS, check_token, given_token, new_token, read_token_file, token_bits
 
-STRONG = secrets.token_urlsafe(24)
+STRONG = new_token()  # never starts with '-', which argv would read as an option
 
 
 def _cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -28,6 +28,8 @@ def _cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess
 def test_strength_is_length_times_alphabet_bits():
     assert token_bits(secrets.token_urlsafe(16)) >= MIN_TOKEN_BITS  # 22 url-safe base64 characters
     assert token_bits(secrets.token_hex(16)) == MIN_TOKEN_BITS  # 32 hex digits
+    drawn = [new_token() for _ in range(2000)]  # 1 in 64 url-safe tokens starts with "-": new_token redraws those
+    assert not any(t.startswith("-") for t in drawn) and len(set(drawn)) == 2000 and token_bits(drawn[0]) >= 192
     assert token_bits("x" * 21) == 126 < MIN_TOKEN_BITS
     assert token_bits("f" * 31) == 124 and token_bits("x" * 22) == 132
     with pytest.raises(ConfigError, match=r"run.token: the token is 6 characters, about 36 bits; the minimum is 128") as e:
