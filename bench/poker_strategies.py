@@ -2,6 +2,7 @@
 without reading its own hand, measured on the same seeded hands `echo2 eval` deals.
 
     PYTHONPATH=$PWD .venv/bin/python bench/poker_strategies.py [--hands 1000] [--seed 0] [--postflop tight_aggressive]
+        [--preflop push_fold [--paired]]
 
 Strategies (a scripted seat in place of the model, the sandbox and opponents unchanged):
   fold         folds whenever it faces a bet, checks when free (what the collapsed GRPO policy learned)
@@ -19,6 +20,12 @@ hands (the all-in expectation: the same mean, what luck it removes shows in alli
 With --postflop RULE (env_options.postflop, the preflop curriculum) each strategy decides preflop only and RULE
 plays the seat from the flop on: the ceiling of each preflop strategy in that curriculum. With --preflop push_fold
 (env_options.preflop) only the strategies that choose among fold, check and all in play: fold, all_in, shove_strong.
+
+--paired (with --preflop push_fold) prints instead, per opponent and hand class (premium-or-strong, the rest), how
+often moving all in beats folding on the same deal and by how much on average (the all-in expectation): what a
+GRPO pair of one shove and one fold sees. With advantages scaled by the group's spread only the sign of each
+comparison counts, so a class whose shoves win most deals by a little and lose the rest by a lot is pushed the
+wrong way (learner.scale_rewards = false keeps the chips).
 
 The table is built directly (PokerSandbox): no plug-in validation, no max_turns forfeit (heads-up hands of
 these strategies end within a few decisions anyway). One JSON line per (opponent, strategy): mean chips per hand with its 95 % interval half-width, fold-preflop
@@ -103,13 +110,43 @@ def play(opponent: str, strategy, hands: int, seed: int, postflop: str = "model"
     return chips, expected, fold_preflop / hands
 
 
+def paired(opponent: str, hands: int, seed: int, postflop: str) -> None:
+    """All in against fold on each of the held-out deals, one JSON line per hand class (see --paired)."""
+    options = {"opponent": opponent, "reward": "allin_ev", "postflop": postflop, "preflop": "push_fold"}
+    table, rng = PokerSandbox(2, options), random.Random(seed)
+    diffs: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for deal in eval_deals(opponent, hands, seed):
+            result = []
+            for strategy in (all_in, fold):
+                obs = table.reset(deal)
+                while obs is not None:
+                    obs = table.step(strategy(obs.state, obs.legal, rng)).observation
+                result.append(table.summary()["expected_chips"])
+            diffs[table.summary()["preflop_band"] in ("premium", "strong")].append(result[0] - result[1])
+    finally:
+        table.close()
+    for strong, d in diffs.items():
+        print(json.dumps({"opponent": opponent, "hands": "premium_or_strong" if strong else "playable_or_weak",
+                          "deals": len(d), "postflop": postflop, "seed": seed,
+                          "shove_beats_fold": round(sum(x > 0 for x in d) / max(1, len(d)), 3),
+                          "shove_minus_fold": round(statistics.mean(d), 3) if d else None}), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hands", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--postflop", default="model", choices=POSTFLOP, help="who plays the seat from the flop on")
     p.add_argument("--preflop", default="all", choices=PREFLOP, help="the seat's preflop choices")
+    p.add_argument("--paired", action="store_true", help="all in vs fold on the same deals (needs --preflop push_fold)")
     args = p.parse_args(argv)
+    if args.paired:
+        if args.preflop != "push_fold":
+            p.error("--paired compares the two push/fold answers: add --preflop push_fold")
+        for opponent in RULE_BASED:
+            paired(opponent, args.hands, args.seed, args.postflop)
+        return
     if args.hands < 2:
         p.error(f"--hands {args.hands}: at least 2 for a confidence interval")
     names = PUSH_FOLD if args.preflop == "push_fold" else tuple(STRATEGIES)

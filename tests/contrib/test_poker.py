@@ -270,6 +270,13 @@ def test_bench_poker_strategies_plays_the_eval_hands(capsys):
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [d["strategy"] for d in lines[:3]] == list(bench.PUSH_FOLD) and len(lines) == 12
     assert all(d["preflop"] == "push_fold" and d["postflop"] == "tight_aggressive" for d in lines)
+    bench.main(["--hands", "12", "--preflop", "push_fold", "--paired"])  # shove vs fold on the same deals
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(d["opponent"], d["hands"]) for d in lines] == [
+        (o, h) for o in bench.RULE_BASED for h in ("premium_or_strong", "playable_or_weak")]
+    assert sum(d["deals"] for d in lines[:2]) == 12 and all(0 <= d["shove_beats_fold"] <= 1 for d in lines)
+    with pytest.raises(SystemExit):
+        bench.main(["--paired"])
 
 
 def test_postflop_rule_plays_the_seats_hand_from_the_flop_on():
