@@ -331,7 +331,7 @@ def _keys_parser(sub: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> int:
     if args.task:
         return _eval_tasks(args)
-    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate, format_table
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, differences, evaluate, format_table
 
     # the table goes to stdout: keep an in-process vLLM engine's INFO/WARNING lines off it (unless asked for)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -364,11 +364,14 @@ def _eval(args: argparse.Namespace) -> int:
     unit = getattr(plugin, "eval_unit", "hand")
     print(format_table(table, env=args.env, hands=args.hands, seed=args.seed, metric=metric, unit=unit))
     if args.json:
-        data = {p: {o: {k: v for k, v in vars(c).items() if k != "values"} for o, c in row.items()} for p, row in table.items()}
+        data = {p: {o: {k: v for k, v in vars(c).items() if k not in ("values", "paired")} for o, c in row.items()}
+                for p, row in table.items()}
+        diffs = {label: {key: {o: vars(d) for o, d in by_opp.items()} for key, by_opp in by_metric.items()}
+                 for label, by_metric in differences(table, metric).items()}
         with open(args.json, "w") as fh:
             json.dump({"env": args.env, "env_options": env_options, "hands": args.hands,
-                       "seed": args.seed, "held_out_seed": HELD_OUT_SEED + args.seed, "metric": metric, "table": data},
-                      fh, indent=2)
+                       "seed": args.seed, "held_out_seed": HELD_OUT_SEED + args.seed, "metric": metric, "table": data,
+                       "differences_from_first_row": diffs}, fh, indent=2)
     return 0
 
 
@@ -392,7 +395,7 @@ def _options(flag: str, items: list[str] | None) -> dict[str, object]:
 
 def _eval_tasks(args: argparse.Namespace) -> int:
     """`echo2 eval --task ADAPTER`: accuracy and mean reward of base (and trained) on held-out tasks."""
-    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate_tasks, format_task_table
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate_tasks, format_task_table, task_differences
     from echo2sdk.errors import ConfigError
 
     if args.env:
@@ -412,9 +415,11 @@ def _eval_tasks(args: argparse.Namespace) -> int:
     print(format_task_table(table, task=args.task, tasks=args.tasks, seed=args.seed))
     if args.json:
         data = {label: {k: v for k, v in vars(c).items() if k != "rewards"} for label, c in table.items()}
+        diffs = {label: vars(d) for label, d in task_differences(table).items()}
         with open(args.json, "w") as fh:
             json.dump({"task": args.task, "options": options, "tasks": args.tasks, "seed": args.seed,
-                       "held_out_seed": HELD_OUT_SEED + args.seed, "table": data}, fh, indent=2)
+                       "held_out_seed": HELD_OUT_SEED + args.seed, "table": data,
+                       "reward_differences_from_first_row": diffs}, fh, indent=2)
     return 0
 
 

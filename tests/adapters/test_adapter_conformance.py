@@ -90,6 +90,10 @@ def test_eval_prints_table4_layout_and_pairs_the_hands():
     assert base.split("|")[2:] == trained.split("|")[2:]  # the same policy on the same seeded hands: the same numbers
     stats = [line for line in lines if line.startswith("base (") and " vs " in line]
     assert len(stats) == 4 and all("fold_preflop_rate" in line and "vpip_rate" in line for line in stats)
+    # hand by hand the rows played the same deals with the same seeds: every per-hand difference is 0
+    (paired,) = [line for line in lines if " minus base (" in line]
+    assert "chips per hand, paired over the same hands" in paired
+    assert paired.count("+0.000 ± 0.000") == 4, paired
 
 
 def test_importing_the_data_plane_is_cheap():

@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate_tasks, held_out_tasks
+from echo2sdk.adapters.evaluate import (
+    HELD_OUT_SEED,
+    Cell,
+    differences,
+    evaluate_tasks,
+    format_table,
+    held_out_tasks,
+    paired_difference,
+)
 from echo2sdk.errors import ConfigError
 from echo2sdk.testing import ToyAdapter
 
@@ -23,6 +31,30 @@ def test_accuracy_and_reward_are_the_share_of_correct_answers():
     row = table["alpha"]
     assert (row.tasks, row.accuracy, row.reward_mean) == (40, expected, expected)
     assert row.reward_ci95 > 0
+
+
+def test_paired_difference_is_the_mean_of_per_item_differences_with_their_interval():
+    d = paired_difference([1.0, 2.0, 3.0, 4.0], [2.0, 2.0, 5.0, 4.0])  # differences 1, 0, 2, 0
+    sd = (((1 - 0.75) ** 2 + 0.75**2 + (2 - 0.75) ** 2 + 0.75**2) / 3) ** 0.5
+    assert (d.n, d.mean) == (4, 0.75) and d.ci95 == pytest.approx(1.96 * sd / 2)
+    assert paired_difference([3.0, -7.0, 11.0], [3.0, -7.0, 11.0]).ci95 == 0.0
+    with pytest.raises(ValueError, match="3 values against 2"):
+        paired_difference([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_pairing_cancels_the_luck_two_rows_share():
+    """Each hand's luck (+-20) is the same in both rows; the second row is 1 better on every hand: its own interval
+    is about 20 wide, the paired one is 0, and the extra per-hand metric is paired the same way."""
+    luck = [20.0 * (-1) ** i for i in range(50)]
+    base = Cell(50, 0.0, 0.0, 0.0, luck, paired={"expected_chips": [x / 2 for x in luck]})
+    better = Cell(50, 1.0, 0.0, 0.0, [x + 1 for x in luck], paired={"expected_chips": [x / 2 - 3 for x in luck]})
+    diffs = differences({"base": {"station": base}, "trained": {"station": better}}, "chips")["trained"]
+    assert (diffs["chips"]["station"].mean, diffs["chips"]["station"].ci95) == (1.0, 0.0)
+    assert (diffs["expected_chips"]["station"].mean, diffs["expected_chips"]["station"].ci95) == (-3.0, 0.0)
+    assert paired_difference([0.0] * 50, luck).ci95 > 5
+    text = format_table({"base": {"station": base}, "trained": {"station": better}}, env="poker://x", hands=50, seed=0)
+    assert "trained minus base, chips per hand, paired over the same hands (mean ± 95% CI): station +1.000 ± 0.000" in text
+    assert "trained minus base, expected_chips per hand, paired over the same hands (mean ± 95% CI): station -3.000" in text
 
 
 def test_held_out_tasks_are_not_the_training_stream():
@@ -45,6 +77,8 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
     data = json.loads(out.read_text())
     assert data["held_out_seed"] == HELD_OUT_SEED and data["tasks"] == 6
     assert data["table"]["base (mock)"] == {"tasks": 6, "accuracy": 0.0, "reward_mean": 0.0, "reward_ci95": 0.0}
+    assert lines[5] == "trained (mock-2) minus base (mock), reward paired over the same tasks (mean ± 95% CI): +0.000 ± 0.000"
+    assert data["reward_differences_from_first_row"] == {"trained (mock-2)": {"n": 6, "mean": 0.0, "ci95": 0.0}}
 
 
 def test_cli_refuses_task_and_env_together():

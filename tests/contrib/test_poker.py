@@ -15,7 +15,7 @@ from echo2_poker.cards import card_text  # noqa: E402
 
 from echo2sdk.adapters import SandboxAdapter  # noqa: E402
 from echo2sdk.errors import ConfigError, NameNotFound  # noqa: E402
-from echo2sdk.testing import check_adapter  # noqa: E402
+from echo2sdk.testing import MockBackend, check_adapter  # noqa: E402
 
 
 def _adapter(env="poker://nlhe_headsup_v1", **env_options):
@@ -387,6 +387,38 @@ def test_push_fold_narrows_the_seats_preflop_choices_to_fold_or_all_in(monkeypat
         _adapter(preflop="shove").start(next(_adapter().tasks(0)), 0)
 
 
+class ScriptedSeat(MockBackend):
+    """A "model" that answers the action its name says, every turn (`echo2 eval` rows without a real model)."""
+
+    def __init__(self, model: str, **_: object):
+        super().__init__(model, answer=f"<answer>{model}</answer>")
+
+
+def test_eval_compares_the_all_in_expectation_hand_by_hand():
+    from echo2sdk.adapters.evaluate import differences, evaluate, format_table
+
+    opts = {"preflop": "push_fold", "reward": "allin_ev", "postflop": "tight_aggressive"}
+    table = evaluate("poker://nlhe_headsup_v1", {"fold": "fold", "shove": "all_in"}, hands=40, max_new_tokens=32,
+                     opponents=["calling_station", "tight_aggressive"], backend=f"{__name__}:ScriptedSeat",
+                     env_options=opts)
+    diffs = differences(table, "chips")["shove"]
+    assert set(diffs) == {"chips", "expected_chips"}
+    for opp in ("calling_station", "tight_aggressive"):
+        fold, shove = table["fold"][opp], table["shove"][opp]
+        assert len(fold.paired["expected_chips"]) == len(shove.paired["expected_chips"]) == 40
+        assert diffs["chips"][opp].mean == pytest.approx(shove.mean - fold.mean)
+        mean_ev = lambda c: sum(c.paired["expected_chips"]) / 40  # noqa: E731
+        assert diffs["expected_chips"][opp].mean == pytest.approx(mean_ev(shove) - mean_ev(fold))
+        # the expectation takes the board's luck out: its paired interval is the narrower one
+        assert diffs["expected_chips"][opp].ci95 < diffs["chips"][opp].ci95
+    text = format_table(table, env="poker://nlhe_headsup_v1", hands=40, seed=0)
+    assert "shove minus fold, expected_chips per hand, paired over the same hands" in text
+    # without allin_ev there is no expectation to pair: only the metric's line
+    plain = evaluate("poker://nlhe_headsup_v1", {"fold": "fold", "shove": "all_in"}, hands=4, max_new_tokens=32,
+                     opponents=["calling_station"], backend=f"{__name__}:ScriptedSeat", env_options={"preflop": "push_fold"})
+    assert set(differences(plain, "chips")["shove"]) == {"chips"}
+
+
 def test_worked_examples_follow_the_tables_options(caplog):
     """The two worked turns before the first state come from the table (example_turns) and are rendered like every
     state: with default options the text the serializer used to hold fixed; describe_hand adds the hand line,
@@ -441,6 +473,7 @@ def test_the_push_fold_example_config_builds_its_curriculum():
 
     cfg = load_config(Path(__file__).parents[2] / "examples" / "poker_pushfold.toml")
     assert cfg.run.out == "runs/poker_pushfold"
+    assert not cfg.learner.advantages_scaled  # the better of the two recipes in docs/adapters.md
     adapter = SandboxAdapter(env=cfg.task.adapter, **cfg.task.options)
     ep = adapter.start(next(adapter.tasks(cfg.run.seed)), 0)
     assert ep.obs.legal in (("fold", "all_in"), ("check", "all_in")) and "You hold: " in ep.messages[-1]["content"]

@@ -49,6 +49,7 @@ class PokerPlugin:
     scheme = "poker"
     default_serializer = "envstate->chat_prompt_v2"
     default_penalty = 2.0
+    eval_paired_metrics = ("expected_chips",)  # echo2 eval compares it hand by hand between rows (reward = allin_ev)
 
     def env_ids(self) -> Sequence[str]:
         return tuple(ENV_IDS)
