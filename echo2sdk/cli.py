@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -364,15 +365,26 @@ def _eval(args: argparse.Namespace) -> int:
     unit = getattr(plugin, "eval_unit", "hand")
     print(format_table(table, env=args.env, hands=args.hands, seed=args.seed, metric=metric, unit=unit))
     if args.json:
-        data = {p: {o: {k: v for k, v in vars(c).items() if k not in ("values", "paired")} for o, c in row.items()}
+        data = {p: {o: {k: v for k, v in vars(c).items() if k not in ("values", "paired", "ids")} for o, c in row.items()}
                 for p, row in table.items()}
         diffs = {label: {key: {o: vars(d) for o, d in by_opp.items()} for key, by_opp in by_metric.items()}
                  for label, by_metric in differences(table, metric).items()}
         with open(args.json, "w") as fh:
-            json.dump({"env": args.env, "env_options": env_options, "hands": args.hands,
-                       "seed": args.seed, "held_out_seed": HELD_OUT_SEED + args.seed, "metric": metric, "table": data,
-                       "differences_from_first_row": diffs}, fh, indent=2)
+            json.dump(_finite({"env": args.env, "env_options": env_options, "hands": args.hands,
+                               "seed": args.seed, "held_out_seed": HELD_OUT_SEED + args.seed, "metric": metric,
+                               "table": data, "differences_from_first_row": diffs}), fh, indent=2, allow_nan=False)
     return 0
+
+
+def _finite(data: object) -> object:
+    """`data` with NaN and infinities as None, so --json writes null (strict JSON), not NaN."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
 
 
 def _options(flag: str, items: list[str] | None) -> dict[str, object]:
@@ -417,9 +429,9 @@ def _eval_tasks(args: argparse.Namespace) -> int:
         data = {label: {k: v for k, v in vars(c).items() if k != "rewards"} for label, c in table.items()}
         diffs = {label: vars(d) for label, d in task_differences(table).items()}
         with open(args.json, "w") as fh:
-            json.dump({"task": args.task, "options": options, "tasks": args.tasks, "seed": args.seed,
-                       "held_out_seed": HELD_OUT_SEED + args.seed, "table": data,
-                       "reward_differences_from_first_row": diffs}, fh, indent=2)
+            json.dump(_finite({"task": args.task, "options": options, "tasks": args.tasks, "seed": args.seed,
+                               "held_out_seed": HELD_OUT_SEED + args.seed, "table": data,
+                               "reward_differences_from_first_row": diffs}), fh, indent=2, allow_nan=False)
     return 0
 
 

@@ -8,9 +8,10 @@ not the deals of a training run (which reads `adapter.tasks(run.seed)`; each dea
 The chip change is the env's outcome (`meta.extra.chips`), without the training penalty for malformed replies;
 the fallback rate is reported beside it. Because every row plays the same hands, each later row is also compared with
 the first hand by hand (`differences`): the mean of the per-hand difference and its 95 % confidence interval, which
-is far narrower than the two rows' own intervals when most of the luck is shared (the same cards, the same
-sampling seeds). Besides the metric, a plug-in may name more per-hand values to compare so (`eval_paired_metrics`,
-e.g. poker's `expected_chips` under `reward = "allin_ev"`).
+is far narrower than the two rows' own intervals when much of the luck is shared (the same cards and opponents'
+draws; the same sampling seeds too, though two policies' draws match only while their states do). A hand that
+fails ends the evaluation rather than shift the pairing. Besides the metric, a plug-in may name more per-hand values
+to compare so (`eval_paired_metrics`, e.g. poker's `expected_chips` under `reward = "allin_ev"`).
 
     echo2 eval --env poker://nlhe_headsup_v1 --trained runs/poker/checkpoint --hands 200
 
@@ -49,29 +50,34 @@ class Cell:
     fallback_rate: float
     values: list[float] = field(default_factory=list, repr=False)
     stats: dict[str, Any] = field(default_factory=dict)  # the env plug-in's summarize() of the cell's episodes
-    paired: dict[str, list[float]] = field(default_factory=dict, repr=False)  # eval_paired_metrics' per-hand values
+    ids: list[str] = field(default_factory=list, repr=False)  # the hands' task ids, in the order of `values`
+    # eval_paired_metrics' per-hand values (None where a hand did not record a number)
+    paired: dict[str, list[float | None]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
 class Difference:
-    """One row minus the first over the same hands (or tasks), hand by hand: the mean and its 95 % CI."""
+    """One row minus the first over the same hands (or tasks), hand by hand: the mean and its 95 % CI
+    (1.96 standard errors, the normal approximation: read it for n of 30 and more)."""
 
     n: int
     mean: float
     ci95: float
 
 
-def paired_difference(first: Sequence[float], other: Sequence[float]) -> Difference:
-    """Mean of other[i] - first[i] with 1.96 standard errors of the per-item differences."""
+def paired_difference(first: Sequence[float | None], other: Sequence[float | None]) -> Difference:
+    """Mean of other[i] - first[i] with 1.96 standard errors of the per-item differences, over the items both
+    sides hold a number for (None: not recorded); `n` says how many that was."""
     if len(first) != len(other):
         raise ValueError(f"paired_difference: {len(first)} values against {len(other)}; pairs need the same items")
-    cell = _cell([b - a for a, b in zip(first, other)], 0, 0)
+    cell = _cell([b - a for a, b in zip(first, other) if a is not None and b is not None], 0, 0)
     return Difference(cell.hands, cell.mean, cell.ci95)
 
 
 def differences(table: Mapping[str, Mapping[str, Cell]], metric: str = "chips") -> dict[str, dict[str, dict[str, Difference]]]:
     """{later row label: {metric: {opponent: Difference against the first row}}}: the table's metric and every
-    `eval_paired_metrics` value that both rows recorded for all hands."""
+    `eval_paired_metrics` value the rows recorded. Cells that name their hands (`ids`) must name the same ones in
+    the same order: a difference of two different hands is refused, not computed."""
     rows = list(table.items())
     out: dict[str, dict[str, dict[str, Difference]]] = {}
     for label, cells in rows[1:]:
@@ -80,10 +86,14 @@ def differences(table: Mapping[str, Mapping[str, Cell]], metric: str = "chips") 
             first = rows[0][1].get(opp)
             if first is None:
                 continue
+            if first.ids and cell.ids and first.ids != cell.ids:
+                raise ValueError(f"{label} vs {opp} played other hands than {rows[0][0]}: no hand-by-hand difference")
             pairs = {metric: (first.values, cell.values)}
             pairs |= {k: (first.paired[k], v) for k, v in cell.paired.items() if k in first.paired and k != metric}
             for key, (a, b) in pairs.items():
-                by_metric.setdefault(key, {})[opp] = paired_difference(a, b)
+                d = paired_difference(a, b)
+                if d.n:
+                    by_metric.setdefault(key, {})[opp] = d
         out[label] = by_metric
     return out
 
@@ -119,7 +129,7 @@ def evaluate(
     a plug-in with `summarize(extras)` also fills each cell's `stats` (e.g. MOBA win rate, gold and XP lead)."""
     from echo2sdk.adapters.registry import load_env_plugin, parse_env
     from echo2sdk.adapters.sandbox import SandboxAdapter
-    from echo2sdk.core.episodes import play_episodes
+    from echo2sdk.core.episodes import EpisodeStats, play_episodes
     from echo2sdk.core.contracts import SamplingParams
     from echo2sdk.errors import ConfigError
     from echo2sdk.plugins import load_backend_class
@@ -150,18 +160,24 @@ def evaluate(
                 extras: list[dict[str, Any]] = []
                 fallbacks = decisions = 0
                 t0 = time.monotonic()
+                ids: list[str] = []
                 for i in range(0, hands, batch):
                     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
-                    for (record,) in play_episodes(policy, adapter, tasks[i : i + batch], 1, params, version=0):
+                    chunk, played = tasks[i : i + batch], EpisodeStats()
+                    groups = play_episodes(policy, adapter, chunk, 1, params, version=0, stats=played)
+                    if played.dropped_groups:  # a hand left out would shift every later hand's pairing
+                        raise RuntimeError(f"echo2 eval: {played.dropped_groups} of {len(chunk)} hands against {opp} "
+                                           f"failed: {(played.errors or ['no error text'])[0]}")
+                    for task, (record,) in zip(chunk, groups):
                         extra = record.meta.extra
-                        if extra.get("failed"):
-                            raise RuntimeError(f"an evaluation episode failed: {extra.get('error')}")
+                        ids.append(task.id)
                         values.append(float(extra.get(metric, record.reward)))
                         extras.append(dict(extra))
                         fallbacks += int(extra.get("fallbacks", 0))
                         decisions += int(extra.get("turns", 0))
                 row[opp] = _cell(values, fallbacks, decisions)
-                row[opp].paired = {k: [float(e[k]) for e in extras] for k in also if all(k in e for e in extras)}
+                row[opp].ids = ids
+                row[opp].paired = {k: [_number(e.get(k)) for e in extras] for k in also}
                 if summarize is not None:
                     row[opp].stats = dict(summarize(extras))
                 if on_cell is not None:
@@ -170,6 +186,15 @@ def evaluate(
             policy.close()
         table[label] = row
     return table
+
+
+def _number(value: Any) -> float | None:
+    """A per-hand value as a finite float, else None (not recorded, not a number, NaN or infinite)."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
 
 
 def format_table(
@@ -202,7 +227,9 @@ def format_table(
     for label, by_metric in differences(table, metric).items():
         for key, diffs in by_metric.items():
             out.append(f"{label} minus {first}, {key} per {unit}, paired over the same {unit}s (mean ± 95% CI): "
-                       + ", ".join(f"{o} {d.mean:+.3f} ± {d.ci95:.3f}" for o, d in diffs.items()))
+                       + ", ".join(f"{o} {d.mean:+.3f} ± {d.ci95:.3f}"
+                                   + (f" (the {d.n} of {table[label][o].hands} {unit}s both rows recorded it in)"
+                                      if d.n < table[label][o].hands else "") for o, d in diffs.items()))
     return "\n".join(out)
 
 

@@ -57,6 +57,28 @@ def test_pairing_cancels_the_luck_two_rows_share():
     assert "trained minus base, expected_chips per hand, paired over the same hands (mean ± 95% CI): station -3.000" in text
 
 
+def test_differences_refuse_other_hands_and_pair_a_partly_recorded_value_where_both_have_it():
+    base = Cell(3, 0.0, 0.0, 0.0, [1.0, 2.0, 3.0], ids=["a", "b", "c"], paired={"ev": [1.0, None, 5.0]})
+    other = Cell(3, 0.0, 0.0, 0.0, [2.0, 2.0, 2.0], ids=["a", "b", "c"], paired={"ev": [2.0, 9.0, None]})
+    diffs = differences({"base": {"x": base}, "trained": {"x": other}})["trained"]
+    assert (diffs["ev"]["x"].n, diffs["ev"]["x"].mean) == (1, 1.0)  # only hand a holds both numbers
+    text = format_table({"base": {"x": base}, "trained": {"x": other}}, env="e", hands=3, seed=0)
+    assert "ev per hand, paired over the same hands (mean ± 95% CI): x +1.000 ± nan (the 1 of 3 hands both rows" in text
+    shuffled = Cell(3, 0.0, 0.0, 0.0, [2.0, 2.0, 2.0], ids=["b", "a", "c"])
+    with pytest.raises(ValueError, match="trained vs x played other hands than base"):
+        differences({"base": {"x": base}, "trained": {"x": shuffled}})
+    unrecorded = Cell(3, 0.0, 0.0, 0.0, [2.0, 2.0, 2.0], ids=["a", "b", "c"], paired={"ev": [None, None, None]})
+    assert set(differences({"base": {"x": base}, "trained": {"x": unrecorded}})["trained"]) == {"chips"}
+
+
+def test_json_gets_null_for_nan():
+    from echo2sdk.cli import _finite
+
+    data = _finite({"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf"), "e": "x"}})
+    assert data == {"a": None, "b": [1.5, None], "c": {"d": None, "e": "x"}}
+    assert json.loads(json.dumps(data, allow_nan=False)) == data
+
+
 def test_held_out_tasks_are_not_the_training_stream():
     held = held_out_tasks(ToyAdapter(), 5, seed=2)
     assert all(t.id.startswith(f"t{HELD_OUT_SEED + 2}-") for t in held)  # ToyAdapter ids are prefix + seed

@@ -394,7 +394,7 @@ class ScriptedSeat(MockBackend):
         super().__init__(model, answer=f"<answer>{model}</answer>")
 
 
-def test_eval_compares_the_all_in_expectation_hand_by_hand():
+def test_eval_compares_the_all_in_expectation_hand_by_hand(monkeypatch):
     from echo2sdk.adapters.evaluate import differences, evaluate, format_table
 
     opts = {"preflop": "push_fold", "reward": "allin_ev", "postflop": "tight_aggressive"}
@@ -417,6 +417,21 @@ def test_eval_compares_the_all_in_expectation_hand_by_hand():
     plain = evaluate("poker://nlhe_headsup_v1", {"fold": "fold", "shove": "all_in"}, hands=4, max_new_tokens=32,
                      opponents=["calling_station"], backend=f"{__name__}:ScriptedSeat", env_options={"preflop": "push_fold"})
     assert set(differences(plain, "chips")["shove"]) == {"chips"}
+    # one failed hand stops the evaluation (leaving it out would shift the pairing of every later hand)
+    from echo2_poker.table import PokerSandbox
+
+    step, calls = PokerSandbox.step, []
+
+    def third_step_breaks(self, action):
+        calls.append(action)
+        if len(calls) == 3:
+            raise RuntimeError("the table broke")
+        return step(self, action)
+
+    monkeypatch.setattr(PokerSandbox, "step", third_step_breaks)
+    with pytest.raises(RuntimeError, match="1 of 4 hands against calling_station failed: RuntimeError: the table broke"):
+        evaluate("poker://nlhe_headsup_v1", {"fold": "fold"}, hands=4, max_new_tokens=32, opponents=["calling_station"],
+                 backend=f"{__name__}:ScriptedSeat", env_options={"preflop": "push_fold"})
 
 
 def test_worked_examples_follow_the_tables_options(caplog):
