@@ -331,6 +331,20 @@ def test_scoring_works_off_the_main_thread():
     assert all(s.correct for s in scores), scores
 
 
+def test_math_verify_timeout_notice_is_not_shown_but_its_other_warnings_are():
+    """math-verify warns once per process that its timeout is off; the screen (unsafe_reason) is the bound it
+    asks for, so that notice is dropped (it reached `echo2 eval`'s console). A fresh process: the notice is once."""
+    code = (
+        "import logging; logging.basicConfig(level=logging.WARNING)\n"
+        "from echo2_math.reward import score_response\n"
+        "assert score_response('7', 'so \\\\boxed{7}', 0.1).correct\n"
+        "logging.getLogger('math_verify.parser').warning('another math-verify warning')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "Timeout is disabled" not in out.stderr, out.stderr
+    assert "another math-verify warning" in out.stderr, out.stderr
+
+
 # ---------------------------------------------------------------- files
 
 

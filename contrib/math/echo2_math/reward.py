@@ -13,6 +13,7 @@ as wrong, with the reason in Score.info.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import re
 from typing import Any
@@ -163,6 +164,16 @@ def unsafe_reason(answer: str) -> str | None:
     elif total > _NUMERIC_EXPONENT_BUDGET:
         return "large_power"
     return None
+
+
+def _drop_timeout_notice(record: logging.LogRecord) -> bool:
+    """math-verify warns once per process that its timeout is off and the caller must bound run time;
+    `unsafe_reason` is that bound, so the notice would only alarm users (it reached `echo2 eval`'s console)."""
+    return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):  # getLogger does not import math_verify
+    logging.getLogger(_name).addFilter(_drop_timeout_notice)
 
 
 @functools.lru_cache(maxsize=4096)
