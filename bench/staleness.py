@@ -33,6 +33,12 @@ machine (the README's S = 3 run: 9:48), ~100 min in all; docs/recipes.md has wha
     PYTHONPATH=$PWD nice -n 10 .venv/bin/python bench/staleness.py --model smollm2-135m --steps 20 --seeds 0 \\
         --S 2,3,4,6,11 --importance-weight on,off --out runs/bench_staleness
 
+A sweep run in parts (one S at a time, or on several machines) is drawn and summarized together, without
+running anything, from its results files:
+
+    PYTHONPATH=$PWD .venv/bin/python bench/staleness.py --from runs/a/results.jsonl runs/b/results.jsonl \\
+        --out runs/bench_staleness_all
+
 Smoke test (tiny random model, whose reward is always 0: this checks the pipeline, not the finding):
 
     PYTHONPATH=$PWD .venv/bin/python bench/staleness.py --model tiny-random --steps 3 --S 2,6 \\
@@ -266,6 +272,26 @@ def _smooth(xs: list[float], k: int) -> list[float]:
     return [statistics.fmean(w) if w else float("nan") for w in windows]
 
 
+def load_rows(paths: list[Path]) -> list[dict[str, Any]]:
+    """The run lines of earlier results.jsonl files (their summary lines are recomputed). The same (S, weight,
+    seed) twice is refused: averaging a run with itself would pass for a second seed."""
+    rows, seen = [], {}
+    for path in paths:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            row = json.loads(line) if line.strip() else {}
+            if row.get("bench") != "staleness" or row.get("summary"):
+                continue
+            key = (row["S"], row["importance_weight"], row["seed"])
+            if key in seen:
+                raise SystemExit(f"--from: S={key[0]}, importance weight {'on' if key[1] else 'off'}, seed {key[2]} "
+                                 f"is in both {seen[key]} and {path}:{n}")
+            seen[key] = f"{path}:{n}"
+            rows.append(row)
+    if not rows:
+        raise SystemExit(f"--from: no staleness run lines in {', '.join(map(str, paths))}")
+    return rows
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -292,14 +318,19 @@ def main() -> None:
     p.add_argument("--smooth", type=int, default=5, help="trailing moving average of the plotted curves, in steps")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
     p.add_argument("--out", type=Path, default=Path("runs/bench_staleness"), help="folder for runs, results, PNG")
+    p.add_argument("--from", dest="sources", type=Path, nargs="+", default=None, metavar="RESULTS",
+                   help="run nothing: summarize and draw the run lines of these results.jsonl files together")
     args = p.parse_args()
     if bad := [S for S in args.S if S < 2]:
         p.error(f"--S: every staleness budget must be >= 2 (kappa = S - 1 >= 1), got {bad}")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = load_rows(args.sources) if args.sources else []  # read before results.jsonl may be rewritten
     with open(args.out / "results.jsonl", "w") as results:
-        for seed in args.seeds:
+        for row in rows:
+            for f in (sys.stdout, results):
+                print(json.dumps(row), file=f, flush=True)
+        for seed in args.seeds if not args.sources else ():
             for S in sorted(args.S):  # both weight settings of an S in a row: a cut-short sweep still pairs them
                 for weight in args.importance_weight:
                     row = run_one(args, S, weight, seed)

@@ -94,6 +94,24 @@ def test_staleness_bench_prints_a_line_per_run_a_summary_and_a_png(tmp_path):
     assert (tmp_path / "staleness.png").stat().st_size > 0
     assert (tmp_path / "results.jsonl").read_text().count("\n") == 3
 
+    # a sweep run in parts: --from summarizes and draws the run lines of several results files, running nothing
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    part_a, part_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    part_a.write_text(lines[0] + "\n" + lines[2] + "\n")  # a part's own summary line is recomputed, not copied
+    part_b.write_text(lines[1] + "\n")
+    merged = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "staleness.py"), "--from", str(part_a), str(part_b),
+         "--out", str(tmp_path / "merged")], capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    *again, merged_summary = [json.loads(line) for line in merged.splitlines() if line.startswith("{")]
+    assert again == runs and merged_summary == summary
+    assert (tmp_path / "merged" / "staleness.png").stat().st_size > 0
+    twice = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "staleness.py"), "--from", str(part_a), str(tmp_path / "results.jsonl"),
+         "--out", str(tmp_path / "twice")], capture_output=True, text=True, timeout=120,
+    )
+    assert twice.returncode != 0 and "S=2, importance weight off, seed 0 is in both" in twice.stderr, twice.stderr
+
 def _vs_trl():
     spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "bench" / "vs_trl.py")
     module = importlib.util.module_from_spec(spec)
