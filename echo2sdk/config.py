@@ -58,7 +58,7 @@ class RolloutConfig(_Section):
     )
     max_prompt_length: int | None = Field(
         None, ge=1, description="prompts longer than this many tokens are truncated from the left at the worker "
-        "(TRL's rule) and counted (prompts_truncated in the task metrics); None: never"
+        "(TRL's rule) and counted (task.prompt_truncated in the metrics); None: never"
     )
     threads: int = Field(1, ge=1, description="torch threads per local worker process")
     nice: int = Field(
