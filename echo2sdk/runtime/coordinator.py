@@ -546,7 +546,7 @@ class Coordinator:
                 return Ack(rid=msg.rid, accepted=0, duplicate=True)
             conn.info.batches.append(msg.batch)  # now: a re-send arriving during the intake is a duplicate
         loop = asyncio.get_running_loop()
-        accepted, rejections = await loop.run_in_executor(None, self._intake, msg.groups)
+        accepted, rejections = await loop.run_in_executor(None, self._intake, msg.groups, conn.worker_id)
         self._count(conn, accepted, rejections)
         return Ack(rid=msg.rid, accepted=accepted, rejected=[e.reason for _, e in rejections])
 
@@ -582,15 +582,17 @@ class Coordinator:
             batch = list(itertools.islice(self._tasks, n))
         return [WireTask(id=t.id, messages=t.messages, answer=t.answer, info=t.info) for t in batch]
 
-    def _intake(self, groups: tuple[Any, ...]) -> tuple[int, list[tuple[int, TrajectoryRejected]]]:
+    def _intake(self, groups: tuple[Any, ...], worker_id: str) -> tuple[int, list[tuple[int, TrajectoryRejected]]]:
         """Validate and buffer each group of raw records (on an executor thread: it touches only the buffer).
-        Returns the records accepted and, per rejected group, its size and why."""
+        Every record is attributed to `worker_id`, the authenticated sender: a record that names no worker would
+        otherwise escape the per-worker cap, the audit's quarantine and revocation (one naming another worker
+        never gets here: _claims_lie). Returns the records accepted and, per rejected group, its size and why."""
         accepted, rejections = 0, []
         for group in groups:
             try:
                 if not isinstance(group, (list, tuple)):
                     raise TrajectoryRejected("schema", "groups[]", type(group).__name__, "a group is a list")
-                records = [Trajectory.from_wire(obj) for obj in group]
+                records = [_attributed(Trajectory.from_wire(obj), worker_id) for obj in group]
                 self.buffer.add_group(records, vocab_size=self.vocab_size, max_len=self.max_len)
                 accepted += len(records)
             except TrajectoryRejected as e:
@@ -707,6 +709,11 @@ class Coordinator:
             _abort(conn.writer)
         log.warning("worker %s revoked: disconnected, %d buffered record(s) dropped", shown(info.worker_id, 60),
                     dropped)
+
+
+def _attributed(t: Trajectory, worker_id: str) -> Trajectory:
+    """`t` with meta.worker = `worker_id`, the connection's authenticated id."""
+    return t if t.meta.worker == worker_id else t.model_copy(update={"meta": t.meta.model_copy(update={"worker": worker_id})})
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:

@@ -225,6 +225,26 @@ def test_a_record_claiming_a_version_never_installed_quarantines_its_worker(coor
     assert "raw" in coord.quarantined and coord.buffer.ready_groups() == 0
 
 
+def test_records_are_attributed_to_the_authenticated_sender(coord):
+    """A record that names no worker is the sender's all the same: quarantine and revocation drop it with the
+    sender's own (before, it was filed under the empty name and stayed). One naming another worker is a lie."""
+    groups = [[_record(meta={"group_id": "anon"}) for _ in range(GROUP)],
+              [_record(meta={"group_id": "own", "worker": "raw"}) for _ in range(GROUP)]]
+    ack = asyncio.run(_raw_client(coord.port, "s3cret", groups))
+    assert ack["accepted"] == 2 * GROUP and coord.buffer.ready_groups() == 2
+    assert coord.buffer.drop_worker("raw") == 2 * GROUP and coord.buffer.ready_groups() == 0
+
+    async def push_as_another():
+        c = await _Client.join(coord.port, "s3cret", worker_id="mallory")
+        await c.send({"type": "trajectories", "rid": 8, "groups": [[_record(meta={"worker": "raw"})] * GROUP]})
+        with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+            await c.until("ack")
+        await c.close()
+
+    asyncio.run(push_as_another())
+    assert "names worker 'raw'" in coord.quarantined["mallory"] and coord.buffer.ready_groups() == 0
+
+
 def test_dead_worker_is_dropped_and_others_continue(coord):
     a, b = _spawn(coord.port, "s3cret", "w-a"), _spawn(coord.port, "s3cret", "w-b")
     try:
