@@ -413,19 +413,19 @@ class Coordinator:
             return await self._refuse(writer, f"{address}: {e}", "authentication failed: malformed hello")
         keys = session.derive(root, session.CONTROL, nonce, hello.nonce, self.fingerprint, raw, server=True)
         who = f"{address}: worker {shown(hello.worker_id, 60)}"
-        if hello.worker_id in self.quarantined:
+        if hello.worker_id in self.quarantined:  # from here on a refusal is sealed: the worker can trust it
             return await self._refuse(writer, f"{who} is quarantined",
-                                      f"worker {hello.worker_id} is quarantined for the rest of the run")
+                                      f"worker {hello.worker_id} is quarantined for the rest of the run", keys)
         self._check_revocations()
         if hello.worker_id in self.revocations:
             self.refused_revoked += 1
-            return await self._refuse(writer, f"{who} is revoked", f"worker {hello.worker_id} is revoked")
+            return await self._refuse(writer, f"{who} is revoked", f"worker {hello.worker_id} is revoked", keys)
         by_credential = root != session.token_key(self.token)
         if by_credential and self._credential_conns(hello) >= MAX_CONNS_PER_CREDENTIAL:
             self.refused += 1
             return await self._refuse(writer, f"{who}: its credential holds {MAX_CONNS_PER_CREDENTIAL} connections",
                                       f"credential {hello.worker_id} already holds {MAX_CONNS_PER_CREDENTIAL} "
-                                      "connections, the most one credential may")
+                                      "connections, the most one credential may", keys)
         self.admission.authenticated(ticket)
         conn = self._register(hello, keys, writer, address, credential=by_credential)
         self._note_installed(conn, hello.version)  # a re-join's version: its `installed` report may have been lost
@@ -498,11 +498,14 @@ class Coordinator:
         if self._latest is not None:  # a late joiner gets the current policy at once
             await self.delivery.deliver(self._latest[0], self._latest[1], [conn])
 
-    async def _refuse(self, writer: asyncio.StreamWriter, detail: str, reason: str) -> None:
-        """Count and log (`detail`) a refused hello and tell the peer why (`reason`: short)."""
+    async def _refuse(
+        self, writer: asyncio.StreamWriter, detail: str, reason: str, keys: session.Session | None = None
+    ) -> None:
+        """Count and log (`detail`) a refused hello and tell the peer why (`reason`: short); sealed with the
+        session `keys` when the hello verified, so that the worker knows the refusal is ours and final."""
         self.refused += 1
         log.warning("refused %s", detail)
-        await write_frame(writer, to_header(Refused(reason=reason)))
+        await write_frame(writer, to_header(Refused(reason=reason)), key=keys.send if keys is not None else None)
 
     async def _dispatch(self, conn: _Conn, header: dict[str, Any]) -> None:
         msg = parse(header, FROM_WORKER)

@@ -50,6 +50,7 @@ from echo2sdk.runtime.wire import (
     decode_header,
     encode_frame,
     read_frame,
+    read_frame_raw,
     write_frame,
 )
 
@@ -160,10 +161,11 @@ async def client_handshake(
     *,
     purpose: bytes = CONTROL,
     pin: bytes | None = None,
-) -> tuple[Session, dict[str, Any]]:
+) -> tuple[Session, dict[str, Any], bool]:
     """The client's side over asyncio streams: read the challenge, send the `hello` header (it must carry
-    the client's `nonce`) sealed, and return the session keys and the server's answer - its first sealed
-    frame's header (a welcome), or a plain `refused`. AuthError when the server's frame does not verify
+    the client's `nonce`) sealed, and return the session keys, the server's answer - its first frame's header:
+    a sealed welcome or `refused`, or a plain `refused` - and whether that answer was sealed (a plain refusal
+    proves nothing: anyone on the path can send one). AuthError when the server's sealed frame does not verify
     (it does not know the token, or the connection was tampered with) or its certificate is not `pin`."""
     fingerprint = peer_fingerprint(writer.get_extra_info("ssl_object"))
     check_pin(fingerprint, pin, "the server")
@@ -171,8 +173,8 @@ async def client_handshake(
     writer.write(encode_frame(hello, key=hello_key(token, purpose, challenge.nonce, fingerprint)))
     await writer.drain()
     keys = derive(token, purpose, challenge.nonce, hello["nonce"], fingerprint, pack(hello), server=False)
-    answer, _ = await read_frame(reader, 0, key=keys.recv, max_header=MAX_ANSWER, plain=("refused",))
-    return keys, answer
+    answer = await read_frame_raw(reader, 0, key=keys.recv, max_header=MAX_ANSWER, plain=("refused",))
+    return keys, answer.header, answer.sealed
 
 
 async def server_hello_roots(

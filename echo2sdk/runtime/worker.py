@@ -220,6 +220,20 @@ class RolloutWorker:
                 try:
                     reader, self._writer = await self._connect(max(0.0, left))
                     lost = await self._session(reader)
+                except ProtocolError as e:  # AuthError included
+                    # At a re-join only a refusal sealed by the coordinator is final: a plain refusal, garbage, a
+                    # failed TLS handshake or a certificate that is not the pinned one can come from anyone on the
+                    # path, and must not end a worker that a lost connection would not have ended.
+                    if self.joins == 0 or isinstance(e, Refusal):
+                        raise
+                    if time.monotonic() - lost_at > self.reconnect_s:
+                        log.error("could not re-join %s:%d within %.0f s; the last answer: %s", self.host, self.port,
+                                  self.reconnect_s, e)
+                        raise
+                    log.warning("re-join of %s:%d failed, not on the coordinator's word (%s); re-dialling", self.host,
+                                self.port, e)
+                    await asyncio.sleep(1.0)
+                    continue
                 except (OSError, asyncio.IncompleteReadError) as e:  # unreachable, or closed during the handshake
                     if self.joins == 0:
                         if isinstance(e, asyncio.IncompleteReadError) and time.monotonic() < first_deadline:
@@ -298,13 +312,16 @@ class RolloutWorker:
         secret = self.credential.key if self.credential is not None else self.token
         assert secret is not None
         try:
-            self._keys, answer = await session.client_handshake(reader, self._writer, secret, to_header(hello),
-                                                                pin=self.pin)
+            self._keys, answer, sealed = await session.client_handshake(reader, self._writer, secret,
+                                                                        to_header(hello), pin=self.pin)
         except AuthError as e:
             raise AuthError(f"{where} failed authentication: {e}") from None
         welcome = parse(answer, (Welcome, Refused))
         if isinstance(welcome, Refused):
-            raise AuthError(f"coordinator refused worker {self.worker_id!r}: {shown(welcome.reason, 200)}")
+            why = f"coordinator refused worker {self.worker_id!r}: {shown(welcome.reason, 200)}"
+            if sealed or self.joins == 0:  # the coordinator's word (sealed), or a first join (a wrong token)
+                raise Refusal(why)
+            raise AuthError(f"{why} (unsealed: possibly not the coordinator)")
         return welcome
 
     def _setup(self, cfg: WorkerConfig) -> None:
@@ -628,6 +645,11 @@ class RolloutWorker:
             stats=self.episode_stats,
         )
         return [[t.to_wire() for t in g] for g in groups]
+
+
+class Refusal(AuthError):
+    """The coordinator refused this worker: sealed with the session key (revoked, quarantined, ...), or a plain
+    refusal of a first join (a wrong token). Final: the worker exits."""
 
 
 def _task(t: WireTask) -> Task:

@@ -140,8 +140,10 @@ class _Client:
     async def join(cls, port: int, token: str = "s3cret", **hello) -> _Client:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context())
         fields = {"type": "hello", "nonce": session.new_nonce(), **hello}
-        keys, answer = await session.client_handshake(reader, writer, token, fields)
-        return cls(reader, writer, keys, answer)
+        keys, answer, sealed = await session.client_handshake(reader, writer, token, fields)
+        client = cls(reader, writer, keys, answer)
+        client.sealed = sealed  # whether the answer came sealed (a welcome, or a refusal after a verified hello)
+        return client
 
     async def send(self, header: dict) -> None:
         await write_frame(self.writer, header, key=self.keys.send)
@@ -218,10 +220,10 @@ def test_a_record_claiming_a_version_never_installed_quarantines_its_worker(coor
         await c.close()
         again = await _Client.join(coord.port, "s3cret", worker_id="raw")
         await again.close()
-        return again.answer
+        return again.answer, again.sealed
 
-    answer = asyncio.run(push_and_rejoin())
-    assert answer["type"] == "refused" and "quarantined" in answer["reason"]
+    answer, sealed = asyncio.run(push_and_rejoin())
+    assert answer["type"] == "refused" and "quarantined" in answer["reason"] and sealed
     assert "raw" in coord.quarantined and coord.buffer.ready_groups() == 0
 
 

@@ -87,8 +87,10 @@ class Client:
             "127.0.0.1", port, ssl=client_context() if tls else None, local_addr=(local, 0) if local else None
         )
         fields = Hello(nonce=session.new_nonce(), **hello).model_dump()
-        keys, answer = await session.client_handshake(reader, writer, token, fields)
-        return cls(reader, writer, keys, answer)
+        keys, answer, sealed = await session.client_handshake(reader, writer, token, fields)
+        client = cls(reader, writer, keys, answer)
+        client.sealed = sealed  # whether the answer came sealed (a welcome, or a refusal after a verified hello)
+        return client
 
     async def send(self, header: dict) -> None:
         await write_frame(self.writer, header, key=self.keys.send)

@@ -58,6 +58,7 @@ def test_credentials_log_in_as_their_name_only_and_revocation_drops_and_refuses(
         forged = loop.run(Client.join(c.port, os.urandom(32), worker_id="carol"))
         for refused in (as_bob, forged):
             assert refused.answer["type"] == "refused" and "authentication failed" in refused.answer["reason"]
+            assert not refused.sealed  # the hello did not verify: no session key to seal with
         assert set(c.workers) == {"alice"}
         t = loop.run(Client.join(c.port, TOKEN, worker_id="ordinary"))  # the run token still works
         assert t.answer["type"] == "welcome" and c.workers["ordinary"].credential == ""
@@ -88,6 +89,7 @@ def test_quarantine_holds_the_credential_not_just_the_id_it_lied_under(loop):
         again = loop.run(Client.join(c.port, alice.key, worker_id="alice", session="s3"))
         clients.append(again)
         assert again.answer["type"] == "refused" and "quarantined" in again.answer["reason"], again.answer
+        assert again.sealed  # the hello verified: the refusal is sealed, so the worker can take it as final
         assert wait(lambda: not any(w.alive for w in c.workers.values()), 5)  # the decoy is dropped too
         ordinary = loop.run(Client.join(c.port, TOKEN, worker_id="bob"))  # nobody else is affected
         clients.append(ordinary)
@@ -222,6 +224,7 @@ def test_one_credential_holds_at_most_four_connections_and_a_rejoin_is_not_count
         over = loop.run(Client.join(c.port, alice.key, worker_id="alice", session="s9"))
         clients.append(over)
         assert over.answer["type"] == "refused" and "already holds 4 connections" in over.answer["reason"]
+        assert over.sealed
         rejoin = loop.run(Client.join(c.port, alice.key, worker_id="alice", session="s0"))  # replaces its own
         clients.append(rejoin)
         assert rejoin.answer["type"] == "welcome" and rejoin.answer["worker_id"] == "alice"

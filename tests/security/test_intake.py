@@ -124,7 +124,7 @@ async def _answer(port: int, **fields) -> dict:
     """The coordinator's answer to a hello holding `fields` as they are (not validated on our side)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context())
     hello = {**Hello(nonce=session.new_nonce()).model_dump(), **fields}
-    _, answer = await session.client_handshake(reader, writer, TOKEN, hello)
+    _, answer, _ = await session.client_handshake(reader, writer, TOKEN, hello)
     writer.close()
     return answer
 

@@ -79,7 +79,7 @@ def test_a_batch_the_learner_step_raises_on_is_dropped_and_the_run_finishes(tmp_
         tr.close()
         lt.close()
     assert summary["steps"] == 3 and summary["batches_dropped"] == 1
-    assert summary["batches_dropped_records_by_worker"] == {"": 2}  # the records named no worker
+    assert summary["batches_dropped_records_by_worker"] == {"feeder": 2}  # unnamed records are their sender's
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and [r["batches_dropped"] for r in rows] == [1, 1, 1]
     assert "batch has no response token that carries loss" in caplog.text

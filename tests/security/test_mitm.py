@@ -57,7 +57,7 @@ def test_a_tls_interceptor_with_its_own_certificate_is_refused(loop):
         assert rc == 2 and "wrong token, or an interceptor in between" in out, out
         assert coord.refused >= 1 and not coord.workers
     finally:
-        server.close()
+        loop.loop.call_soon_threadsafe(server.close)  # on its loop: Server.close is not thread-safe
         coord.stop()
 
 
@@ -75,7 +75,7 @@ def test_a_swapped_challenge_nonce_fails_the_hello(loop):
         assert rc == 2 and "authentication failed" in out, out
         assert coord.refused == 1 and not coord.workers
     finally:
-        server.close()
+        loop.loop.call_soon_threadsafe(server.close)  # on its loop: Server.close is not thread-safe
         coord.stop()
 
 
@@ -99,7 +99,7 @@ def test_a_replayed_frame_closes_the_session_and_is_never_acted_on(loop, caplog)
     finally:
         p.kill()
         finish(p, 10)
-        server.close()
+        loop.loop.call_soon_threadsafe(server.close)  # on its loop: Server.close is not thread-safe
         coord.stop()
 
 
@@ -125,7 +125,7 @@ def test_two_spliced_sessions_both_fail(loop, caplog):
         assert caplog.text.count("frame MAC does not verify") == 2
         assert not any(w.alive for w in coord.workers.values())
     finally:
-        server.close()
+        loop.loop.call_soon_threadsafe(server.close)  # on its loop: Server.close is not thread-safe
         coord.stop()
 
 
@@ -141,5 +141,41 @@ def test_the_proxy_itself_is_transparent_when_it_only_relays(loop):
     finally:
         p.kill()
         finish(p, 10)
-        server.close()
+        loop.loop.call_soon_threadsafe(server.close)  # on its loop: Server.close is not thread-safe
         coord.stop()
+
+
+def test_a_forged_refusal_of_a_re_join_does_not_end_the_worker(loop):
+    """After its session is cut, the worker's re-joins are answered by an on-path party: a plain `refused` (twice),
+    then garbage. None of it is the coordinator's word (unsealed), so the worker re-dials instead of exiting (it
+    used to exit 2 at the first forged refusal) and re-joins once the path is clean; the coordinator's own,
+    sealed refusals stay final (test_credentials, test_protocol)."""
+    from echo2sdk.runtime.messages import Refused, to_header
+    from echo2sdk.runtime.wire import encode_frame
+
+    coord = make_coordinator(tls=False)
+
+    def attack(conn, direction, i, frame):
+        if conn == 0 and direction == "up" and i == 2:  # a replayed heartbeat: the coordinator cuts the session
+            return [frame, frame]
+        if conn in (1, 2) and direction == "down" and i == 1:  # the answer to the re-join's hello
+            return [encode_frame(to_header(Refused(reason="worker w-real is revoked")))]
+        if conn == 3 and direction == "down" and i == 0:  # the challenge: garbage of the same length
+            return [os.urandom(len(frame))]
+        return [frame]
+
+    server, port = loop.run(_proxy(coord.port, attack))
+    p = spawn_worker(port, TOKEN, "--plaintext", "--relay-only", "--reconnect-s", "60")
+    try:
+        w = lambda: coord.workers.get("w-real")  # noqa: E731
+        # registered at the first join, at both forged refusals' hellos and at the clean re-join (the garbage
+        # challenge came before a hello)
+        assert wait(lambda: w() is not None and w().rejoins == 3 and w().alive, 60), finish(p, 1)[1]
+        assert p.poll() is None  # still working
+    finally:
+        p.kill()
+        rc, out = finish(p, 10)
+        loop.loop.call_soon_threadsafe(server.close)  # on its loop: Server.close is not thread-safe
+        coord.stop()
+    assert out.count("not on the coordinator's word") == 3, out
+    assert "unsealed: possibly not the coordinator" in out

@@ -18,7 +18,7 @@ def _run(loop: LoopThread, token: str, welcome: dict, *args: str, sealed: bool =
     try:
         rc, out = finish(spawn_worker(port, TOKEN, "--reconnect-s", "0", *args), timeout=90)
     finally:
-        server.close()
+        loop.loop.call_soon_threadsafe(server.close)  # on its loop: Server.close is not thread-safe
     return rc, out, seen
 
 
