@@ -198,6 +198,10 @@ class BroadcastConfig(_Section):
         None, ge=1, description="N_ch (default floor(B0 / Bw) when both are given, else 1)"
     )
     stall_timeout_s: float = Field(5.0, gt=0, description="a parent silent this long is repaired around")
+    min_relay_mbps: float = Field(
+        1.0, gt=0, description="a parent that takes longer than stall_timeout_s + chunk / this rate over a chunk is "
+        "repaired around (a relay trickling bytes inside the stall timeout cannot hold its chain)"
+    )
     shape_uplink: bool = Field(False, description="pace the learner's sends at uplink_mbps (emulation)")
 
     def chains(self) -> int:

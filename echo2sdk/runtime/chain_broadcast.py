@@ -26,7 +26,7 @@ from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, pla
 from echo2sdk.runtime import session
 from echo2sdk.runtime.delivery import Peer, send_all
 from echo2sdk.runtime.messages import MAX_RELAY_KEYS, BroadcastInfo, Received, SnapshotPlan, WireManifest
-from echo2sdk.runtime.relay import RelayNode
+from echo2sdk.runtime.relay import MIN_RELAY_BPS, RelayNode
 from echo2sdk.runtime.tls import Identity
 
 __all__ = ["ChainBroadcast", "Topology", "KEEP_VERSIONS"]
@@ -50,6 +50,7 @@ class ChainBroadcast:
         uplink_bps: float | None = None,
         per_peer_bps: float | None = None,
         stall_timeout_s: float = 5.0,
+        min_relay_bps: float = MIN_RELAY_BPS,
         signer: Signer | None = None,
         tls: bool | Identity = True,
         relay_key_lookahead: int = 1,
@@ -68,7 +69,7 @@ class ChainBroadcast:
         self.signer = signer or Signer()
         self.source = RelayNode(
             token, node_id=SOURCE, host=host, uplink_bps=uplink_bps, per_peer_bps=per_peer_bps,
-            stall_timeout_s=stall_timeout_s, tls=tls,
+            stall_timeout_s=stall_timeout_s, min_relay_bps=min_relay_bps, tls=tls,
         )
         self._root = session.token_key(token)
         self._newest = 0  # the newest version delivered: the welcome hands out its relay key and the next one's
@@ -85,7 +86,7 @@ class ChainBroadcast:
         """What a worker needs at join time: the key that signs every manifest, when to repair, and the relay
         keys of the newest version and the next publication's."""
         return BroadcastInfo(public_key=self.public_key, stall_timeout_s=self.source.stall_timeout_s,
-                             relay_keys=self.relay_keys(self._newest))
+                             min_relay_bps=self.source.min_relay_bps, relay_keys=self.relay_keys(self._newest))
 
     def relay_keys(self, version: int) -> tuple[tuple[int, bytes], ...]:
         """(v, K_relay(v)) for `version` and the `relay_key_lookahead` versions after it: a node holds the next

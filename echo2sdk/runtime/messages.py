@@ -145,6 +145,7 @@ class BroadcastInfo(_Model):
 
     public_key: Bytes32
     stall_timeout_s: float | None = Field(None, gt=0.0, le=3600.0)
+    min_relay_bps: float | None = Field(None, gt=0.0, le=1e12)  # the slowest parent a fetcher waits for
     relay_keys: RelayKeys = ()  # the relay keys of the newest published version and of the next publication
 
 

@@ -7,7 +7,9 @@ verified chunk to a child the moment it is there (store-and-forward per chunk, s
 The node's own copy is complete - and handed to the install - without waiting for any child.
 
 Repair: when the parent dies (EOF, reset), stalls (no byte and no keep-alive for ``stall_timeout_s``),
-sends a chunk that fails its digest or speaks garbage, the fetcher drops it, records why, and resumes
+is too slow (a chunk frame not complete within ``stall_timeout_s`` + chunk_bytes / ``min_relay_bps``: a
+trickle of bytes each inside the stall timeout would otherwise hold the chain below it), sends a chunk
+that fails its digest or speaks garbage, the fetcher drops it, records why, and resumes
 from its first missing chunk at the next upstream node - the nearest healthy ancestor, finally the
 learner. Nothing unverified is ever stored, forwarded or installed.
 
@@ -63,7 +65,7 @@ from echo2sdk.runtime.messages import (
     to_header,
 )
 from echo2sdk.runtime.tls import Identity, check_pin, client_context, peer_fingerprint, server_context
-from echo2sdk.runtime.wire import encode_frame, recv_frame, send_frame
+from echo2sdk.runtime.wire import DeadlineExceeded, check_deadline, encode_frame, recv_frame, send_frame
 
 __all__ = ["TokenBucket", "Assembly", "RelayNode", "FetchReport", "Upstream"]
 
@@ -78,6 +80,7 @@ WRITE_SLICE = 4 << 20  # unpaced sends go out in slices of this size, each under
 MAX_STREAMS = 512  # children served at a time (threads); more get `unavailable` and repair elsewhere
 MAX_STREAMS_PER_IP = 64  # of them from one address: one holder of a relay key cannot take them all
 KEEP_RELAY_KEYS = 8  # relay keys (newest versions) a node keeps
+MIN_RELAY_BPS = 1e6 / 8  # 1 Mbit/s: a parent slower than this on a chunk is repaired around (broadcast.min_relay_mbps)
 MAX_WAIT_STALLS = 6  # stall timeouts a parent may send keep-alives without a chunk (its own repair) before it is dropped
 
 
@@ -186,13 +189,14 @@ class FetchReport:
         return asdict(self)
 
 
-def _recv_hashed(sock: socket.socket, view: memoryview) -> bytes:
+def _recv_hashed(sock: socket.socket, view: memoryview, deadline: float | None = None) -> bytes:
     """Fill `view` from `sock` and return its chunk digest, hashing while the bytes are still in the CPU
     cache (hashing the whole chunk afterwards reads it back from memory). The hasher is fed whole
     HASH_BLOCKs only: TCP hands over MSS-sized pieces (~64 KiB - 53 B on loopback), and BLAKE3 updated at
-    such odd offsets loses its widest SIMD path (5.8 vs 7.6 GB/s here)."""
+    such odd offsets loses its widest SIMD path (5.8 vs 7.6 GB/s here). DeadlineExceeded past `deadline`."""
     hasher, filled, hashed = chunk_hasher(), 0, 0
     while filled < view.nbytes:
+        check_deadline(deadline, view.nbytes - filled)
         n = sock.recv_into(view[filled : filled + RECV_PIECE])
         if n == 0:
             raise EOFError("peer closed the connection")
@@ -224,6 +228,7 @@ class RelayNode:
         uplink_bps: float | None = None,
         per_peer_bps: float | None = None,
         stall_timeout_s: float = 5.0,
+        min_relay_bps: float = MIN_RELAY_BPS,
         keep_versions: int = 2,
         tls: bool | Identity = True,
         admission: Admission | None = None,
@@ -233,7 +238,8 @@ class RelayNode:
     ):
         """`token`: the run token, or None on a node that knows only the relay keys `add_relay_keys` gives it.
         `tls`: True (a certificate made for this node), an `Identity`, or False (plaintext, opt-in).
-        `admission`: caps and the failed-login rate limit of this port (default `Admission()`)."""
+        `admission`: caps and the failed-login rate limit of this port (default `Admission()`).
+        `min_relay_bps`: the slowest parent the fetcher waits for (see the module's Repair)."""
         self.token, self.node_id = token, node_id
         if token is not None:
             session.token_key(token)  # derive it now, not in the gate thread on the first hello
@@ -241,6 +247,7 @@ class RelayNode:
         self.uplink = TokenBucket(uplink_bps) if uplink_bps else None
         self.per_peer_bps = per_peer_bps
         self.stall_timeout_s, self.keep_versions = stall_timeout_s, keep_versions
+        self.min_relay_bps = min_relay_bps
         self._versions: dict[int, Assembly] = {}
         self._spare: list[mmap.mmap] = []  # buffers of evicted versions, already faulted in
         self._lock = threading.Condition()
@@ -513,14 +520,16 @@ class RelayNode:
     def _pull(self, asm: Assembly, up: Upstream, busy: list[float]):
         """Yield the index of each chunk verified from `up`; raise _ParentFailed on any fault."""
         m = asm.manifest
+        allowance = self.stall_timeout_s + m.chunk_bytes / self.min_relay_bps  # per frame, chunk bytes included
         sock = self._dial(up)
         try:
-            keys = self._hello(sock, up, m.version, asm.ready)
+            keys = self._hello(sock, up, m.version, asm.ready, time.monotonic() + allowance)
             last_chunk = time.monotonic()
             while asm.ready < m.n_chunks:
                 if asm.failed:
                     raise _ParentFailed("superseded")
-                header, plen = recv_frame(sock, m.chunk_bytes, key=keys.recv, plain=("refused",))
+                deadline = time.monotonic() + allowance
+                header, plen = recv_frame(sock, m.chunk_bytes, key=keys.recv, plain=("refused",), deadline=deadline)
                 msg = parse(header, (Chunk, Wait, Unavailable, Refused))
                 if isinstance(msg, Wait):  # its own repair takes a few stall timeouts; keep-alives alone are a stall
                     if time.monotonic() - last_chunk > MAX_WAIT_STALLS * self.stall_timeout_s:
@@ -532,7 +541,7 @@ class RelayNode:
                 if i != asm.ready or plen != b - a:
                     raise ProtocolError(f"chunk {i!r} of {plen} bytes, expected chunk {asm.ready} of {b - a}")
                 t = time.monotonic()
-                digest = _recv_hashed(sock, asm.view[a:b])
+                digest = _recv_hashed(sock, asm.view[a:b], deadline)
                 busy[0] += b - a
                 busy[1] += time.monotonic() - t
                 if digest != m.chunks[i]:
@@ -540,6 +549,8 @@ class RelayNode:
                 asm.advance()
                 last_chunk = time.monotonic()
                 yield i
+        except DeadlineExceeded:
+            raise _ParentFailed(f"too slow (a chunk under {self.min_relay_bps * 8 / 1e6:g} Mbit/s)") from None
         except TimeoutError:
             raise _ParentFailed("stalled") from None
         except AuthError as e:
@@ -571,13 +582,13 @@ class RelayNode:
             raise _ParentFailed(f"authentication: {why}") from None
         return sock
 
-    def _hello(self, sock: socket.socket, up: Upstream, version: int, start: int) -> session.Session:
+    def _hello(self, sock: socket.socket, up: Upstream, version: int, start: int, deadline: float) -> session.Session:
         """Answer the parent's challenge with a sealed fetch; the session keys (the parent proves the token with
         its first sealed frame)."""
         root: str | bytes | None = self._relay_keys.get(version, self.token)  # the version's relay key first
         if root is None:
             raise AuthError(f"no relay key for version {version}")
-        challenge = parse(recv_frame(sock, 0)[0], (Challenge,))
+        challenge = parse(recv_frame(sock, 0, deadline=deadline)[0], (Challenge,))
         fetch = Fetch(node_id=self.node_id, nonce=session.new_nonce(), version=version, start=start)
         header = to_header(fetch)
         sock.sendall(encode_frame(header, key=session.hello_key(root, session.RELAY, challenge.nonce, up.fingerprint)))

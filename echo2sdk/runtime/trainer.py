@@ -1068,6 +1068,7 @@ def _delivery(cfg: Config, token: str, signing_key: Any = None):
         host=cfg.run.host,
         uplink_bps=uplink,
         stall_timeout_s=b.stall_timeout_s,
+        min_relay_bps=b.min_relay_mbps * 1e6 / 8,
         signer=Signer(signing_key) if signing_key is not None else None,
         tls=cfg.run.tls,  # the learner's relay port: TLS, or plaintext with run.tls = false
         relay_key_lookahead=cfg.kappa,  # the next publication's relay key goes out with each plan

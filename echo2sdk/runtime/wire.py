@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import socket
 import struct
+import time
 from typing import Any, NamedTuple, Protocol
 
 import msgpack
@@ -29,7 +30,7 @@ from echo2sdk.errors import AuthError, ProtocolError
 __all__ = [
     "MAGIC", "SEALED", "PREFIX_BYTES", "TAG_BYTES", "PREAUTH_MAX_HEADER", "MAX_HEADER", "DEFAULT_MAX_PAYLOAD",
     "Frame", "read_frame", "read_frame_raw", "write_frame", "encode_frame", "send_frame", "recv_frame",
-    "recv_exactly_into", "check_prefix", "open_frame", "decode_header", "digest",
+    "recv_exactly_into", "check_prefix", "open_frame", "decode_header", "digest", "DeadlineExceeded",
 ]
 
 MAGIC = b"E2F1"
@@ -160,9 +161,22 @@ async def write_frame(
 
 
 # -- the same frames over a blocking socket (the broadcast data path runs on threads) ------------------
-def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill `view` from `sock`; raises EOFError when the peer closes first, TimeoutError on a stall."""
+class DeadlineExceeded(TimeoutError):
+    """The peer keeps sending, but too slowly to be done by the deadline: a trickle of bytes, each inside the
+    socket's stall timeout, that would otherwise hold the reader for as long as the peer likes."""
+
+
+def check_deadline(deadline: float | None, missing: int) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise DeadlineExceeded(f"{missing} byte(s) still to come at the deadline")
+
+
+def recv_exactly_into(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fill `view` from `sock`; raises EOFError when the peer closes first, TimeoutError on a stall and
+    DeadlineExceeded when time.monotonic() passes `deadline` first (checked between reads: at most one stall
+    timeout late)."""
     while view.nbytes:
+        check_deadline(deadline, view.nbytes)
         n = sock.recv_into(view)
         if n == 0:
             raise EOFError("peer closed the connection")
@@ -176,14 +190,16 @@ def recv_frame(
     key: Key | None = None,
     max_header: int = PREAUTH_MAX_HEADER,
     plain: tuple[str, ...] = (),
+    deadline: float | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """Read one frame's header; returns (header, payload length) and leaves the payload on the socket."""
+    """Read one frame's header; returns (header, payload length) and leaves the payload on the socket.
+    `deadline`: as in recv_exactly_into."""
     prefix = bytearray(PREFIX_BYTES)
-    recv_exactly_into(sock, memoryview(prefix))
+    recv_exactly_into(sock, memoryview(prefix), deadline)
     sealed, hlen, plen = check_prefix(bytes(prefix), keyed=key is not None, max_header=max_header,
                                       max_payload=max_payload)
     body = bytearray(hlen + (TAG_BYTES if sealed else 0))  # at most max_header (+ tag): checked above
-    recv_exactly_into(sock, memoryview(body))
+    recv_exactly_into(sock, memoryview(body), deadline)
     header, _ = open_frame(bytes(prefix), bytes(body), key, plain)
     return header, plen
 

@@ -275,6 +275,8 @@ class RolloutWorker:
         self.relay.add_relay_keys(bcast.relay_keys if bcast is not None else ())
         if bcast is not None and bcast.stall_timeout_s is not None:
             self.relay.stall_timeout_s = bcast.stall_timeout_s
+        if bcast is not None and bcast.min_relay_bps is not None:
+            self.relay.min_relay_bps = bcast.min_relay_bps
         self.joins += 1
         log.info("worker %s %s %s:%d", self.worker_id, "joined" if self.joins == 1 else "re-joined", self.host, self.port)
         reader_task = asyncio.create_task(self._read_loop(reader))

@@ -74,7 +74,7 @@ SAMPLES: dict[type[WireMessage], dict] = {
             "version": 3},
     Refused: {"reason": "authentication failed: wrong token"},
     Welcome: {"worker_id": "w-1", "config": {**TRAINER_CONFIG, "heartbeat_s": 0.2, "staleness": 2}, "version": 5,
-              "broadcast": {"public_key": KEY, "stall_timeout_s": 5.0}},
+              "broadcast": {"public_key": KEY, "stall_timeout_s": 5.0, "min_relay_bps": 125000.0}},
     GetTasks: {"n": 2, "rid": 9},
     Tasks: {"rid": 9, "tasks": [TASK, {"id": "sandbox-0-0", "messages": []}]},
     Trajectories: {"rid": 10, "batch": "ab12:0", "groups": unpack(pack([[RECORD, RECORD], "not a group"]))},  # raw
@@ -184,6 +184,8 @@ BOUNDS = [
     (Welcome, "config.sampling.max_new_tokens", 0),
     (Welcome, "broadcast.public_key", b"k" * 31),
     (Welcome, "broadcast.stall_timeout_s", 0.0),
+    (Welcome, "broadcast.min_relay_bps", 0.0),
+    (Welcome, "broadcast.min_relay_bps", math.inf),
     (GetTasks, "n", 0),
     (GetTasks, "n", 1025),
     (GetTasks, "rid", -1),

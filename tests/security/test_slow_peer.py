@@ -96,3 +96,60 @@ def test_a_parent_that_only_sends_keep_alives_is_repaired_around_and_blamed():
     finally:
         for node in (child, evil, src):
             node.close()
+
+
+def test_a_parent_that_trickles_bytes_is_repaired_around_but_a_slow_honest_one_is_not():
+    """A relay that knows the key sends a chunk header, then one byte at a time, each inside the stall timeout:
+    the fetch used to wait as long as the bytes came (one 4 MiB chunk: months), holding every worker below it
+    and never reporting. Now a chunk frame must be done within stall_timeout_s + chunk_bytes / min_relay_bps:
+    the child repairs from the next upstream node and says why. A parent paced at 4x that rate is not dropped."""
+    import threading
+
+    from echo2sdk.core.broadcast.manifest import Signer, build_manifest
+    from echo2sdk.core.broadcast.planner import SOURCE
+    from echo2sdk.runtime.messages import Chunk, to_header
+    from echo2sdk.runtime.relay import RelayNode, Upstream
+    from echo2sdk.runtime.wire import encode_frame
+
+    class Trickling(RelayNode):
+        def _stream(self, conn, asm, start, key):
+            data = asm.chunk(start)
+            conn.sendall(encode_frame(to_header(Chunk(i=start)), data, key))
+            for k in range(data.nbytes):
+                if self._closed:
+                    return
+                conn.sendall(data[k : k + 1])
+                time.sleep(0.2)  # under the child's 0.3 s stall timeout
+
+    data = bytes(range(256)) * 1024  # 256 KiB: 4 chunks of 64 KiB
+    m = build_manifest(data, 1, 64 << 10, Signer())
+    rate = 1 << 20  # the child's floor: 1 MiB/s, so a chunk frame gets 0.3 + 0.0625 s
+    src, evil = RelayNode(TOKEN, node_id=SOURCE), Trickling(TOKEN, node_id="evil")
+    slow = RelayNode(TOKEN, node_id="slow", per_peer_bps=4 * rate)  # honest, paced at 4 MiB/s
+    nodes = [src, evil, slow]
+
+    def fetch(child, parent):
+        nodes.append(child)
+        result = {}
+        up = [Upstream(parent.node_id, parent.host, parent.port, parent.fingerprint),
+              Upstream(SOURCE, src.host, src.port, src.fingerprint)]
+        t = threading.Thread(target=lambda: result.update(report=child.fetch(m, up)), daemon=True)
+        t0 = time.monotonic()
+        t.start()
+        t.join(60)
+        assert "report" in result, f"the child is still reading from {parent.node_id}"
+        assert bytes(child.assembly(1).view) == data
+        return result["report"], time.monotonic() - t0
+
+    try:
+        for node in nodes:
+            node.publish(m, data)
+        report, seconds = fetch(RelayNode(TOKEN, node_id="child", stall_timeout_s=0.3, min_relay_bps=rate), evil)
+        assert report.ok and report.parent == SOURCE and seconds < 5  # one chunk's allowance + a stall timeout
+        assert [r["parent"] for r in report.repairs] == ["evil"]
+        assert report.repairs[0]["reason"].startswith("too slow") and report.repairs[0]["chunk"] == 0
+        report, _ = fetch(RelayNode(TOKEN, node_id="child2", stall_timeout_s=0.3, min_relay_bps=rate), slow)
+        assert report.ok and report.parent == "slow" and not report.repairs
+    finally:
+        for node in nodes:
+            node.close()
