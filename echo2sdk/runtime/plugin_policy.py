@@ -91,6 +91,8 @@ def allowances(cfg: WorkerConfig | Any) -> list[str]:
 def _check_name(group: str, kind: str, name: str, allowed: frozenset[str]) -> None:
     if "://" in name and group == ADAPTERS:
         scheme = name.partition("://")[0]
+        if scheme in registered(ADAPTERS):  # verifiers://ENV: that adapter (plugins.load_adapter); its env: below
+            return
         if scheme not in registered(ENVS) or SANDBOX not in registered(ADAPTERS):
             known = ", ".join(sorted(registered(ENVS))) or "none"
             raise ConfigError(

@@ -110,7 +110,8 @@ def test_allowances_name_exactly_what_a_config_needs():
 
 
 @pytest.mark.parametrize("adapter,env", [("verifiers", "verifiers://echo2_wire_probe"),
-                                         ("echo2sdk.adapters.verifiers:verifiers_adapter", "echo2_wire_probe")])
+                                         ("echo2sdk.adapters.verifiers:verifiers_adapter", "echo2_wire_probe"),
+                                         ("verifiers://echo2_wire_probe", None)])  # the one-line config form
 def test_a_verifiers_env_is_an_import_too(tmp_path, monkeypatch, adapter, env):
     """The verifiers adapter imports the module its env names and calls its load_environment(**env_args): a
     module that is on the worker's path but no installed verifiers environment needs the operator's allowance."""
@@ -119,7 +120,8 @@ def test_a_verifiers_env_is_an_import_too(tmp_path, monkeypatch, adapter, env):
         "def load_environment(**kw):\n    raise RuntimeError('called')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = _cfg(adapter=adapter, adapter_options={"env": env, "env_args": {"cmd": "x"}})
+    options = {"env_args": {"cmd": "x"}} | ({"env": env} if env is not None else {})
+    cfg = _cfg(adapter=adapter, adapter_options=options)
     with pytest.raises(ConfigError, match="--allow-plugin verifiers://echo2_wire_probe"):
         check_plugins(cfg)
     assert not (tmp_path / "imported").exists()
