@@ -43,7 +43,6 @@ MAX_HEADER = 16 << 20  # after authentication
 DEFAULT_MAX_PAYLOAD = 8 << 30
 MAX_ARRAY = 1 << 20  # msgpack limits per container (strings and bytes: the header's own length)
 MAX_MAP = 1 << 12
-OFF_LOOP_HEADER = 256 << 10  # a header this long is checked and decoded on a thread, not on the event loop
 
 
 class Key(Protocol):
@@ -132,10 +131,7 @@ async def read_frame_raw(
     prefix = await reader.readexactly(PREFIX_BYTES)
     sealed, hlen, plen = check_prefix(prefix, keyed=key is not None, max_header=max_header, max_payload=max_payload)
     body = await reader.readexactly(hlen + (TAG_BYTES if sealed else 0))
-    if hlen >= OFF_LOOP_HEADER:  # decoding 16 MiB of msgpack takes seconds: the loop serves everyone else meanwhile
-        header, raw = await asyncio.to_thread(open_frame, prefix, body, key, plain)
-    else:
-        header, raw = open_frame(prefix, body, key, plain)
+    header, raw = open_frame(prefix, body, key, plain)
     payload = await reader.readexactly(plen) if plen else b""
     return Frame(header, payload, raw, sealed)
 

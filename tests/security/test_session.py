@@ -79,40 +79,6 @@ def test_headers_decode_under_limits():
     assert decode_header(b"\x81\xa4type\xa1x") == {"type": "x"}
 
 
-def test_a_large_header_is_checked_and_decoded_off_the_event_loop(monkeypatch):
-    """A token holder's 16 MiB header takes seconds of msgpack: read_frame_raw checks and decodes a header of
-    OFF_LOOP_HEADER bytes or more on a thread, so the coordinator's loop serves every other worker meanwhile;
-    small frames stay on the loop (a thread hop per heartbeat would cost more than it saves)."""
-    import asyncio
-    import threading
-
-    from echo2sdk.runtime import wire
-
-    server, client = _pair()
-    where = []
-
-    def recording_open_frame(*args, **kw):
-        where.append(threading.current_thread() is threading.main_thread())
-        return open_frame(*args, **kw)
-
-    monkeypatch.setattr(wire, "open_frame", recording_open_frame)
-    big = {"type": "trajectories", "rid": 1, "groups": [[{"x": "y" * 1000}] * 300]}  # ~300 KB of msgpack
-    frames = [encode_frame({"type": "heartbeat", "version": 1}, key=client.send), encode_frame(big, key=client.send)]
-
-    async def read_both():
-        reader = asyncio.StreamReader()
-        for f in frames:
-            reader.feed_data(f)
-        reader.feed_eof()
-        return [await wire.read_frame_raw(reader, 0, key=server.recv, max_header=wire.MAX_HEADER) for _ in frames]
-
-    small, large = asyncio.run(read_both())
-    assert len(frames[1]) - PREFIX_BYTES > wire.OFF_LOOP_HEADER
-    assert where == [True, False]  # the heartbeat on the loop's thread, the large header on another
-    assert small.header["version"] == 1 and large.sealed
-    assert large.header["rid"] == 1 and [list(g) for g in large.header["groups"]] == big["groups"]
-
-
 def test_a_child_refuses_a_parent_whose_certificate_is_not_the_pinned_one():
     data = os.urandom(4 * (64 << 10))
     m = build_manifest(data, 1, 64 << 10, Signer())
