@@ -199,8 +199,9 @@ class BroadcastConfig(_Section):
     )
     stall_timeout_s: float = Field(5.0, gt=0, description="a parent silent this long is repaired around")
     min_relay_mbps: float = Field(
-        1.0, gt=0, description="a parent that takes longer than stall_timeout_s + chunk / this rate over a chunk is "
-        "repaired around (a relay trickling bytes inside the stall timeout cannot hold its chain)"
+        1.0, gt=0, le=1e6, description="a relay parent that takes longer than stall_timeout_s + chunk / this rate "
+        "over a chunk is repaired around (one trickling bytes inside the stall timeout cannot hold its chain); "
+        "measured end to end, so keep it under worker_mbps; the learner, every fetcher's last resort, is exempt"
     )
     shape_uplink: bool = Field(False, description="pace the learner's sends at uplink_mbps (emulation)")
 

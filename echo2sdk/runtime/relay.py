@@ -8,8 +8,9 @@ The node's own copy is complete - and handed to the install - without waiting fo
 
 Repair: when the parent dies (EOF, reset), stalls (no byte and no keep-alive for ``stall_timeout_s``),
 is too slow (a chunk frame not complete within ``stall_timeout_s`` + chunk_bytes / ``min_relay_bps``: a
-trickle of bytes each inside the stall timeout would otherwise hold the chain below it), sends a chunk
-that fails its digest or speaks garbage, the fetcher drops it, records why, and resumes
+trickle of bytes each inside the stall timeout would otherwise hold the chain below it; the last node of
+the list, the learner, is held to the stall timeout only: there is nothing left to fall back to), sends a
+chunk that fails its digest or speaks garbage, the fetcher drops it, records why, and resumes
 from its first missing chunk at the next upstream node - the nearest healthy ancestor, finally the
 learner. Nothing unverified is ever stored, forwarded or installed.
 
@@ -484,10 +485,10 @@ class RelayNode:
         t0 = time.monotonic()
         pending_repair: dict[str, Any] | None = None
         last_good = t0
-        for up in upstream:
+        for k, up in enumerate(upstream):
             busy: list[float] = [0.0, 0.0]  # bytes, seconds spent receiving chunk bodies from this parent
             try:
-                for i in self._pull(asm, up, busy):
+                for i in self._pull(asm, up, busy, floor=k < len(upstream) - 1):
                     last_good = time.monotonic()
                     if pending_repair is not None:
                         pending_repair["repair_s"] = round(last_good - pending_repair.pop("_t"), 4)
@@ -517,23 +518,25 @@ class RelayNode:
         report.seconds = time.monotonic() - t0
         return report
 
-    def _pull(self, asm: Assembly, up: Upstream, busy: list[float]):
-        """Yield the index of each chunk verified from `up`; raise _ParentFailed on any fault."""
+    def _pull(self, asm: Assembly, up: Upstream, busy: list[float], floor: bool = True):
+        """Yield the index of each chunk verified from `up`; raise _ParentFailed on any fault. `floor`: hold `up`
+        to min_relay_bps (every parent but the last resort)."""
         m = asm.manifest
         allowance = self.stall_timeout_s + m.chunk_bytes / self.min_relay_bps  # per frame, chunk bytes included
+        waits_for = max(MAX_WAIT_STALLS * self.stall_timeout_s, allowance)  # a parent at the floor rate gets its chunk
         sock = self._dial(up)
         try:
-            keys = self._hello(sock, up, m.version, asm.ready, time.monotonic() + allowance)
+            keys = self._hello(sock, up, m.version, asm.ready, time.monotonic() + allowance if floor else None)
             last_chunk = time.monotonic()
             while asm.ready < m.n_chunks:
                 if asm.failed:
                     raise _ParentFailed("superseded")
-                deadline = time.monotonic() + allowance
+                deadline = time.monotonic() + allowance if floor else None
                 header, plen = recv_frame(sock, m.chunk_bytes, key=keys.recv, plain=("refused",), deadline=deadline)
                 msg = parse(header, (Chunk, Wait, Unavailable, Refused))
                 if isinstance(msg, Wait):  # its own repair takes a few stall timeouts; keep-alives alone are a stall
-                    if time.monotonic() - last_chunk > MAX_WAIT_STALLS * self.stall_timeout_s:
-                        raise _ParentFailed(f"stalled (keep-alives only for {MAX_WAIT_STALLS} stall timeouts)")
+                    if time.monotonic() - last_chunk > waits_for:
+                        raise _ParentFailed(f"stalled (keep-alives only for {waits_for:.0f} s)")
                     continue
                 if not isinstance(msg, Chunk):
                     raise _ParentFailed(msg.type)  # unavailable, refused
@@ -582,7 +585,9 @@ class RelayNode:
             raise _ParentFailed(f"authentication: {why}") from None
         return sock
 
-    def _hello(self, sock: socket.socket, up: Upstream, version: int, start: int, deadline: float) -> session.Session:
+    def _hello(
+        self, sock: socket.socket, up: Upstream, version: int, start: int, deadline: float | None
+    ) -> session.Session:
         """Answer the parent's challenge with a sealed fetch; the session keys (the parent proves the token with
         its first sealed frame)."""
         root: str | bytes | None = self._relay_keys.get(version, self.token)  # the version's relay key first

@@ -77,6 +77,7 @@ log = logging.getLogger("echo2sdk.worker")
 STALE_WAIT_S = 60.0  # the longest a worker waits for a snapshot it knows of before generating under its own
 LOGGED_FAILURES = 3  # adapter failures logged one by one per reason; the rest are counted only
 FROM_COORDINATOR = (Tasks, Ack, Snapshot, SnapshotPlan, Shutdown, BaseFiles)
+HANDSHAKE_S = 30.0  # TLS, challenge, hello and the welcome (or refusal) together
 BOOTSTRAP_WAIT_S = 600.0  # the longest a bootstrapping worker waits for the base files, then for the weights
 R = TypeVar("R", Tasks, Ack)
 
@@ -183,6 +184,7 @@ class RolloutWorker:
         self._stale_since: float | None = None
         self._newest = 0  # the newest snapshot version this worker has heard of (welcome, plans, pushes)
         self._held: tuple[str, list[list[dict[str, Any]]]] | None = None  # a pushed batch the coordinator never acked
+        self._joining = False  # between dialling and a verified welcome: a ProtocolError then may be forged
         self._done = 0
         self._rate = 0.0
 
@@ -213,10 +215,16 @@ class RolloutWorker:
     async def run(self) -> int:
         """Join, work until the coordinator says shutdown (or max_batches), re-joining after a lost
         connection for as long as reconnect_s allows. The backend and the relay live across re-joins."""
-        lost_at, first_deadline = 0.0, time.monotonic() + self.connect_timeout_s
+        lost_at: float | None = None
+        first_deadline = time.monotonic() + self.connect_timeout_s
         try:
             while True:
-                left = self.connect_timeout_s if self.joins == 0 else self.reconnect_s - (time.monotonic() - lost_at)
+                if self.joins == 0:
+                    left = self.connect_timeout_s
+                else:
+                    lost_at = time.monotonic() if lost_at is None else lost_at
+                    left = self.reconnect_s - (time.monotonic() - lost_at)
+                self._joining = True  # until the handshake is done (_session)
                 try:
                     reader, self._writer = await self._connect(max(0.0, left))
                     lost = await self._session(reader)
@@ -224,8 +232,9 @@ class RolloutWorker:
                     # At a re-join only a refusal sealed by the coordinator is final: a plain refusal, garbage, a
                     # failed TLS handshake or a certificate that is not the pinned one can come from anyone on the
                     # path, and must not end a worker that a lost connection would not have ended.
-                    if self.joins == 0 or isinstance(e, Refusal):
+                    if self.joins == 0 or isinstance(e, Refusal) or not self._joining:
                         raise
+                    assert lost_at is not None
                     if time.monotonic() - lost_at > self.reconnect_s:
                         log.error("could not re-join %s:%d within %.0f s; the last answer: %s", self.host, self.port,
                                   self.reconnect_s, e)
@@ -240,6 +249,7 @@ class RolloutWorker:
                             await asyncio.sleep(1.0)  # a busy coordinator closed us before the challenge
                             continue
                         raise
+                    lost_at = time.monotonic() if lost_at is None else lost_at
                     if time.monotonic() - lost_at > self.reconnect_s:
                         log.error("could not re-join %s:%d within %.0f s (%s); giving up", self.host, self.port,
                                   self.reconnect_s, e)
@@ -266,7 +276,16 @@ class RolloutWorker:
                 self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps,
                 tls=self.relay_tls,
             )
-        welcome = await self._handshake(reader)
+        try:
+            async with asyncio.timeout(HANDSHAKE_S):  # a peer that accepts and stays silent cannot hold us
+                welcome = await self._handshake(reader)
+        except BaseException as e:
+            self._writer.close()
+            if isinstance(e, TimeoutError):
+                raise TimeoutError(f"no answer to the handshake from {self.host}:{self.port} within "
+                                   f"{HANDSHAKE_S:.0f} s") from None
+            raise
+        self._joining = False
         self.worker_id, cfg = welcome.worker_id, welcome.config
         self._newest = max(self._newest, welcome.version)
         self.relay.node_id = self.worker_id

@@ -179,3 +179,22 @@ def test_a_forged_refusal_of_a_re_join_does_not_end_the_worker(loop):
         coord.stop()
     assert out.count("not on the coordinator's word") == 3, out
     assert "unsealed: possibly not the coordinator" in out
+
+
+def test_a_peer_that_accepts_and_stays_silent_cannot_hold_a_joining_worker(monkeypatch):
+    """The handshake (TLS, challenge, hello, welcome) has one deadline, worker.HANDSHAKE_S: a peer that accepts the
+    connection and never answers used to hold the worker forever (and a re-join past --reconnect-s)."""
+    import socket
+    import time
+
+    from echo2sdk.runtime import worker
+
+    monkeypatch.setattr(worker, "HANDSHAKE_S", 1.0)
+    silent = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody ever answers
+    try:
+        t0 = time.monotonic()
+        code = worker.run_worker(f"127.0.0.1:{silent.getsockname()[1]}", TOKEN, relay_only=True, tls=False,
+                                 reconnect_s=0, connect_timeout_s=5)
+        assert code == 1 and time.monotonic() - t0 < 10
+    finally:
+        silent.close()
