@@ -89,7 +89,7 @@ async def worker(i: int, port: int, tls: bool, until: float, rate: float, stats:
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context() if tls else None,
                                                    local_addr=(f"127.0.{1 + i // 250}.{1 + i % 250}", 0))
     hello = Hello(nonce=session.new_nonce(), worker_id=f"load-{i}", session=f"s{i}").model_dump()
-    keys, answer = await session.client_handshake(reader, writer, TOKEN, hello)
+    keys, answer, _ = await session.client_handshake(reader, writer, TOKEN, hello)
     wid = answer["worker_id"]
     stats["joined"] += 1
 
