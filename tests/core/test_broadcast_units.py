@@ -374,3 +374,16 @@ def test_token_bucket_paces_at_the_set_rate():
     assert 0.45 < dt < 1.5
     with pytest.raises(ValueError, match="rate"):
         TokenBucket(0)
+
+
+def test_a_relays_own_failures_are_kept_only_for_the_decay_window():
+    """One timestamp per failure used to be kept for the whole run (a long run's flaky relay: an unbounded list);
+    the ones past DECAY_WINDOW_S count for nothing and are dropped at the next failure."""
+    from echo2sdk.core.broadcast.planner import DECAY_WINDOW_S
+
+    s = WorkerScores()
+    for k in range(1000):
+        s.record_failure("w0", k * DECAY_WINDOW_S / 10)
+    assert len(s.stats["w0"].failures) <= 10
+    now = 999 * DECAY_WINDOW_S / 10
+    assert s.recent_failures("w0", now) == len(s.stats["w0"].failures)

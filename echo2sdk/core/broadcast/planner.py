@@ -114,6 +114,7 @@ class WorkerScores:
         A receiver's complaints about one relay count once: its latest one."""
         s = self._get(wid)
         if reporter is None:
+            s.failures = [t for t in s.failures if now - t < DECAY_WINDOW_S]  # older ones no longer count
             s.failures.append(now)
         else:
             _vote(s.complaints, reporter, now)
