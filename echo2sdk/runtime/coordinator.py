@@ -716,7 +716,9 @@ class Coordinator:
 
 def _attributed(t: Trajectory, worker_id: str) -> Trajectory:
     """`t` with meta.worker = `worker_id`, the connection's authenticated id."""
-    return t if t.meta.worker == worker_id else t.model_copy(update={"meta": t.meta.model_copy(update={"worker": worker_id})})
+    if t.meta.worker == worker_id:
+        return t
+    return t.model_copy(update={"meta": t.meta.model_copy(update={"worker": worker_id})})
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:

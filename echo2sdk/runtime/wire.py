@@ -31,6 +31,7 @@ __all__ = [
     "MAGIC", "SEALED", "PREFIX_BYTES", "TAG_BYTES", "PREAUTH_MAX_HEADER", "MAX_HEADER", "DEFAULT_MAX_PAYLOAD",
     "Frame", "read_frame", "read_frame_raw", "write_frame", "encode_frame", "send_frame", "recv_frame",
     "recv_exactly_into", "check_prefix", "open_frame", "decode_header", "digest", "DeadlineExceeded",
+    "check_deadline",
 ]
 
 MAGIC = b"E2F1"
@@ -167,6 +168,7 @@ class DeadlineExceeded(TimeoutError):
 
 
 def check_deadline(deadline: float | None, missing: int) -> None:
+    """DeadlineExceeded when time.monotonic() is past `deadline` (None: no deadline) with `missing` bytes to read."""
     if deadline is not None and time.monotonic() > deadline:
         raise DeadlineExceeded(f"{missing} byte(s) still to come at the deadline")
 

@@ -222,7 +222,7 @@ class RolloutWorker:
                 if self.joins == 0:
                     left = self.connect_timeout_s
                 else:
-                    lost_at = time.monotonic() if lost_at is None else lost_at
+                    assert lost_at is not None  # a re-dial follows a lost session or a failed re-dial: both set it
                     left = self.reconnect_s - (time.monotonic() - lost_at)
                 self._joining = True  # until the handshake is done (_session)
                 try:
