@@ -69,7 +69,8 @@ def main() -> None:
     args = p.parse_args()
 
     from echo2sdk.config import load_config
-    from echo2sdk.runtime.trainer import Trainer, worker_command, worker_env
+    from echo2sdk.runtime.learner.recipe import Trainer
+    from echo2sdk.runtime.providers.local import worker_command, worker_env
 
     work = Path(tempfile.mkdtemp(prefix="echo2-bootstrap-"))
     cfg = load_config(None, [

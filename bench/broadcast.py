@@ -128,7 +128,7 @@ def ideal(topology: str, n: int, n_chains: int, size: int, chunk: int, b0: float
 def run_point(args) -> None:
     """Inner process (inside the learner's namespace when shaping with tc): start the coordinator and N
     relay-only workers, then time one publication per (topology, B0)."""
-    from echo2sdk.runtime.chain_broadcast import ChainBroadcast
+    from echo2sdk.runtime.broadcast.chain import ChainBroadcast
     from echo2sdk.core.buffer import StalenessBuffer
     from echo2sdk.core.capacity import num_chains
     from echo2sdk.runtime.coordinator import Coordinator
@@ -173,7 +173,7 @@ def run_point(args) -> None:
                 shape(-1, b0 if topology != "star-unlimited" else None, both=False)
                 delivery.source.uplink = None
             else:
-                from echo2sdk.runtime.relay import TokenBucket
+                from echo2sdk.runtime.broadcast.relay import TokenBucket
 
                 delivery.source.uplink = TokenBucket(b0 * 1e6 / 8 * GOODPUT) if b0 and topology != "star-unlimited" else None
             time.sleep(0.5)
@@ -376,7 +376,7 @@ def _cpu_summary(cpus: list[float], total: int) -> tuple[float, float]:
 def ceiling(args) -> None:
     """Interleaved: after two warm-up publications (the first pages in every node's buffer), each repeat
     measures the plain relay, then one echo2 publication on recycled buffers; medians of both."""
-    from echo2sdk.runtime.chain_broadcast import ChainBroadcast
+    from echo2sdk.runtime.broadcast.chain import ChainBroadcast
     from echo2sdk.core.broadcast.manifest import Signer, build_manifest
     from echo2sdk.core.buffer import StalenessBuffer
     from echo2sdk.runtime.coordinator import Coordinator

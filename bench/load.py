@@ -80,10 +80,10 @@ def _group(worker: str, gid: str, prompt_len: int, response_len: int) -> list[di
 
 
 async def worker(i: int, port: int, tls: bool, until: float, rate: float, stats: dict, sizes: tuple[int, int]) -> None:
-    from echo2sdk.runtime import session
-    from echo2sdk.runtime.messages import Hello
-    from echo2sdk.runtime.tls import client_context
-    from echo2sdk.runtime.wire import MAX_HEADER, encode_frame, read_frame
+    from echo2sdk.runtime.trust import session
+    from echo2sdk.runtime.protocol.messages import Hello
+    from echo2sdk.runtime.trust.tls import client_context
+    from echo2sdk.runtime.protocol.wire import MAX_HEADER, encode_frame, read_frame
 
     # one loopback address per worker, as 64 machines would have (admission caps pending handshakes per IP)
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context() if tls else None,

@@ -49,7 +49,7 @@ def _config(model: str, steps: int, out: str, extra: list[str]):
 
 def _one_run(model: str, steps: int, lie: list[str], extra: list[str]) -> dict:
     from echo2sdk.runtime.providers.local import worker_env
-    from echo2sdk.runtime.trainer import Trainer
+    from echo2sdk.runtime.learner.recipe import Trainer
 
     with tempfile.TemporaryDirectory() as out:
         tr = Trainer(_config(model, steps, out, extra))

@@ -44,7 +44,7 @@ def main() -> None:
     args = p.parse_args()
 
     from echo2sdk.config import load_config
-    from echo2sdk.runtime.trainer import Trainer
+    from echo2sdk.runtime.learner.recipe import Trainer
 
     out = tempfile.mkdtemp(prefix="echo2-overhead-")
     cfg = load_config(

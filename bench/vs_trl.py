@@ -116,7 +116,7 @@ def trl_config(cfg, out: str, bf16: bool) -> dict:
 def run_echo2(cfg) -> dict:
     import torch  # noqa: F401 - the clock starts after the heavy imports, as on TRL's side
 
-    from echo2sdk.runtime.trainer import Trainer
+    from echo2sdk.runtime.learner.recipe import Trainer
 
     t0 = time.perf_counter()
     tr = Trainer(cfg)

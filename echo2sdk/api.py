@@ -91,7 +91,7 @@ class Echo2:
             )
 
     def _trainer_(self):
-        from echo2sdk.runtime.trainer import Trainer
+        from echo2sdk.runtime.learner.recipe import Trainer
 
         if self._trainer is None or self._trainer.cfg != self.config:
             self._trainer = Trainer(self.config, adapter=self._adapter, resume=self.resume)

@@ -17,14 +17,14 @@ def _run(args: argparse.Namespace) -> int:
     from echo2sdk.api import Echo2
 
     if args.nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:  # not yet under torchrun: re-execute there
-        from echo2sdk.runtime.distributed import launch_argv
+        from echo2sdk.runtime.learner.distributed import launch_argv
 
         argv = launch_argv(args.nproc_per_node, _run_argv(args))
         os.execv(argv[0], argv)
     overrides = list(args.set or [])
     out = args.out
     if args.resume and not out:  # continue in the folder of the run being resumed
-        from echo2sdk.runtime.checkpoint import run_folder
+        from echo2sdk.runtime.learner.checkpoint import run_folder
 
         out = str(run_folder(args.resume))
     if out:
@@ -32,7 +32,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.token_file:
         overrides.append(f"run.token_file={json.dumps(args.token_file)}")
     if any(item.partition("=")[0].strip() == "run.token" for item in args.set or []):
-        from echo2sdk.runtime.credentials import ARGV_WARNING
+        from echo2sdk.runtime.trust.credentials import ARGV_WARNING
 
         print(f"echo2 run: warning: --set run.token: {ARGV_WARNING} (or run.token_file)", file=sys.stderr)
     if args.status_port is not None:
@@ -62,11 +62,11 @@ def _run_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from echo2sdk.runtime.worker import run_worker
+    from echo2sdk.runtime.worker.process import run_worker
 
-    from echo2sdk.runtime.credentials import ARGV_WARNING, MIN_TOKEN_BITS, given_token, token_bits
+    from echo2sdk.runtime.trust.credentials import ARGV_WARNING, MIN_TOKEN_BITS, given_token, token_bits
 
-    from echo2sdk.runtime.worker_keys import given_credential
+    from echo2sdk.runtime.trust.worker_keys import given_credential
 
     credential = given_credential(args.credential_file) if not (args.token or args.token_file) else None
     given = None if credential else given_token(args.token, args.token_file, names=("--token", "--token-file"))
@@ -84,7 +84,7 @@ def _worker(args: argparse.Namespace) -> int:
         os.nice(args.nice)
     pin = None
     if args.coordinator_fingerprint:
-        from echo2sdk.runtime.tls import parse_fingerprint
+        from echo2sdk.runtime.trust.tls import parse_fingerprint
 
         pin = parse_fingerprint(args.coordinator_fingerprint)
     return run_worker(
@@ -108,7 +108,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from echo2sdk.runtime.tls import Identity
+    from echo2sdk.runtime.trust.tls import Identity
 
     if args.worker:
         return _worker_credential(args)
@@ -123,8 +123,8 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _worker_credential(args: argparse.Namespace) -> int:
     """`echo2 keys worker NAME`: print NAME's credential (NAME:KEY), derived from the run token."""
-    from echo2sdk.runtime.credentials import given_token
-    from echo2sdk.runtime.worker_keys import issue
+    from echo2sdk.runtime.trust.credentials import given_token
+    from echo2sdk.runtime.trust.worker_keys import issue
 
     if len(args.worker) != 2 or args.worker[0] != "worker":
         print(f"echo2 keys: expected  worker NAME, got {' '.join(args.worker)!r}", file=sys.stderr)
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"echo2: error: {e}", file=sys.stderr)
         code = 2
     if args.command == "run" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun rank
-        from echo2sdk.runtime.distributed import leave
+        from echo2sdk.runtime.learner.distributed import leave
 
         leave(code)  # without the interpreter's teardown, where gloo aborts a rank now and then
     return code

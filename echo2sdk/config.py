@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from echo2sdk.core.tokens import check_token
 from echo2sdk.errors import CapacityError, ConfigError
 
 __all__ = [
@@ -313,8 +314,6 @@ class RunConfig(_Section):
     @field_validator("token")
     @classmethod
     def _strong_token(cls, v: str | None) -> str | None:
-        from echo2sdk.runtime.credentials import check_token
-
         return v if v is None else check_token(v, "run.token")
 
     @field_validator("log_to")

@@ -225,11 +225,7 @@ def make_plan(
     ("exact" or "greedy"); the other solver's cost is reported beside it. Raises CapacityError /
     ConfigError naming the bad input; an infeasible configuration is a Plan with feasible=False and
     fixes, not an error."""
-    kappa = capacity.publication_period(S, kappa)
-    capacity.mu_target(1.0, gamma)  # validates gamma
-    capacity.mu_min(T_train, 0.0, R, kappa)  # validates T_train and R
-    solver = check_solver(solver)
-    checks.real("learner price ($/h)", learner_price_per_hour, lo=0, error=CapacityError)
+    kappa, solver = _checked(S, kappa, gamma, T_train, R, solver, learner_price_per_hour)
     offers = expand(catalog)
     if not offers:
         raise ConfigError("the worker catalog is empty")
@@ -262,12 +258,30 @@ def make_plan(
             f"{100 * plan.idle_share:.1f}% of the time"
         )
         _fixes(plan, catalog, offers, estimate, learner_price_per_hour)
+    _warn_staleness(plan, S)
+    return plan
+
+
+def _checked(
+    S: int, kappa: int | None, gamma: float, T_train: float, R: float, solver: Solver, learner_price_per_hour: float
+) -> tuple[int, Solver]:
+    """(kappa, solver) once every input is valid: kappa from S (capacity.publication_period); CapacityError /
+    ConfigError naming a bad one."""
+    kappa = capacity.publication_period(S, kappa)
+    capacity.mu_target(1.0, gamma)  # validates gamma
+    capacity.mu_min(T_train, 0.0, R, kappa)  # validates T_train and R
+    solver = check_solver(solver)
+    checks.real("learner price ($/h)", learner_price_per_hour, lo=0, error=CapacityError)
+    return kappa, solver
+
+
+def _warn_staleness(plan: Plan, S: int) -> None:
+    """Warn when the overlap staleness bound Delta_max exceeds the window S."""
     if plan.delta_max_tightened is not None and plan.delta_max_tightened > S:
         plan.warnings.append(
             f"the overlap staleness bound Delta_max <= {plan.delta_max_tightened} exceeds S = {S}: rollouts of a "
             "snapshot may age out of the window before they are used; raise S or shorten T_bcast"
         )
-    return plan
 
 
 def _fill(plan: Plan, sel: Selection, origin: dict[str, CatalogEntry]) -> None:

@@ -271,7 +271,8 @@ def _adapter_episode(adapter: Any, task: Any, text: str) -> int:
 
 
 def _adapter_rollout(adapter: Any, backend: Any, tasks: list, n: int, seed: int, max_len: int, report: dict) -> list:
-    """n episodes (or samples) per task through the worker's rollout path: the groups of records."""
+    """n episodes (or samples) per task through the worker's rollout path (core.episodes, core.rollout): the
+    groups of records."""
     params = SamplingParams(max_new_tokens=16, temperature=1.0, seed=seed)
     if report["episodic"]:
         from echo2sdk.core.episodes import EpisodeStats, play_episodes
@@ -282,19 +283,12 @@ def _adapter_rollout(adapter: Any, backend: Any, tasks: list, n: int, seed: int,
         if stats.failed:
             _adapter_fail(adapter, "rollout", f"{stats.failed} episode(s) failed: {stats.errors[:2]}")
         return out
-    from echo2sdk.core.failures import as_reward
-    from echo2sdk.core.records import Message, Meta, Trajectory, sampler_logprob
+    from echo2sdk.core.rollout import RolloutStats, generate_groups
 
-    out = []
-    for t in tasks:
-        ids = backend.encode_chat(t.messages)
-        group = []
-        for s in backend.generate([ids] * n, params):
-            sc = adapter.score(t, s.text)
-            meta = Meta(group_id=t.id, prompt_ids=tuple(ids), response_ids=s.token_ids, logprobs=tuple(sampler_logprob(x) for x in s.logprobs))
-            prompt = tuple(Message(role=m["role"], content=m["content"]) for m in t.messages)
-            group.append(Trajectory(prompt=prompt, response=s.text, reward=as_reward(sc.reward), version=0, meta=meta))
-        out.append(group)
+    counts = RolloutStats()
+    out = generate_groups(backend, adapter, tasks, n, params, version=0, stats=counts, adapter_name=type(adapter).__name__)
+    if counts.failures.total():
+        _adapter_fail(adapter, "rollout", f"{counts.failures.total()} sample(s) failed to score: {counts.failures.as_dict()}")
     return out
 
 
@@ -418,14 +412,19 @@ def check_backend(
         results.append(result)
         if report is not None:
             report(result)
+    _close_owned(suite, results)
+    if raise_on_failure and any(r.passed is False for r in results):
+        raise BackendCheckError(str(label), results)
+    return results
+
+
+def _close_owned(suite: _Suite, results: list[CheckResult]) -> None:
+    """Close a backend the suite constructed, unless the `close` check already did."""
     if suite.owned and suite.be is not None and not any(r.name == "close" and r.passed for r in results):
         try:
             suite.be.close()
         except Exception:
             pass
-    if raise_on_failure and any(r.passed is False for r in results):
-        raise BackendCheckError(str(label), results)
-    return results
 
 
 @dataclass

@@ -77,7 +77,8 @@ def test_bootstrap_bench_prints_both_modes_with_the_bytes_received():
 def test_staleness_bench_prints_a_line_per_run_a_summary_and_a_png(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "staleness.py"), "--model", "tiny-random", "--steps", "2", "--S", "2,3",
-         "--importance-weight", "off", "--set", "learner.filter_zero_variance=false", "--out", str(tmp_path)],
+         "--importance-weight", "off", "--workers", "1", "--set", "learner.filter_zero_variance=false",
+         "--set", "rollout.max_new_tokens=8", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, check=True,
     ).stdout
     *runs, summary = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

@@ -129,8 +129,6 @@ def evaluate(
     a plug-in with `summarize(extras)` also fills each cell's `stats` (e.g. MOBA win rate, gold and XP lead)."""
     from echo2sdk.adapters.registry import load_env_plugin, parse_env
     from echo2sdk.adapters.sandbox import SandboxAdapter
-    from echo2sdk.core.episodes import EpisodeStats, play_episodes
-    from echo2sdk.core.contracts import SamplingParams
     from echo2sdk.errors import ConfigError
     from echo2sdk.plugins import load_backend_class
 
@@ -156,36 +154,54 @@ def evaluate(
                     opts.setdefault("opponent_model", llm_opponent_model or base_model)
                 adapter = SandboxAdapter(env=env, env_options=opts, max_action_tokens=max_new_tokens)
                 tasks = held_out_tasks(adapter, hands, seed)  # deals no training run with run.seed = seed plays
-                values: list[float] = []
-                extras: list[dict[str, Any]] = []
-                fallbacks = decisions = 0
                 t0 = time.monotonic()
-                ids: list[str] = []
-                for i in range(0, hands, batch):
-                    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
-                    chunk, played = tasks[i : i + batch], EpisodeStats()
-                    groups = play_episodes(policy, adapter, chunk, 1, params, version=0, stats=played)
-                    if played.dropped_groups:  # a hand left out would shift every later hand's pairing
-                        raise RuntimeError(f"echo2 eval: {played.dropped_groups} of {len(chunk)} hands against {opp} "
-                                           f"failed: {(played.errors or ['no error text'])[0]}")
-                    for task, (record,) in zip(chunk, groups):
-                        extra = record.meta.extra
-                        ids.append(task.id)
-                        values.append(float(extra.get(metric, record.reward)))
-                        extras.append(dict(extra))
-                        fallbacks += int(extra.get("fallbacks", 0))
-                        decisions += int(extra.get("turns", 0))
-                row[opp] = _cell(values, fallbacks, decisions)
-                row[opp].ids = ids
-                row[opp].paired = {k: [_number(e.get(k)) for e in extras] for k in also}
-                if summarize is not None:
-                    row[opp].stats = dict(summarize(extras))
+                row[opp] = _play_cell(policy, adapter, tasks, opp, hands=hands, seed=seed, batch=batch,
+                                      max_new_tokens=max_new_tokens, temperature=temperature, metric=metric,
+                                      also=also, summarize=summarize)
                 if on_cell is not None:
                     on_cell(label, opp, row[opp], time.monotonic() - t0)
         finally:
             policy.close()
         table[label] = row
     return table
+
+
+def _play_cell(
+    policy: Any, adapter: Any, tasks: Sequence[Any], opp: str, *, hands: int, seed: int, batch: int,
+    max_new_tokens: int, temperature: float, metric: str, also: Sequence[str],
+    summarize: Callable[[list[dict[str, Any]]], Mapping[str, Any]] | None,
+) -> Cell:
+    """`policy`'s Cell against `opp`: the `hands` held-out `tasks` played on `adapter` in batches of `batch`, a
+    batch starting at hand i sampled with seed `seed` + i. Its values are each hand's `metric` (the reward where
+    a hand has none), `paired` each hand's `also` metrics, `stats` summarize(the hands' extras) when the plug-in
+    has one. RuntimeError when a hand failed (leaving it out would shift every later hand's pairing)."""
+    from echo2sdk.core.contracts import SamplingParams
+    from echo2sdk.core.episodes import EpisodeStats, play_episodes
+
+    values: list[float] = []
+    extras: list[dict[str, Any]] = []
+    fallbacks = decisions = 0
+    ids: list[str] = []
+    for i in range(0, hands, batch):
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
+        chunk, played = tasks[i : i + batch], EpisodeStats()
+        groups = play_episodes(policy, adapter, chunk, 1, params, version=0, stats=played)
+        if played.dropped_groups:  # a hand left out would shift every later hand's pairing
+            raise RuntimeError(f"echo2 eval: {played.dropped_groups} of {len(chunk)} hands against {opp} "
+                               f"failed: {(played.errors or ['no error text'])[0]}")
+        for task, (record,) in zip(chunk, groups):
+            extra = record.meta.extra
+            ids.append(task.id)
+            values.append(float(extra.get(metric, record.reward)))
+            extras.append(dict(extra))
+            fallbacks += int(extra.get("fallbacks", 0))
+            decisions += int(extra.get("turns", 0))
+    cell = _cell(values, fallbacks, decisions)
+    cell.ids = ids
+    cell.paired = {k: [_number(e.get(k)) for e in extras] for k in also}
+    if summarize is not None:
+        cell.stats = dict(summarize(extras))
+    return cell
 
 
 def _number(value: Any) -> float | None:

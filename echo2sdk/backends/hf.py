@@ -137,7 +137,9 @@ class HFBackend(BackendBase):
                 samples.extend(self._generate_chunk(batch[start : start + self._max_batch], params, gen))
         return samples
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams, gen: Any) -> list[Sample]:
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any]:
+        """Runs the left-padded `prompts` through the model with a KV cache. Returns (the model's output, the
+        attention mask, each row's next position)."""
         torch = self._torch
         n, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((n, width), self._pad, dtype=torch.long)
@@ -149,8 +151,13 @@ class HFBackend(BackendBase):
         out = self._model(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1
         )
+        return out, mask, positions[:, -1] + 1
+
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams, gen: Any) -> list[Sample]:
+        torch = self._torch
+        n = len(prompts)
+        out, mask, next_pos = self._prefill(prompts)
         cache = out.past_key_values
-        next_pos = positions[:, -1] + 1
 
         temperature, max_new = float(params.temperature), params.max_new_tokens
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -158,16 +165,7 @@ class HFBackend(BackendBase):
         finish = ["length"] * n
         rows = torch.arange(n)  # original index of each row still in the batch
         for step in range(max_new):
-            logp = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
-            probs = logp.exp()
-            if params.top_k > 0:
-                probs = _top_k(probs, params.top_k)
-            if params.min_p > 0.0:
-                probs = _min_p(probs, params.min_p)
-            if params.top_p < 1.0:
-                probs = _nucleus(probs, params.top_p)
-            tok = _sample(probs, gen)  # (rows, 1)
-            tok_lp = logp.gather(1, tok).squeeze(1)
+            tok, tok_lp = _draw(out.logits, temperature, params, gen)
             keep = []
             for j, (r, t, lp) in enumerate(zip(rows.tolist(), tok.squeeze(1).tolist(), tok_lp.tolist())):
                 tokens[r].append(t)
@@ -266,6 +264,23 @@ class HFBackend(BackendBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+def _draw(logits: Any, temperature: float, params: SamplingParams, gen: Any) -> tuple[Any, Any]:
+    """The next token of each row from the last position's `logits` (rows, 1), filtered by top_k, min_p and
+    top_p, and its log-probability under softmax(logits / temperature) (rows,). Returns (tokens, log-probs)."""
+    import torch
+
+    logp = torch.log_softmax(logits[:, -1, :].float() / temperature, dim=-1)
+    probs = logp.exp()
+    if params.top_k > 0:
+        probs = _top_k(probs, params.top_k)
+    if params.min_p > 0.0:
+        probs = _min_p(probs, params.min_p)
+    if params.top_p < 1.0:
+        probs = _nucleus(probs, params.top_p)
+    tok = _sample(probs, gen)  # (rows, 1)
+    return tok, logp.gather(1, tok).squeeze(1)
 
 
 def _sample(probs: Any, gen: Any) -> Any:

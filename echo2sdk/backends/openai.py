@@ -63,6 +63,32 @@ _RELOAD_MODES = ("auto", "vllm", "sglang", "none")
 _COPIED = ("config.json", "generation_config.json")  # SGLang reads the config next to the weights
 
 
+def _check_options(
+    base_url: str, served_model: str | None, api_key: str | None, reload: str, snapshot_dir: str | None,
+    timeout_s: float, max_concurrency: int,
+) -> None:
+    """ConfigError naming the first bad option of OpenAIBackend."""
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"openai backend base_url must be an http(s) URL, got {base_url!r}")
+    if reload not in _RELOAD_MODES:
+        raise ConfigError(f"openai backend reload must be one of {', '.join(_RELOAD_MODES)}, got {reload!r}")
+    checks.real("openai backend timeout_s", timeout_s, lo=0, open_lo=True, error=ConfigError)
+    positive_int("openai backend max_concurrency", max_concurrency)
+    for name, value in (("served_model", served_model), ("api_key", api_key), ("snapshot_dir", snapshot_dir)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"openai backend {name} must be a string, got {value!r}")
+
+
+def _snapshot_folder(snapshot_dir: str | None) -> Path:
+    """`snapshot_dir`, created if missing; None: a new temporary folder, in /dev/shm when it is writable."""
+    if snapshot_dir is None:
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        snapshot_dir = tempfile.mkdtemp(prefix="echo2-snapshots-", dir=shm)
+    folder = Path(snapshot_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 class OpenAIBackend(BackendBase):
     """InferenceBackend on an OpenAI-compatible HTTP server.
 
@@ -97,15 +123,7 @@ class OpenAIBackend(BackendBase):
         timeout_s: float = 600.0,
         max_concurrency: int = 64,
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"openai backend base_url must be an http(s) URL, got {base_url!r}")
-        if reload not in _RELOAD_MODES:
-            raise ConfigError(f"openai backend reload must be one of {', '.join(_RELOAD_MODES)}, got {reload!r}")
-        checks.real("openai backend timeout_s", timeout_s, lo=0, open_lo=True, error=ConfigError)
-        positive_int("openai backend max_concurrency", max_concurrency)
-        for name, value in (("served_model", served_model), ("api_key", api_key), ("snapshot_dir", snapshot_dir)):
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"openai backend {name} must be a string, got {value!r}")
+        _check_options(base_url, served_model, api_key, reload, snapshot_dir, timeout_s, max_concurrency)
         try:
             import transformers
         except ImportError as exc:
@@ -141,11 +159,7 @@ class OpenAIBackend(BackendBase):
         self._eos = resolve_eos(folder, self._tokenizer.eos_token_id, config.get("eos_token_id"))
         self._reload = self._find_reload() if reload == "auto" else reload
         self._own_dir = snapshot_dir is None
-        if snapshot_dir is None:
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-            snapshot_dir = tempfile.mkdtemp(prefix="echo2-snapshots-", dir=shm)
-        self._snapshot_dir = Path(snapshot_dir)
-        self._snapshot_dir.mkdir(parents=True, exist_ok=True)
+        self._snapshot_dir = _snapshot_folder(snapshot_dir)
         self._installed: Path | None = None
         self._version = 0
         self._closed = False

@@ -52,6 +52,28 @@ _DTYPES = ("auto", "bfloat16", "float16", "float32")
 _CPU_KV_CACHE_BYTES = 1 << 30  # default KV cache on CPU (explicit: skips vLLM's memory profiling run)
 
 
+def _prepare_process(dtype: str | None, threads: int | None, multiprocessing: bool | None) -> tuple[Any, bool, str]:
+    """Sets this process up for a vLLM engine (its multiprocessing switch; on the CPU, `threads` or
+    OMP_NUM_THREADS torch threads, unpinned) and imports vllm. Returns (the vllm module, whether the platform is
+    the CPU, the dtype: `dtype`, else bfloat16 where it is native, float32 on other CPUs)."""
+    if multiprocessing is not None:  # read by vLLM when the engine starts
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
+    if threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
+    vllm = _import_vllm()
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    import torch
+
+    if dtype is None:
+        dtype = "bfloat16" if not on_cpu or isa.native_bf16(isa.cpu_flags()) else "float32"
+    if on_cpu and threads is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: other processes share the cores
+        torch.set_num_threads(threads)
+    return vllm, on_cpu, dtype
+
+
 def _import_vllm() -> Any:
     try:
         import vllm
@@ -246,21 +268,7 @@ class VLLMBackend(BackendBase):
         self._layout = Layout.from_folder(folder)
         config = read_config(folder)
 
-        if multiprocessing is not None:  # read by vLLM when the engine starts
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
-        if threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
-            threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
-        vllm = _import_vllm()
-        from vllm.platforms import current_platform
-
-        on_cpu = current_platform.is_cpu()
-        import torch
-
-        if dtype is None:
-            dtype = "bfloat16" if not on_cpu or isa.native_bf16(isa.cpu_flags()) else "float32"
-        if on_cpu and threads is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # no pinning: other processes share the cores
-            torch.set_num_threads(threads)
+        vllm, on_cpu, dtype = _prepare_process(dtype, threads, multiprocessing)
         kwargs = _engine_kwargs(
             folder,
             dtype=dtype,

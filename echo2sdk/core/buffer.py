@@ -131,6 +131,12 @@ class StalenessBuffer:
         with self._cond:
             return self._version
 
+    @property
+    def floor(self) -> int:
+        """v_t - S: the oldest version still admitted and sampled."""
+        with self._cond:
+            return self._version - self.staleness
+
     def set_version(self, v_t: int) -> None:
         """Advance the learner version to v_t and evict everything with v < v_t - S ("stale").
 

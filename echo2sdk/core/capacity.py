@@ -24,6 +24,7 @@ from echo2sdk.errors import CapacityError
 
 __all__ = [
     "quantity",
+    "bubble_ratio",
     "kappa_for",
     "publication_period",
     "mu_min",
@@ -190,3 +191,11 @@ def t_bcast_quantile(delays: Iterable[float], n_workers: int, q: float) -> float
     need = max(1, _ceil(n_workers * q))
     ordered = sorted(delays)
     return ordered[need - 1] if len(ordered) >= need else None
+
+
+def bubble_ratio(T_idle: float, T_train: float) -> float:
+    """The learner's bubble (paper §5): T_idle / (T_idle + T_train,active), the share of its time the learner
+    waited for admissible data; 0.0 before anything was measured. The runtime's summary and status page and the
+    simulator all report this one."""
+    total = T_idle + T_train
+    return T_idle / total if total > 0 else 0.0

@@ -12,7 +12,7 @@ import math
 
 from echo2sdk.errors import ConfigError
 
-__all__ = ["real", "integer", "is_real"]
+__all__ = ["real", "integer", "is_real", "shown"]
 
 
 def is_real(value: object) -> bool:
@@ -65,3 +65,9 @@ def integer(
     ):
         raise error(f"{name} must be {_bounds(lo, hi, open_lo=False, kind='an integer')}, got {name}={value!r}")
     return value
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """`repr(value)`, cut to `limit` characters: how a peer- or plug-in-supplied value appears in logs and errors."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,5 +1,5 @@
 """Rollout plane, multi-turn: play a batch of episodes with an inference backend and turn each into one
-version-tagged record tau = (x, y, r, v, Omega) (paper appendix F.3-F.5).
+version-tagged record tau = (x, y, r, v, Omega) (paper appendix F.3-F.5). Single-turn groups: core/rollout.py.
 
 Token bookkeeping. The model's context grows as *tokens*, never by re-encoding text: the first context
 is `encode_chat(opening messages)`; after each action the sampled tokens are kept exactly as sampled and

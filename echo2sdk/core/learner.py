@@ -12,8 +12,8 @@ A step runs `updates_per_step` optimizer updates on its batch (the paper: "a tra
 updates"); pi_old is fixed for all of them, so r_t = 1 on the first and the clip acts from the second on.
 The learning rate follows `lr_scheduler` (core/lr_schedule.py), one value per step.
 
-With `distributed=True` (a torch.distributed process group is up: torchrun, see runtime/distributed.py)
-the policy is sharded with FSDP2 (`fully_shard` on every decoder layer and on the forward below). Every
+With `distributed=True` (a torch.distributed process group is up: torchrun, see runtime/learner/distributed.py)
+the policy is sharded with FSDP2 (`fully_shard` on every decoder layer and on the unit forward). Every
 rank holds the whole batch; the units (rows sharing a prompt, at most `micro_batch` of them and at most
 `token_budget` tokens through the decoder) are dealt round-robin to the ranks, each rank scales its partial
 token sum by the world size so that FSDP's mean reduce-scatter yields the same gradient as one process, and a
@@ -25,6 +25,10 @@ Memory: a unit keeps its activations for the backward pass, about 1 MiB per toke
 SmolLM2-135M under bf16 autocast (docs/recipes.md, "Learner memory"), whether the token carries loss or is
 an environment turn of a multi-turn episode; `token_budget` bounds the tokens of a unit, so a step's memory
 does not grow with episodes x turns.
+
+The parts: core/units.py (rows, units, unit_plan, pass_plan), core/forward.py (the unit forward and its
+log-probs), core/audit_sums.py (the worker audit's sums and replay), core/learner_setup.py (knobs, device,
+loading pi_theta and pi_ref, FSDP2 sharding); here the step, the schedule and the state for checkpoints.
 """
 
 from __future__ import annotations
@@ -34,16 +38,20 @@ import copy
 import math
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from echo2sdk.core import grpo, isa, lr_schedule
 from echo2sdk.core.audit import BatchWithheld, Screen, TokenSums
+from echo2sdk.core.audit_sums import AuditReplay, note_audit_sums, row_audit
+from echo2sdk.core.forward import unit_logprobs
 from echo2sdk.core.grpo import group_advantages
+from echo2sdk.core.learner_setup import check_knobs, learner_device, load_policy, rank_world, tied_aliases, unit_forwards
 from echo2sdk.core.records import Trajectory
+from echo2sdk.core.units import ONE_PASS, RECOMPUTE, SHARED, pass_plan, rows_of, unit_plan, unit_tokens
+from echo2sdk.core.units import Row as _Row
 
 __all__ = [
     "group_advantages", "StepStats", "Learner", "NonFiniteUpdate", "BatchWithheld", "bf16_is_fast", "unit_plan",
@@ -83,162 +91,17 @@ class StepStats:
     lr: float = 0.0  # the learning rate of the step's updates (lr_scheduler)
 
 
-@dataclass
-class _Row:
-    ids: list[int]
-    start: int  # index of the first response token in ids
-    mask: list[float]  # per response token
-    sampler_logprobs: list[float]
-    advantage: float
-    off_policy: bool = False  # replayed from a log: no sampler log-probs, w_t = 1
-    worker: str = ""
-    version: int = 0
-    sums: TokenSums = TokenSums()  # the audit's sums over loss tokens, noted at the step's first pass (pi_old)
-    withheld: bool = False  # by the step's screen: the row carries no loss in any of the step's updates
-
-
-def unit_tokens(rows: Sequence[_Row], unit: Sequence[int]) -> int:
-    """Tokens the decoder runs for `unit` with the shared prefix: the prompt once, and every response padded
-    to the unit's longest (the memory a unit's activations take grows with this)."""
-    P = rows[unit[0]].start
-    return P + len(unit) * max(len(rows[i].ids) - P for i in unit)
-
-
-def _units(rows: Sequence[_Row], micro_batch: int, token_budget: int | None) -> list[list[int]]:
-    """All units, in order: rows sharing a prompt, at most `micro_batch` of them and, as long as more than one
-    row is in it, at most `token_budget` unit_tokens (a longer row is a unit of its own). Rows without a
-    loss-carrying token are left out."""
-    buckets: dict[tuple[int, ...], list[int]] = {}
-    for i, r in enumerate(rows):
-        if any(r.mask):
-            buckets.setdefault(tuple(r.ids[: r.start]), []).append(i)
-    units: list[list[int]] = []
-    for idx in buckets.values():
-        unit: list[int] = []
-        for i in idx:
-            fits = token_budget is None or unit_tokens(rows, [*unit, i]) <= token_budget
-            if unit and (len(unit) == micro_batch or not fits):
-                units.append(unit)
-                unit = []
-            unit.append(i)
-        units.append(unit)
-    return units
-
-
-def unit_plan(
-    rows: Sequence[_Row], micro_batch: int, rank: int = 0, world: int = 1, token_budget: int | None = None
-) -> list[list[int] | None]:
-    """This rank's units (`_units`: rows sharing a prompt, at most `micro_batch` rows and `token_budget`
-    tokens each), dealt round-robin over `world` ranks and padded with None (a zero-weight dummy unit) to the
-    same count on every rank. Rows without a loss-carrying token are left out."""
-    units = _units(rows, micro_batch, token_budget)
-    mine: list[list[int] | None] = list(units[rank::world])
-    return mine + [None] * (-(-len(units) // world) - len(mine))
-
-
-SHARED, ONE_PASS, RECOMPUTE = "shared", "one_pass", "recompute"  # how _Forward runs a unit
-
-
-def pass_plan(rows: Sequence[_Row], micro_batch: int, world: int = 1, token_budget: int | None = None) -> list[str]:
-    """Per slot of unit_plan, the same on every rank, how its units run (_Forward): RECOMPUTE where some rank's
-    unit in the slot is a row longer than `token_budget` (gradient checkpointing), else ONE_PASS where every
-    rank's unit in it is a single row (a prompt shared by one row saves nothing, and one causal pass skips the
-    masked attention over the cached prefix: 1.4x less CPU on a 2000-token episode), else SHARED. Every rank,
-    its dummy units included, runs a slot the same way, so that all issue the same collectives."""
-    units = _units(rows, micro_batch, token_budget)
-    plan = []
-    for k in range(0, len(units), world):
-        slot = units[k : k + world]
-        if token_budget is not None and any(unit_tokens(rows, u) > token_budget for u in slot):
-            plan.append(RECOMPUTE)
-        else:
-            plan.append(ONE_PASS if all(len(u) == 1 for u in slot) else SHARED)
-    return plan
-
-
-class _Forward(torch.nn.Module):
-    """The policy's forward for one unit (rows sharing a prompt): logits at the selected response positions.
-
-    A module of its own so that, under FSDP, the root's hooks wrap the whole computation (the all-gather of
-    embeddings, final norm and head, and the reduce-scatter of their gradients). `mode` SHARED (with
-    `shared_prefix`): the decoder runs the prompt once, keeps its KV cache with gradients, repeats it over the
-    unit's rows and runs the responses on top (on the math task this cuts the tokens through the model by
-    ~2.4x: n = 4, 74-token prompts, ~22-token responses). ONE_PASS: every row runs prompt + response in one
-    causal pass (a unit of one row; and every unit under gradient checkpointing, which cannot keep a cache).
-    RECOMPUTE: one pass with gradient checkpointing for this unit (a row over the learner's token_budget: its
-    layers keep only their inputs, the rest is recomputed in the backward pass). The caller picks the mode
-    alike on every FSDP rank (pass_plan), so all run the decoder the same number of times and issue the same
-    collectives. Only selected positions go through the output head."""
-
-    def __init__(self, model: torch.nn.Module, shared_prefix: bool = True):
-        super().__init__()
-        self.model, self.shared_prefix = model, shared_prefix
-        # the layers model.gradient_checkpointing_enable() set up; their `gradient_checkpointing` flag switches it
-        self._checkpointable = [m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")]
-
-    def forward(
-        self, prompt: torch.Tensor, resp_in: torch.Tensor, b_idx: torch.Tensor, t_idx: torch.Tensor,
-        mode: str = SHARED,
-    ):
-        """`prompt` (1, P) ids; `resp_in` (n, W) the responses' input ids (each response but its last token,
-        right-padded, W >= 1); position t of row b predicts response token t; returns logits at (b_idx, t_idx)."""
-        decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
-        (n, W), P = resp_in.shape, prompt.shape[1]
-        if mode == SHARED and self.shared_prefix:
-            pre = decoder(input_ids=prompt, use_cache=True)
-            cache = pre.past_key_values
-            cache.batch_repeat_interleave(n)
-            pos = torch.arange(P, P + W, device=prompt.device).expand(n, -1)
-            out = decoder(input_ids=resp_in, past_key_values=cache, position_ids=pos, use_cache=True)
-            h = torch.cat([pre.last_hidden_state[:, -1:].expand(n, 1, -1), out.last_hidden_state], dim=1)
-        else:
-            switch = mode == RECOMPUTE and self.shared_prefix  # without shared_prefix, checkpointing is always on
-            if switch and not self._checkpointable:
-                raise RuntimeError("mode RECOMPUTE needs the model's gradient checkpointing set up (token_budget)")
-            for m in self._checkpointable if switch else ():
-                m.gradient_checkpointing = True
-            try:
-                out = decoder(input_ids=torch.cat([prompt.expand(n, -1), resp_in], dim=1), use_cache=False)
-            finally:
-                for m in self._checkpointable if switch else ():
-                    m.gradient_checkpointing = False
-            h = out.last_hidden_state[:, P - 1 :]
-        return head(h[b_idx, t_idx])  # right padding: causal attention never lets it reach a real position
-
-
 class Learner:
     """Holds pi_theta (trainable), pi_ref (frozen, only when beta > 0) and the optimizer."""
 
     def __init__(
-        self,
-        model_path: str,
-        *,
-        lr: float,
-        beta: float = 0.0,
-        epsilon: float = 0.2,
-        epsilon_high: float | None = None,
-        is_cap: float = 2.0,
-        importance_weight: bool = True,
-        adv_eps: float = 1e-4,
-        loss_type: str = "dapo",
-        scale_rewards: bool = True,
-        max_completion_length: int | None = None,
-        updates_per_step: int = 1,
-        lr_scheduler: str = "constant",
-        warmup_steps: int = 0,
-        total_steps: int = 1,
-        grad_clip: float = 1.0,
-        micro_batch: int = 8,
-        precision: str = "auto",
-        temperature: float = 1.0,
-        weight_decay: float = 0.0,
-        reference: bool = True,
-        threads: int | None = None,
-        seed: int = 0,
-        weights_from: str | None = None,
-        distributed: bool = False,
-        gradient_checkpointing: bool = False,
-        token_budget: int | None = 2048,
+        self, model_path: str, *, lr: float, beta: float = 0.0, epsilon: float = 0.2, epsilon_high: float | None = None,
+        is_cap: float = 2.0, importance_weight: bool = True, adv_eps: float = 1e-4, loss_type: str = "dapo",
+        scale_rewards: bool = True, max_completion_length: int | None = None, updates_per_step: int = 1,
+        lr_scheduler: str = "constant", warmup_steps: int = 0, total_steps: int = 1, grad_clip: float = 1.0,
+        micro_batch: int = 8, precision: str = "auto", temperature: float = 1.0, weight_decay: float = 0.0,
+        reference: bool = True, threads: int | None = None, seed: int = 0, weights_from: str | None = None,
+        distributed: bool = False, gradient_checkpointing: bool = False, token_budget: int | None = 2048,
         device: str | None = None,
     ):
         """`model_path`: the initial policy (and the KL reference); `weights_from`: a Hugging Face folder whose
@@ -254,45 +117,20 @@ class Learner:
         core/grpo.py) and the schedule
         (`updates_per_step` optimizer updates per step, `lr_scheduler` over `total_steps` steps with
         `warmup_steps`: core/lr_schedule.py) are described in docs/recipes.md."""
-        from transformers import AutoModelForCausalLM
-
-        grpo.sequence_weights([1.0], loss_type, max_completion_length)  # a bad loss type fails here, not at step 1
-        lr_schedule.lr_factor(lr_scheduler, 0, total_steps, warmup_steps)
-        if updates_per_step < 1:
-            raise ValueError(f"updates_per_step must be >= 1, got {updates_per_step!r}")
-        if token_budget is not None and token_budget < 1:
-            raise ValueError(f"token_budget must be >= 1 or None, got {token_budget!r}")
-
+        check_knobs(loss_type, max_completion_length, lr_scheduler, total_steps, warmup_steps, updates_per_step,
+                    token_budget)
         if threads:
             torch.set_num_threads(threads)
         torch.manual_seed(seed)
         self.distributed = distributed
-        self.rank, self.world = _rank_world(distributed)
-        cuda = torch.cuda.is_available() and device in (None, "cuda")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device(device or "cpu")
-        load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).to(self.device)  # noqa: E731
-        self.model = load(weights_from or model_path)
-        self.model.train()
-        self.model.config.use_cache = False
-        self.ref = None
-        if beta > 0 and reference:
-            self.ref = (load(model_path) if weights_from else copy.deepcopy(self.model)).eval()
-            self.ref.requires_grad_(False)
-        if gradient_checkpointing or token_budget is not None:  # token_budget: switched on per long row (_Forward)
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if not gradient_checkpointing:  # off until a long row switches it on (gradient_checkpointing_disable
-                for m in self.model.modules():  # would also swap the checkpoint function for torch's default)
-                    if hasattr(m, "_gradient_checkpointing_func"):
-                        m.gradient_checkpointing = False
-                self.model.disable_input_require_grads()  # the hook enable() adds; trained embeddings need none
+        self.rank, self.world = rank_world(distributed)
+        self.device = learner_device(device)
+        self.model, self.ref = load_policy(model_path, weights_from, self.device, reference=beta > 0 and reference,
+                                           gradient_checkpointing=gradient_checkpointing, token_budget=token_budget)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self._aliases = _tied_aliases(self.model)  # e.g. lm_head.weight, the same tensor as the embeddings
-        self._fwd = _Forward(self.model, shared_prefix=not gradient_checkpointing)
-        self._ref_fwd = _Forward(self.ref) if self.ref is not None else None
-        if distributed:
-            _shard(self._fwd, self.model)
-            if self._ref_fwd is not None:
-                _shard(self._ref_fwd, self.ref)
+        self._aliases = tied_aliases(self.model)  # e.g. lm_head.weight, the same tensor as the embeddings
+        self._fwd, self._ref_fwd = unit_forwards(self.model, self.ref, gradient_checkpointing=gradient_checkpointing,
+                                                 distributed=distributed)
         self.beta, self.epsilon, self.epsilon_high, self.is_cap = beta, epsilon, epsilon_high, is_cap
         self.importance_weight = importance_weight
         self.adv_eps, self.loss_type, self.scale_rewards = adv_eps, loss_type, scale_rewards
@@ -304,56 +142,16 @@ class Learner:
         self.lr, self.lr_scheduler, self.warmup_steps, self.total_steps = lr, lr_scheduler, warmup_steps, total_steps
         self.steps_done = 0  # learner steps taken: the schedule's position (checkpointed: schedule_state)
         self._screen: Screen | None = None  # the current step's (step(screen=...))
-        self._replay: tuple[_Forward, dict, list] | None = None  # replay_sums': forward, its tensors, version loaded
+        self._replay = AuditReplay(self.model, distributed, self.device)  # replay_sums' model, made at its first call
 
     # -- batch building ---------------------------------------------------------------------------
     def _rows(self, groups: Sequence[Sequence[Trajectory]]) -> list[_Row]:
-        """One row per record. A record whose loss mask is all zero (a failed episode) gets advantage 0
-        and stays out of its group's mean and std: the group is normalized over the records that learn."""
-        rows = []
-        for group in groups:
-            masks = [
-                [float(x) for x in t.meta.loss_mask] if t.meta.loss_mask is not None else [1.0] * len(t.meta.response_ids)
-                for t in group
-            ]
-            live = [i for i, m in enumerate(masks) if any(m)]
-            adv = [0.0] * len(group)
-            if live:
-                for i, a in zip(live, group_advantages([group[i].reward for i in live], self.adv_eps, self.scale_rewards)):
-                    adv[i] = a
-            for t, mask, a in zip(group, masks, adv):
-                m = t.meta
-                ids = list(m.prompt_ids) + list(m.response_ids)
-                rows.append(_Row(ids, len(m.prompt_ids), mask, list(m.logprobs), a, m.off_policy, m.worker, t.version))
-        return rows
+        """One row per record (core/units.py rows_of, with this learner's adv_eps and scale_rewards)."""
+        return rows_of(groups, self.adv_eps, self.scale_rewards)
 
     def _unit_logprobs(self, fwd: torch.nn.Module, rows: Sequence[_Row], mode: str = SHARED) -> torch.Tensor:
-        """log pi(y_t | x, y_<t) for every response token of `rows` (one unit: they share a prompt),
-        flattened in row order. Positions that carry no loss (user turns inside a multi-turn response)
-        skip the output head and read 0.0, constant. `mode`: how _Forward runs the unit."""
-        P = rows[0].start
-        resp = [r.ids[P:] for r in rows]
-        ids = torch.zeros(len(rows), max(max(len(x) for x in resp) - 1, 1), dtype=torch.long)
-        for b, x in enumerate(resp):
-            ids[b, : len(x) - 1] = torch.tensor(x[:-1])
-        sel = [(b, t) for b, x in enumerate(resp) for t in range(len(x)) if rows[b].mask[t] > 0]
-        b_idx = torch.tensor([b for b, _ in sel], device=self.device)
-        t_idx = torch.tensor([t for _, t in sel], device=self.device)
-        ctx = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
-        with ctx:
-            prompt = torch.tensor([rows[0].ids[:P]], device=self.device)
-            logits = fwd(prompt, ids.to(self.device), b_idx, t_idx, mode=mode)
-        logits = logits.float() / self.temperature
-        tgt = torch.tensor([resp[b][t] for b, t in sel], device=self.device)
-        logp = logits.gather(-1, tgt[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-        total = sum(len(x) for x in resp)
-        if len(sel) == total:
-            return logp
-        offsets = [0]
-        for x in resp[:-1]:
-            offsets.append(offsets[-1] + len(x))
-        flat = torch.tensor([offsets[b] + t for b, t in sel], device=self.device, dtype=torch.long)
-        return torch.zeros(total, device=self.device, dtype=logp.dtype).index_put((flat,), logp)
+        """log pi(y_t | x, y_<t) for every response token of `rows`, one unit (core/forward.py unit_logprobs)."""
+        return unit_logprobs(fwd, rows, mode, device=self.device, autocast=self.autocast, temperature=self.temperature)
 
     def _token_logprobs(self, rows: Sequence[_Row], reference: bool = False) -> torch.Tensor:
         """log pi (or log pi_ref) for every response token of `rows`, flattened in row order; 0.0 for rows
@@ -379,7 +177,7 @@ class Learner:
         keeps the unit's (log pi_old, log pi_ref) from the step's first update: pi_old is pi_theta at the step's
         start (that first forward, detached), pi_ref is frozen; later updates reuse both. On that first forward
         the unit's audit sums are noted and the step's screen may withhold rows (their loss is zero throughout).
-        `mode`: how _Forward runs the unit (pass_plan; the reference, without gradients, runs RECOMPUTE as
+        `mode`: how UnitForward runs the unit (pass_plan; the reference, without gradients, runs RECOMPUTE as
         ONE_PASS)."""
         logp = self._unit_logprobs(self._fwd, mb, mode)
         mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
@@ -391,7 +189,7 @@ class Learner:
                 with torch.no_grad():
                     ref_logp = self._unit_logprobs(self._ref_fwd, mb, ONE_PASS if mode == RECOMPUTE else mode)
             cache[key] = (logp.detach(), ref_logp)
-            _note_audit_sums(mb, logp.detach(), sampler, mask)
+            note_audit_sums(mb, logp.detach(), sampler, mask)
             if self._screen is not None:  # before this unit's first gradient: a withheld row never trains
                 for r, w in zip(mb, self._screen.withhold([(r.worker, r.version, r.sums) for r in mb])):
                     r.withheld = w
@@ -444,7 +242,7 @@ class Learner:
         done = [self._update(rows, coef, plan, modes, cache) for _ in range(self.updates_per_step)]
         self.steps_done += 1
         s = (sum(d[0] for d in done) / len(done)).tolist()  # statistics: the mean over the updates
-        audit_sums, withheld = _row_audit(rows, self.device if self.distributed else None)
+        audit_sums, withheld = row_audit(rows, self.device if self.distributed else None)
         return StepStats(
             loss=s[0],
             kl=s[1] / n_tok,
@@ -466,7 +264,7 @@ class Learner:
         self, rows: Sequence[_Row], coef: Sequence[torch.Tensor], plan: list[list[int] | None],
         modes: list[str], cache: dict[int, Any],
     ) -> tuple[torch.Tensor, float, float, float, float]:
-        """One optimizer update over this rank's units (`modes`: per unit, how _Forward runs it, pass_plan):
+        """One optimizer update over this rank's units (`modes`: per unit, how UnitForward runs it, pass_plan):
         (sums of the statistics, gradient norm, forward, backward and optimizer seconds)."""
         first = not cache
         t_fwd = t_bwd = 0.0
@@ -492,7 +290,7 @@ class Learner:
             sums = total.cpu()
         if first and float(sums[5]) == 0:  # all-reduced: every rank decides alike
             self.opt.zero_grad(set_to_none=True)
-            raise BatchWithheld(*_row_audit(rows, self.device if self.distributed else None))
+            raise BatchWithheld(*row_audit(rows, self.device if self.distributed else None))
         if first and self._screen is not None:
             factor = self._reweigh(rows, coef)
             if factor != 1.0:
@@ -513,7 +311,7 @@ class Learner:
         """After the screen withheld rows: the factor c_i(kept rows) / c_i(all rows), the same for every kept
         row under each loss type (core/grpo.py), so that the step equals one on the kept rows alone; `coef` is
         scaled by it for the later updates (a collective when distributed: the flags are all-reduced)."""
-        withheld = _row_audit(rows, self.device if self.distributed else None)[1]
+        withheld = row_audit(rows, self.device if self.distributed else None)[1]
         if not any(withheld):
             return 1.0
         lengths = [sum(r.mask) for r in rows]
@@ -563,49 +361,8 @@ class Learner:
         in units as a step's are (rows sharing a prompt, at most micro_batch rows and token_budget tokens).
         Records whose version has no state are not replayed (TokenSums() with n = 0), nor are off-policy ones
         and ones without a loss token."""
-        out = [TokenSums()] * len(records)
-        by_version: dict[int, list[int]] = {}
-        for i, t in enumerate(records):
-            if t.version in states and not t.meta.off_policy:
-                by_version.setdefault(t.version, []).append(i)
-        if not by_version:
-            return out
-        fwd, targets, loaded = self._replay_model()
-        with torch.no_grad():
-            for version, idx in sorted(by_version.items()):
-                rows = self._rows([[records[i]] for i in idx])
-                units = _units(rows, self.micro_batch, self.token_budget)  # bounded as a step's units are
-                if not units:  # no loss token in any of them
-                    continue
-                if loaded[0] != version:
-                    for name, tensor in states[version].items():
-                        targets[name].copy_(tensor)  # casts; tied weights are one tensor, named once
-                    loaded[0] = version
-                for unit in units:
-                    mb = [rows[j] for j in unit]
-                    logp = self._unit_logprobs(fwd, mb, ONE_PASS if len(mb) == 1 else SHARED)
-                    sampler = torch.tensor([lp for r in mb for lp in r.sampler_logprobs], device=self.device)
-                    mask = torch.tensor([m for r in mb for m in r.mask], device=self.device)
-                    _note_audit_sums(mb, logp, sampler, mask)
-                    for j in unit:
-                        out[idx[j]] = rows[j].sums
-        return out
-
-    def _replay_model(self) -> tuple[_Forward, dict[str, torch.Tensor], list]:
-        """replay_sums' model (forward, its state-dict tensors, [the version loaded]), made once: a copy of the
-        policy (unsharded: from its config under FSDP), frozen."""
-        if self._replay is None:
-            if self.distributed:
-                from transformers import AutoModelForCausalLM
-
-                net = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32).to(self.device)
-            else:
-                net = copy.deepcopy(self.model)
-            net.eval().requires_grad_(False)
-            for p in net.parameters():
-                p.grad = None
-            self._replay = (_Forward(net), net.state_dict(), [None])
-        return self._replay
+        return self._replay.sums(records, states, rows_of=self._rows, logprobs=self._unit_logprobs,
+                                 micro_batch=self.micro_batch, token_budget=self.token_budget)
 
     # -- publication and checkpoints --------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:
@@ -652,60 +409,3 @@ class Learner:
             from transformers import AutoTokenizer
 
             AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)
-
-
-def _note_audit_sums(rows: Sequence[_Row], logp_old: torch.Tensor, sampler: torch.Tensor, mask: torch.Tensor) -> None:
-    """Keep on each on-policy row the audit's sums over its loss tokens (core/audit.py TokenSums): their count,
-    the sums of |d|, d and d^2 for d = log pi_old - log pi_sampler, and of log pi_old and its square."""
-    sizes = [len(r.mask) for r in rows]
-    m = mask.double()
-    d, lp = (logp_old.double() - sampler.double()) * m, logp_old.double() * m
-    per = torch.stack([torch.stack([mm.sum(), dd.abs().sum(), dd.sum(), (dd * dd).sum(), ll.sum(), (ll * ll).sum()])
-                       for dd, ll, mm in zip(d.split(sizes), lp.split(sizes), m.split(sizes))]).tolist()  # one sync
-    for r, v in zip(rows, per):
-        if not r.off_policy:
-            r.sums = TokenSums(*v)
-
-
-def _row_audit(rows: Sequence[_Row], device: torch.device | None) -> tuple[list[TokenSums], list[bool]]:
-    """Each row's audit sums and withheld flag. `device`: sum the ranks' partial rows there (distributed: every
-    row was run on one rank, the others hold zeros for it)."""
-    t = torch.tensor([[*astuple(r.sums), float(r.withheld)] for r in rows], dtype=torch.float64).reshape(len(rows), 7)
-    if device is not None:
-        import torch.distributed as dist
-
-        t = t.to(device)
-        dist.all_reduce(t)
-        t = t.cpu()
-    return [TokenSums(*v[:6]) for v in t.tolist()], [v[6] > 0 for v in t.tolist()]
-
-
-def _rank_world(distributed: bool) -> tuple[int, int]:
-    if not distributed:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        raise RuntimeError("Learner(distributed=True) needs a torch.distributed process group (start under torchrun)")
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _tied_aliases(model: torch.nn.Module) -> set[str]:
-    """State-dict names that are the same tensor as an earlier name (tied weights), e.g. lm_head.weight."""
-    seen: set[int] = set()
-    aliases = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            aliases.add(name)
-        seen.add(id(p))
-    return aliases
-
-
-def _shard(fwd: _Forward, model: torch.nn.Module) -> None:
-    """FSDP2: every decoder layer is its own unit; the forward module holds the rest (embeddings, final norm,
-    head; tied weights stay in one unit)."""
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in model.get_decoder().layers:
-        fully_shard(layer)
-    fully_shard(fwd)

@@ -24,7 +24,7 @@ heartbeats do not make it thrash. A failed worker (silent for ``fail_after_s``, 
 replaced from the standby pool at once when its loss drops capacity below the target (appendix D).
 
 The scheduler is a pure state machine over a caller-supplied clock: it never sleeps, starts or stops
-anything. It returns :class:`Action` values; the caller applies them: :class:`echo2sdk.runtime.live_loop.LiveLoop` (the trainer's
+anything. It returns :class:`Action` values; the caller applies them: :class:`echo2sdk.runtime.learner.live_loop.LiveLoop` (the trainer's
 thread against the coordinator and a provider from :mod:`echo2sdk.providers`) or the simulator in
 :mod:`echo2sdk.sim`.
 """

@@ -1,7 +1,12 @@
 """Discrete-event simulator of an ECHO-2 deployment at paper scale, on a virtual clock.
 
 - :mod:`~echo2sdk.sim.network`  the flow-level dissemination model (chains, star, T_bcast)
-- :mod:`~echo2sdk.sim.engine`   the simulation: inputs, the event loop over the real core, results
+- :mod:`~echo2sdk.sim.repair`   the same for a chain whose relay fails mid-broadcast
+- :mod:`~echo2sdk.sim.inputs`   SimWorker, SimConfig; :mod:`~echo2sdk.sim.faults` Fault and the worker a role names
+- :mod:`~echo2sdk.sim.engine`   the simulation: the event loop over the real core (learner, workers, scheduler)
+- :mod:`~echo2sdk.sim.broadcast`  its publications (install events, relay scores, chain repair)
+- :mod:`~echo2sdk.sim.accounting`, :mod:`~echo2sdk.sim.results`  its costs and logs, and SimResult
+- :mod:`~echo2sdk.sim.clock`, :mod:`~echo2sdk.sim.workers`  the event queue; each worker's state
 - :mod:`~echo2sdk.sim.paper`    the paper's experiments (`echo2 simulate paper`)
 """
 

@@ -82,7 +82,7 @@ class Network:
 
 def _pos(name: str, value: object, zero: bool = False) -> float:
     """A finite number > 0 (>= 0 with `zero`) as a float; ConfigError naming it otherwise (also used by
-    sim/engine.py)."""
+    sim/inputs.py)."""
     return checks.real(name, value, lo=0, open_lo=not zero, error=ConfigError)
 
 

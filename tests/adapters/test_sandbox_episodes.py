@@ -16,7 +16,7 @@ from echo2sdk.core.episodes import EpisodeStats, continuation_ids, play_episodes
 from echo2sdk.core.contracts import SamplingParams  # noqa: E402
 from echo2sdk.core.learner import Learner  # noqa: E402
 from echo2sdk.core.records import Trajectory  # noqa: E402
-from echo2sdk.runtime.worker import RolloutWorker  # noqa: E402
+from echo2sdk.runtime.worker.process import RolloutWorker  # noqa: E402
 from echo2sdk.weights import resolve_model  # noqa: E402
 
 
@@ -119,7 +119,7 @@ def test_a_sandbox_that_raises_is_a_recorded_failed_episode_not_a_crashed_worker
     worker = RolloutWorker("127.0.0.1:9", "token", worker_id="w-test")
     worker.backend, worker.adapter, worker.max_len = backend, adapter, 2048
     tasks = [t for _, t in zip(range(2), adapter.tasks(1))]
-    wire = worker._rollout(tasks, 3, SamplingParams(max_new_tokens=4, seed=0))  # the worker's own rollout step
+    wire = worker.rollout(tasks, 3, SamplingParams(max_new_tokens=4, seed=0))  # the worker's own rollout step
     groups = [[Trajectory.from_wire(r) for r in g] for g in wire]
     assert worker.episode_stats.failed == 2 and "sandbox lost its connection" in worker.episode_stats.errors[0]
     for g in groups:

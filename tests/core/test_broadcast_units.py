@@ -19,9 +19,9 @@ from echo2sdk.core.broadcast.planner import (
     WorkerScores,
     plan_chains,
 )
-from echo2sdk.runtime import session
-from echo2sdk.runtime.relay import HASH_BLOCK, RelayNode, TokenBucket, Upstream, _recv_hashed
-from echo2sdk.runtime.wire import PREFIX_BYTES, TAG_BYTES, encode_frame, open_frame, recv_frame, send_frame
+from echo2sdk.runtime.trust import session
+from echo2sdk.runtime.broadcast.relay import HASH_BLOCK, RelayNode, TokenBucket, Upstream, _recv_hashed
+from echo2sdk.runtime.protocol.wire import PREFIX_BYTES, TAG_BYTES, encode_frame, open_frame, recv_frame, send_frame
 from echo2sdk.errors import ProtocolError
 
 TOKEN = "relay-secret"

@@ -251,7 +251,7 @@ class FakeProvider:
 
 
 def test_live_loop_deactivates_surplus_replaces_a_dropped_worker_and_uses_the_provider():
-    from echo2sdk.runtime.live_loop import LiveLoop
+    from echo2sdk.runtime.learner.live_loop import LiveLoop
 
     coord = FakeCoordinator(cheap=0.3, mid=0.5, pricey=3.0)
     s = Scheduler(window_s=6.0, heartbeat_s=1.0, sustain_s=3.0, fail_after_s=3.0)
@@ -298,7 +298,7 @@ def test_real_coordinator_local_provider_failover(tmp_path):
 
     from echo2sdk.core.buffer import StalenessBuffer
     from echo2sdk.runtime.coordinator import Coordinator
-    from echo2sdk.runtime.live_loop import LiveLoop
+    from echo2sdk.runtime.learner.live_loop import LiveLoop
     from echo2sdk.runtime.providers import load_provider
     from echo2sdk.testing import ToyAdapter
 
@@ -312,7 +312,7 @@ def test_real_coordinator_local_provider_failover(tmp_path):
     )
     host, port = coord.start()
     provider = load_provider("local", connect=f"{host}:{port}", token="tok", log_dir=tmp_path)
-    coord.default_active = False
+    coord.join_idle()
     try:
         provider.start("cheap", 0.3)
         provider.start("pricey", 0.9)
@@ -352,7 +352,7 @@ def test_a_failed_workers_machine_is_stopped_only_if_it_does_not_rejoin_within_t
     worker's machine is stopped after stop_failed_after_s unless it came back (then it waits on standby)."""
     from types import SimpleNamespace
 
-    from echo2sdk.runtime.live_loop import LiveLoop
+    from echo2sdk.runtime.learner.live_loop import LiveLoop
 
     coord = FakeCoordinator(a=0.3, b=0.4, c=0.5, d=0.6)
     s = Scheduler(window_s=6.0, heartbeat_s=1.0, sustain_s=3.0, fail_after_s=3.0)

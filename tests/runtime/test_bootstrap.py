@@ -1,5 +1,5 @@
 """A worker with nothing but the package and the token: it takes the model's files and weights from the
-coordinator (runtime/bootstrap.py), writes them only where and as allowed, and trains."""
+coordinator (runtime/broadcast/bootstrap.py), writes them only where and as allowed, and trains."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import time
 import pytest
 
 from echo2sdk.errors import ConfigError, ProtocolError
-from echo2sdk.runtime.bootstrap import BASE_FILES, MAX_FILE_BYTES, WEIGHTS_FILE, ModelFolder, write_base
-from echo2sdk.runtime.messages import BaseFiles, parse
-from echo2sdk.runtime.wire import digest
+from echo2sdk.runtime.broadcast.bootstrap import BASE_FILES, MAX_FILE_BYTES, WEIGHTS_FILE, ModelFolder, write_base
+from echo2sdk.runtime.protocol.messages import BaseFiles, parse
+from echo2sdk.runtime.protocol.wire import digest
 
 
 def _base_files(entries: list[tuple[str, bytes, str | None]]) -> tuple[BaseFiles, bytes]:
@@ -113,7 +113,8 @@ def test_a_worker_with_only_the_package_and_the_token_gets_every_byte_over_the_w
     from safetensors.torch import load_file
 
     from echo2sdk.config import load_config
-    from echo2sdk.runtime.trainer import Trainer, worker_command
+    from echo2sdk.runtime.learner.recipe import Trainer
+    from echo2sdk.runtime.providers.local import worker_command
 
     learner_dir, worker_dir = tmp_path / "learner", tmp_path / "worker"
     learner_dir.mkdir()

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from echo2sdk.runtime.chain_broadcast import ChainBroadcast
+from echo2sdk.runtime.broadcast.chain import ChainBroadcast
 from echo2sdk.core.broadcast.manifest import Signer
 from echo2sdk.core.broadcast.planner import SOURCE
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime.coordinator import Coordinator
-from echo2sdk.runtime.messages import BroadcastInfo
+from echo2sdk.runtime.protocol.messages import BroadcastInfo
 from echo2sdk.testing import ToyAdapter
 
 pytestmark = pytest.mark.integration
@@ -131,14 +131,14 @@ def test_a_relay_that_dies_or_stalls_mid_broadcast_is_repaired_around(fleet, fau
     time.sleep(0.8)  # b has relayed part of the snapshot to c
     os.kill(victim.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     try:
-        assert _wait(lambda: {"a", "c", "d"} <= set(c._bcast[1]["installed"]), 30), _logs(state)
+        assert _wait(lambda: {"a", "c", "d"} <= set(c.snapshots.bcast[1]["installed"]), 30), _logs(state)
         reports = _reports(c, 1)
         rep = reports["c"]["repairs"][0]
         assert rep["parent"] == "b" and rep["reason"] == ("stalled" if fault == "stall" else rep["reason"])
         assert 0 < rep["chunk"] < SIZE // CHUNK  # resumed from its last verified chunk, not from zero
         assert rep["repair_s"] < 5.0
         assert reports["c"]["parent"] == "a"  # re-attached to the nearest healthy ancestor
-        assert reports["d"]["ok"] and "b" not in c._bcast[1]["installed"]
+        assert reports["d"]["ok"] and "b" not in c.snapshots.bcast[1]["installed"]
         assert c.stats()["broadcast_repairs"] >= 1
         assert c.delivery.scores.recent_failures("b", time.monotonic()) >= 1
     finally:
@@ -172,15 +172,15 @@ def test_a_forged_manifest_is_refused_and_nothing_is_installed(fleet, caplog):
     c = start(_ForgingBroadcast(TOKEN, chunk_bytes=CHUNK), ["a", "b"])
     c.publish(1, os.urandom(SIZE))
     time.sleep(2.0)
-    assert c._bcast[1]["received"] == {} and c._bcast[1]["installed"] == {}
+    assert c.snapshots.bcast[1]["received"] == {} and c.snapshots.bcast[1]["installed"] == {}
     assert all(w.version == 0 for w in c.workers.values())
     assert "bad signature" in caplog.text  # the coordinator logs every worker's refusal
 
 
 _EVIL_WORKER = """
 import sys
-from echo2sdk.runtime import worker
-from echo2sdk.runtime.relay import RelayNode
+from echo2sdk.runtime.worker import process as worker
+from echo2sdk.runtime.broadcast.relay import RelayNode
 
 class Corrupting(RelayNode):  # holds the right bytes, flips the last bit of the 6th chunk it serves
     def _send_paced(self, conn, data, peer):

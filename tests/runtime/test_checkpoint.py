@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from echo2sdk.core.learner import Learner  # noqa: E402
 from echo2sdk.core.records import Meta, Trajectory  # noqa: E402
-from echo2sdk.runtime import checkpoint  # noqa: E402
+from echo2sdk.runtime.learner import checkpoint  # noqa: E402
 from echo2sdk.weights import resolve_model  # noqa: E402
 
 

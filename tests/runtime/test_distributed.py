@@ -17,50 +17,59 @@ torch = pytest.importorskip("torch")
 
 from echo2sdk.core.audit import Screen  # noqa: E402
 from echo2sdk.core.learner import Learner  # noqa: E402
-from echo2sdk.runtime import distributed  # noqa: E402
+from echo2sdk.runtime.learner import distributed  # noqa: E402
 from echo2sdk.weights import resolve_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # test_checkpoint (CONFIG), as the rank script does
 
 pytestmark = pytest.mark.integration
 
-#: Runs on every rank: rank 0 steps through Lockstep (the batch reaches rank 1 as msgpack bytes) and gathers
-#: the policy and the optimizer state while rank 1 follows; then both gather the gradients.
+#: Runs on every rank, once per case (one torchrun for all of them): rank 0 steps through Lockstep (the batch
+#: reaches rank 1 as msgpack bytes) and gathers the policy and the optimizer state while rank 1 follows; then both
+#: gather the gradients. Each case has a fresh learner and its own output folder; the process group stays.
 RANK_SCRIPT = textwrap.dedent('''
-    import json, sys, time
+    import json, os, sys, time
     import torch
     from safetensors.torch import save_file
     sys.path.insert(0, sys.argv[2])
-    from test_distributed import KW, SCREEN, batch
+    from test_distributed import CASES, KW, SCREEN, batch
     from echo2sdk.core.learner import Learner
-    from echo2sdk.runtime import distributed
+    from echo2sdk.runtime.learner import distributed
     from echo2sdk.weights import resolve_model
 
     topo = distributed.from_env()
     distributed.init(topo)
-    learner = Learner(resolve_model("tiny-random"), distributed=True, gradient_checkpointing=sys.argv[3] == "1",
-                      token_budget=int(sys.argv[4]), **KW)
-    if topo.leader:
-        ops = distributed.Lockstep(learner, topo.world)
-        t0 = time.perf_counter()
-        st = ops.step(batch(), SCREEN)
-        step_s = time.perf_counter() - t0
-        params = ops.model_state()
-        opt = ops.optimizer_state()
-        ops.stop()
-        grads = {n: p.grad.full_tensor() for n, p in learner.model.named_parameters() if p.grad is not None}
-        out = sys.argv[1]
-        save_file({k: v.contiguous() for k, v in params.items()}, out + "/params.safetensors")
-        save_file({k: v.contiguous() for k, v in grads.items()}, out + "/grads.safetensors")
-        with open(out + "/stats.json", "w") as fh:
-            json.dump({"loss": st.loss, "kl": st.kl, "grad_norm": st.grad_norm, "tokens": st.tokens, "step_s": step_s,
-                       "opt_params": sorted(opt["state"]), "withheld": st.withheld}, fh)
-    else:
-        assert distributed.follow(learner) == (1, True)  # the step, the gathered model and optimizer states, stop
-        grads = [p.grad.full_tensor() for p in learner.model.parameters() if p.grad is not None]  # as rank 0
+    for name, checkpointing, token_budget in CASES:
+        learner = Learner(resolve_model("tiny-random"), distributed=True, gradient_checkpointing=checkpointing,
+                          token_budget=token_budget, **KW)
+        if topo.leader:
+            ops = distributed.Lockstep(learner, topo.world)
+            t0 = time.perf_counter()
+            st = ops.step(batch(), SCREEN)
+            step_s = time.perf_counter() - t0
+            params = ops.model_state()
+            opt = ops.optimizer_state()
+            ops.stop()
+            grads = {n: p.grad.full_tensor() for n, p in learner.model.named_parameters() if p.grad is not None}
+            out = os.path.join(sys.argv[1], name)
+            os.makedirs(out)
+            save_file({k: v.contiguous() for k, v in params.items()}, out + "/params.safetensors")
+            save_file({k: v.contiguous() for k, v in grads.items()}, out + "/grads.safetensors")
+            with open(out + "/stats.json", "w") as fh:
+                json.dump({"loss": st.loss, "kl": st.kl, "grad_norm": st.grad_norm, "tokens": st.tokens,
+                           "step_s": step_s, "opt_params": sorted(opt["state"]), "withheld": st.withheld}, fh)
+        else:
+            assert distributed.follow(learner) == (1, True)  # the step, the gathered model and optimizer states, stop
+            grads = [p.grad.full_tensor() for p in learner.model.parameters() if p.grad is not None]  # as rank 0
+        del learner
     distributed.shutdown(clean=True)
     distributed.leave(0)  # as echo2 run's ranks do: no interpreter teardown
 ''')
+
+#: (id, gradient checkpointing, token budget). Token budget 12: units of one and two rows, rows over 12 tokens
+#: recomputed; per slot (pass_plan) one-row units on both ranks run in one pass, a slot with a two-row unit shares
+#: the prompt on both, and a slot with a recomputed row recomputes on both (a dummy unit's included)
+CASES = [("shared-prefix", False, 2048), ("gradient-checkpointing", True, 2048), ("token-budget", False, 12)]
 
 KW = dict(lr=1e-3, precision="fp32", beta=0.1, micro_batch=3, threads=1, device="cpu",  # gloo ranks: CPU
           updates_per_step=2, loss_type="grpo")  # the second update runs no reference forward: nor may a dummy unit
@@ -90,46 +99,41 @@ def batch() -> list:
     return out
 
 
-def _torchrun(tmp_path: Path, checkpointing: bool, token_budget: int) -> dict:
-    script = tmp_path / "rank.py"
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> Path:
+    """The CASES on two gloo ranks, one torchrun: returns the folder holding a subfolder of outputs per case."""
+    out = tmp_path_factory.mktemp("ranks")
+    script = out / "rank.py"
     script.write_text(RANK_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path), CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
-           str(tmp_path), str(Path(__file__).parent), "1" if checkpointing else "0", str(token_budget)]
-    t0 = time.perf_counter()
+           str(out), str(Path(__file__).parent)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    stats = json.loads((tmp_path / "stats.json").read_text())
-    stats["wall_s"] = time.perf_counter() - t0
-    return stats
+    return out
 
 
-@pytest.mark.parametrize(
-    ("checkpointing", "token_budget"), [(False, 2048), (True, 2048), (False, 12)],
-    # token budget 12: units of one and two rows, rows over 12 tokens recomputed; per slot (pass_plan) one-row
-    # units on both ranks run in one pass, a slot with a two-row unit shares the prompt on both, and a slot with
-    # a recomputed row recomputes on both (a dummy unit's included)
-    ids=["shared-prefix", "gradient-checkpointing", "token-budget"],
-)
-def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointing, token_budget):
+@pytest.mark.parametrize(("case", "checkpointing", "token_budget"), CASES, ids=[c[0] for c in CASES])
+def test_two_gloo_ranks_take_the_same_step_as_one_process(ranks, case, checkpointing, token_budget):
     from safetensors.torch import load_file
 
     one = Learner(resolve_model("tiny-random"), gradient_checkpointing=checkpointing, token_budget=token_budget, **KW)
     t0 = time.perf_counter()
     want = one.step(batch(), SCREEN)
     one_s = time.perf_counter() - t0
-    got = _torchrun(tmp_path, checkpointing, token_budget)
+    folder = ranks / case
+    got = json.loads((folder / "stats.json").read_text())
 
     assert got["tokens"] == want.tokens
     assert got["withheld"] == want.withheld == [True] * 3 + [False] * 12
     assert got["loss"] == pytest.approx(want.loss, rel=1e-6, abs=1e-9)
     assert got["kl"] == pytest.approx(want.kl, rel=1e-5, abs=1e-9)
     assert got["grad_norm"] == pytest.approx(want.grad_norm, rel=1e-5)
-    grads = load_file(str(tmp_path / "grads.safetensors"))
+    grads = load_file(str(folder / "grads.safetensors"))
     scale = max(p.grad.abs().max().item() for p in one.model.parameters())
     for name, p in one.model.named_parameters():
         assert (grads[name] - p.grad).abs().max().item() <= 1e-5 * scale, name
-    params, mine = load_file(str(tmp_path / "params.safetensors")), one.model_state()
+    params, mine = load_file(str(folder / "params.safetensors")), one.model_state()
     assert set(params) == set(mine) and "lm_head.weight" not in params  # the tied head is stored once
     diff = max((params[k] - mine[k]).abs().max().item() for k in mine)
     assert diff < 1e-5
@@ -143,7 +147,7 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(tmp_path, checkpointin
 STOP_SCRIPT = textwrap.dedent('''
     import json, sys, time
     from echo2sdk.core.learner import Learner
-    from echo2sdk.runtime import distributed
+    from echo2sdk.runtime.learner import distributed
     from echo2sdk.weights import resolve_model
 
     topo = distributed.from_env()
@@ -205,7 +209,7 @@ def test_topology_from_the_torchrun_environment(monkeypatch):
 def test_echo2_run_on_two_ranks_and_its_checkpoint_on_one(tmp_path):
     """`echo2 run --nproc-per-node 2`: rank 0 runs the coordinator, a local worker and the metrics; the
     checkpoint it gathers is a plain one that a single process resumes from."""
-    from echo2sdk.runtime import checkpoint
+    from echo2sdk.runtime.learner import checkpoint
     from test_checkpoint import CONFIG
 
     cfg, out = tmp_path / "tiny.toml", tmp_path / "run"

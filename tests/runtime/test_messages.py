@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from echo2sdk.core.broadcast.manifest import MAX_CHUNKS, Signer, build_manifest
 from echo2sdk.core.records import pack, unpack
 from echo2sdk.errors import ConfigError, ProtocolError
-from echo2sdk.runtime.delivery import DirectPush, check_delivery
-from echo2sdk.runtime.messages import (
+from echo2sdk.runtime.broadcast.delivery import DirectPush, check_delivery
+from echo2sdk.runtime.protocol.messages import (
     Ack,
     BaseFiles,
     Challenge,
@@ -44,8 +44,8 @@ from echo2sdk.runtime.messages import (
     parse,
     to_header,
 )
-from echo2sdk.runtime.relay import FetchReport
-from echo2sdk.runtime.wire import digest
+from echo2sdk.runtime.broadcast.relay import FetchReport
+from echo2sdk.runtime.protocol.wire import digest
 
 KEY = b"k" * 32
 NONCE = b"n" * 32
@@ -60,7 +60,7 @@ REPORT = FetchReport(
              {"parent": "c", "reason": "refused", "chunk": 0}],
     bad_chunks=1,
 ).to_wire()
-TRAINER_CONFIG = {  # what echo2sdk.runtime.trainer builds
+TRAINER_CONFIG = {  # what echo2sdk.runtime.learner.recipe builds
     "model": "smollm2-135m", "model_path": "/tmp/model", "adapter": "math", "adapter_options": {"split": "train"},
     "backend": "hf", "backend_options": {"threads": 2}, "group_size": 4, "tasks_per_request": 2,
     "sampling": {"max_new_tokens": 96, "temperature": 1.0, "top_p": 1.0}, "max_len": 1024,

@@ -13,11 +13,11 @@ import time
 import pytest
 
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.runtime import session
+from echo2sdk.runtime.trust import session
 from echo2sdk.runtime.coordinator import Coordinator
-from echo2sdk.runtime.messages import Hello, Welcome, parse
-from echo2sdk.runtime.tls import Identity, client_context, server_context
-from echo2sdk.runtime.wire import MAX_HEADER, read_frame, write_frame
+from echo2sdk.runtime.protocol.messages import Hello, Welcome, parse
+from echo2sdk.runtime.trust.tls import Identity, client_context, server_context
+from echo2sdk.runtime.protocol.wire import MAX_HEADER, read_frame, write_frame
 from echo2sdk.testing import ToyAdapter, safetensors_blob
 
 pytestmark = pytest.mark.integration
@@ -303,7 +303,8 @@ def test_a_taken_id_is_renamed_unless_the_same_process_rejoins(coord):
         try:
             first_closed = await asyncio.wait_for(c1.reader.read(), 5) == b""  # its old connection is dropped
             await asyncio.sleep(0.5)  # the old connection's handler has finished its clean-up by now
-            still_registered = coord.workers["gpu-1"].alive and "gpu-1" in {p.worker_id for p in coord._conns.values()}
+            conns = coord.registry.conns.values()
+            still_registered = coord.workers["gpu-1"].alive and "gpu-1" in {p.worker_id for p in conns}
         finally:
             for c in (c1, c2, c3):
                 await c.close()
@@ -359,7 +360,7 @@ def test_a_resent_batch_is_acknowledged_but_admitted_once(coord):
 
 
 def test_a_batch_whose_push_was_cut_off_is_held_and_pushed_first_after_the_rejoin():
-    from echo2sdk.runtime.worker import RolloutWorker
+    from echo2sdk.runtime.worker.process import RolloutWorker
 
     w = RolloutWorker("127.0.0.1:9", "token", worker_id="w-unit")
     sent = []
@@ -370,10 +371,10 @@ def test_a_batch_whose_push_was_cut_off_is_held_and_pushed_first_after_the_rejoi
             raise ConnectionError("lost")
         return reply(accepted=3)
 
-    w._request = flaky_request
+    w.link.request = flaky_request
     groups = [[{"x": 1}] * 3]
-    assert asyncio.run(w._push("s:4", groups)) is False and w._held == ("s:4", groups)
-    assert asyncio.run(w._push(*w._held)) is True and w._held is None
+    assert asyncio.run(w.loop.push("s:4", groups)) is False and w.loop.held == ("s:4", groups)
+    assert asyncio.run(w.loop.push(*w.loop.held)) is True and w.loop.held is None
     assert [m.batch for m in sent] == ["s:4", "s:4"] and sent[1].groups == tuple(groups)
 
 
@@ -383,7 +384,7 @@ def test_a_late_joiner_waits_for_the_snapshot_instead_of_generating_stale_record
     import json
     import struct
 
-    from echo2sdk.runtime.chain_broadcast import ChainBroadcast
+    from echo2sdk.runtime.broadcast.chain import ChainBroadcast
 
     header = json.dumps({"w": {"dtype": "F32", "shape": [1 << 19], "data_offsets": [0, 2 << 20]}}).encode()
     header += b" " * (-len(header) % 8)
@@ -461,8 +462,8 @@ def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s(
 def test_worker_model_override_serves_its_own_model_not_the_learners_path():
     """`echo2 worker --model`: a worker on another machine serves the folder (or name) it is given, not the
     learner's absolute path or model name from the welcome."""
-    from echo2sdk.runtime.messages import WorkerConfig
-    from echo2sdk.runtime.worker import RolloutWorker
+    from echo2sdk.runtime.protocol.messages import WorkerConfig
+    from echo2sdk.runtime.worker.process import RolloutWorker
 
     cfg = WorkerConfig(model="smollm2-135m", model_path="/nonexistent/learner/path", adapter="toy", backend="mock")
     default = RolloutWorker("127.0.0.1:1", "tok")
@@ -483,3 +484,26 @@ def test_quarantined_ids_are_bounded_and_all_counted(coord):
     assert coord.quarantines == n == coord.stats()["quarantines"]
     assert len(coord.quarantined) == KEEP_QUARANTINED and f"liar-{n - 1}" in coord.quarantined
     assert "liar-0" not in coord.quarantined and len(coord.buffer._banned) == MAX_BANNED
+
+
+def test_a_typed_worker_config_is_taken_as_given_when_it_agrees_with_the_coordinator():
+    """The trainer's builder hands a complete WorkerConfig: taken as it is, once its S is the buffer's and its
+    heartbeat the coordinator's (else a ConfigError naming the field and both values); a plain mapping (hand-built
+    coordinators) is validated and completed with them."""
+    from echo2sdk.errors import ConfigError
+    from echo2sdk.runtime.protocol.messages import WorkerConfig
+
+    def make(config):
+        return Coordinator(buffer=StalenessBuffer(staleness=2, group_size=GROUP), tasks=iter(()), worker_config=config,
+                           vocab_size=256, max_len=512, token="s3cret", heartbeat_s=0.5, tls=False)
+
+    typed = WorkerConfig.from_mapping(_WORKER_CONFIG, staleness=2, heartbeat_s=0.5)
+    assert make(typed).worker_config is typed
+    completed = make(_WORKER_CONFIG).worker_config
+    assert completed == typed and (completed.staleness, completed.heartbeat_s) == (2, 0.5)
+    with pytest.raises(ConfigError, match=r"staleness is 3, but the buffer's S is 2"):
+        make(typed.model_copy(update={"staleness": 3}))
+    with pytest.raises(ConfigError, match=r"staleness is None, but the buffer's S is 2"):
+        make(WorkerConfig.from_mapping(_WORKER_CONFIG, heartbeat_s=0.5))
+    with pytest.raises(ConfigError, match=r"heartbeat_s is 1.0, but the coordinator's heartbeat_s is 0.5"):
+        make(typed.model_copy(update={"heartbeat_s": 1.0}))

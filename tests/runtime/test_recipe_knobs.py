@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from echo2sdk.config import load_config
-from echo2sdk.runtime.messages import WorkerConfig
-from echo2sdk.runtime.trainer import buffer_args, learner_args, worker_config
-from echo2sdk.runtime.worker import RolloutWorker
+from echo2sdk.runtime.protocol.messages import WorkerConfig
+from echo2sdk.runtime.learner.build import buffer_args, learner_args, worker_config
+from echo2sdk.runtime.worker.process import RolloutWorker
 
 
 def _cfg(*sets: str):
@@ -61,8 +61,10 @@ def test_sampling_knobs_reach_the_worker_config():
 
 
 def test_worker_truncates_long_prompts_from_the_left_and_counts_them():
-    w = RolloutWorker("127.0.0.1:1", "tok")
-    assert w._truncated([1, 2, 3, 4, 5]) == [1, 2, 3, 4, 5]  # max_prompt_length unset
+    from echo2sdk.core.rollout import truncate_prompt
+
+    w = RolloutWorker("127.0.0.1:1", "tok")  # the worker's counters, as its rollouts count them
+    assert truncate_prompt([1, 2, 3, 4, 5], w.max_prompt_length, w.stats) == [1, 2, 3, 4, 5]  # max_prompt_length unset
     w.max_prompt_length = 3
-    assert w._truncated([1, 2, 3]) == [1, 2, 3] and w.prompts_truncated == 0
-    assert w._truncated([1, 2, 3, 4, 5]) == [3, 4, 5] and w.prompts_truncated == 1
+    assert truncate_prompt([1, 2, 3], w.max_prompt_length, w.stats) == [1, 2, 3] and w.stats.prompts_truncated == 0
+    assert truncate_prompt([1, 2, 3, 4, 5], w.max_prompt_length, w.stats) == [3, 4, 5] and w.stats.prompts_truncated == 1

@@ -308,36 +308,22 @@ def test_run_log_to_must_start_with_jsonl():
 
 
 @pytest.mark.integration
-def test_a_tiny_run_logs_config_steps_samples_and_staleness_to_its_sinks(offline):
-    pytest.importorskip("torch")
-    pytest.importorskip("echo2_math")
+def test_a_tiny_run_logs_config_steps_samples_and_staleness_to_its_sinks(tiny_run):
+    """The shared real run (conftest.py): run.log_to = ["jsonl", "tensorboard"], 3 samples every 2 steps."""
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from echo2sdk.config import load_config
-    from echo2sdk.runtime.trainer import Trainer
-
-    cfg = load_config(None, [
-        'model.policy="tiny-random"', "rollout.workers=1", "rollout.group_size=4", "rollout.max_new_tokens=8",
-        "rollout.nice=0", "learner.steps=2", "learner.trajectories_per_step=8", "learner.staleness=2",
-        "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5", 'run.token="do-not-log-me-7Qx2Lp9Vb4Nk"',
-        'run.log_to=["jsonl", "tensorboard"]', "run.log_samples_every=2", "run.log_samples=3", f'run.out="{offline}"',
-    ])
-    tr = Trainer(cfg)
-    try:
-        tr.run()
-    finally:
-        tr.close()
-    assert json.loads((offline / "config.json").read_text())["run"]["token"] == "<redacted>"
-    rows = [json.loads(line) for line in (offline / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    tables = [json.loads(line) for line in (offline / "tables.jsonl").read_text().splitlines()]
+    out, steps = tiny_run.out, list(range(1, tiny_run.steps + 1))
+    assert json.loads((out / "config.json").read_text())["run"]["token"] == "<redacted>"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == steps
+    tables = [json.loads(line) for line in (out / "tables.jsonl").read_text().splitlines()]
     samples = next(t for t in tables if t["name"] == "samples")
     assert samples["step"] == 2 and len(samples["rows"]) == 3 and {"prompt", "response", "reward"} <= set(samples["rows"][0])
     assert any(t["name"] == "t_bcast" for t in tables)
-    hists = [json.loads(line) for line in (offline / "histograms.jsonl").read_text().splitlines()]
-    assert [h["step"] for h in hists if h["name"] == "staleness"] == [1, 2]
-    assert sum(next(h for h in hists if h["name"] == "staleness")["counts"].values()) == 8
-    acc = EventAccumulator(str(offline / "tensorboard"), size_guidance={"scalars": 0})
+    hists = [json.loads(line) for line in (out / "histograms.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in hists if h["name"] == "staleness"] == steps
+    assert sum(next(h for h in hists if h["name"] == "staleness")["counts"].values()) == tiny_run.R
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
-    assert [e.step for e in acc.Scalars("reward_mean")] == [1, 2] and "task/correct" in acc.Tags()["scalars"]
+    assert [e.step for e in acc.Scalars("reward_mean")] == steps and "task/correct" in acc.Tags()["scalars"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from echo2sdk.config import load_config
-from echo2sdk.runtime.status import StatusServer
+from echo2sdk.runtime.learner.status import StatusServer
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 LEAD_COPY = "/tmp/status_page.png"  # a copy of the screenshot, for a person to look at
@@ -100,8 +100,8 @@ def test_page_files_ship_as_package_data():
     """A wheel holds exactly what pyproject.toml lists: every non-Python file of the page must be there."""
     root = Path(__file__).resolve().parents[2]
     listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    folder = root / "echo2sdk" / "runtime" / "status"
-    assert sorted(listed["echo2sdk.runtime.status"]) == sorted(p.name for p in folder.iterdir() if p.suffix in
+    folder = root / "echo2sdk" / "runtime" / "learner" / "status"
+    assert sorted(listed["echo2sdk.runtime.learner.status"]) == sorted(p.name for p in folder.iterdir() if p.suffix in
                                                                   (".html", ".js", ".css"))
 
 
@@ -147,7 +147,7 @@ def test_status_page_in_a_headless_browser(tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from echo2sdk.runtime.trainer import Trainer
+    from echo2sdk.runtime.learner.recipe import Trainer
 
     tr, browser, watcher = Trainer(_cfg(tmp_path)), None, None
     try:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 
@@ -12,7 +10,7 @@ pytest.importorskip("torch")
 pytest.importorskip("echo2_math")
 
 from echo2sdk.config import load_config  # noqa: E402
-from echo2sdk.runtime.trainer import Trainer  # noqa: E402
+from echo2sdk.runtime.learner.recipe import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -63,52 +61,30 @@ def _cfg(tmp_path, steps=6, workers=2, S=2, extra=()):
     )
 
 
-TOKEN = "tok-7f3a9c1e5b2d4f6a8c0e1b3d5f7a9c2e"  # given in the config: it must appear in no file of the run
-
-
-def test_run_writes_metrics_summary_and_checkpoint(tmp_path):
-    tr = Trainer(_cfg(tmp_path, extra=(f'run.token="{TOKEN}"',)))
-    try:
-        summary = tr.run()
-    finally:
-        tr.close()
+def test_run_writes_metrics_summary_and_checkpoint(tiny_run):
+    """The shared run (conftest.py): 8 steps, the token given in its config, local-0 killed after step 2."""
+    tr, summary, tmp_path, steps = tiny_run.tr, tiny_run.summary, tiny_run.out, tiny_run.steps
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     for r in rows:
         _check_row(r)
         assert 0 <= r["staleness_max"] <= 2  # S
-        assert r["trajectories"] == 8 and r["version"] == r["step"]
+        assert r["trajectories"] == tiny_run.R and r["version"] == r["step"]
     assert any(r["t_bcast_s"] is not None for r in rows)  # snapshots reached the workers (kappa = 1)
-    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 6 == summary["steps"]
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == steps == summary["steps"]
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint")
     assert all(p.poll() is not None for p in tr.procs) or not tr.procs
-    leaked = [str(p) for p in tmp_path.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
+    leaked = [str(p) for p in tmp_path.rglob("*") if p.is_file() and tiny_run.token.encode() in p.read_bytes()]
     assert leaked == [], leaked
 
 
-def test_killing_a_worker_does_not_stop_training(tmp_path):
-    tr = Trainer(_cfg(tmp_path, steps=8))
-    killed = {}
-
-    def killer():
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and len(tr.rows) < 2:
-            time.sleep(0.1)
-        tr.procs[0].kill()
-        killed["at_step"] = len(tr.rows)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
-    try:
-        tr.run()
-    finally:
-        tr.close()
-    t.join(5)
-    assert killed["at_step"] >= 2 and len(tr.rows) == 8
+def test_killing_a_worker_does_not_stop_training(tiny_run):
+    tr = tiny_run.tr
+    assert tiny_run.killed_at_step >= 2 and len(tr.rows) == tiny_run.steps
     assert tr.rows[-1]["workers_alive"] == 1
-    assert "local-0" in (tmp_path / "run.log").read_text()
+    assert "local-0" in (tiny_run.out / "run.log").read_text()
 
 
 def test_calibrate_measures_decides_and_hands_the_pool_to_the_scheduler(tmp_path):
@@ -133,7 +109,7 @@ def test_metrics_row_keys_and_types_without_a_run():
     from types import SimpleNamespace
 
     from echo2sdk.core.learner import StepStats
-    from echo2sdk.runtime.trainer import metrics_row
+    from echo2sdk.runtime.learner.metrics import metrics_row
 
     records = [SimpleNamespace(reward=r, version=3, meta=SimpleNamespace(extra={"correct": r > 0, "turns": 2}))
                for r in (0.0, 1.0)]
@@ -151,7 +127,7 @@ def test_metrics_row_keys_and_types_without_a_run():
 
 
 def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
-    from echo2sdk.runtime.trainer import rollout_means
+    from echo2sdk.runtime.learner.metrics import rollout_means
 
     before, now = (8, 4.4, 8, 4), (16, 10.0, 12, 7)  # 8 more records, 4 of them scored, 3 of those correct
     assert rollout_means(before, now) == {"rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75}
@@ -165,7 +141,7 @@ def test_builders_fit_the_constructors(tmp_path):
     from echo2sdk.core.buffer import StalenessBuffer
     from echo2sdk.core.learner import Learner
     from echo2sdk.runtime.coordinator import Coordinator
-    from echo2sdk.runtime.trainer import buffer_args, coordinator_args, learner_args, worker_config
+    from echo2sdk.runtime.learner.build import buffer_args, coordinator_args, learner_args, worker_config
 
     cfg = _cfg(tmp_path)
     inspect.signature(Learner).bind("model-folder", **learner_args(cfg))

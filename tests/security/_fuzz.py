@@ -1,6 +1,6 @@
 """A seeded frame mutator for the fuzz test, and the oracle that says what a server must do with each frame.
 
-The mutator starts from a valid header of every message in `echo2sdk.runtime.messages` and replaces field
+The mutator starts from a valid header of every message in `echo2sdk.runtime.protocol.messages` and replaces field
 values with random msgpack values of the same type (out-of-range numbers, over-long strings, wrong-length
 bytes) or of another type, drops and adds keys, changes the `type`; it flips, inserts and deletes bytes of a
 packed header; and it lies in the frame prefix (magic, header length, payload length, oversize headers),
@@ -23,9 +23,9 @@ from typing import Any
 
 from echo2sdk.core.records import Meta, Trajectory
 from echo2sdk.errors import ProtocolError
-from echo2sdk.runtime import messages as m
-from echo2sdk.runtime.session import FrameKey
-from echo2sdk.runtime.wire import (
+from echo2sdk.runtime.protocol import messages as m
+from echo2sdk.runtime.trust.session import FrameKey
+from echo2sdk.runtime.protocol.wire import (
     MAGIC, MAX_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, SEALED, TAG_BYTES, check_prefix, open_frame,
 )
 

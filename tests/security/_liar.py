@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from echo2sdk.runtime.worker import RolloutWorker
+from echo2sdk.runtime.worker.process import RolloutWorker
 
 
 def peaked_model(folder: Path) -> Path:
@@ -80,16 +80,16 @@ class LyingWorker(RolloutWorker):
         if self.keep_model:
             self.backend = KeepModel(self.backend)
 
-    async def _install_pending(self) -> None:
+    async def install_pending(self) -> None:
         if self.claim_newest:
-            self._pending = None  # nothing installed, nothing reported
+            self.snapshots.pending = None  # nothing installed, nothing reported
             return
-        await super()._install_pending()
+        await super().install_pending()
 
-    def _rollout(self, tasks, n, params):
-        groups = super()._rollout(tasks, n, params)
+    def rollout(self, tasks, n, params):
+        groups = super().rollout(tasks, n, params)
         if self.claim_newest:
-            groups = [[{**t, "version": self._newest} for t in g] for g in groups]
+            groups = [[{**t, "version": self.snapshots.newest} for t in g] for g in groups]
         return groups
 
 

@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from echo2sdk.core.records import pack
-from echo2sdk.runtime import session
-from echo2sdk.runtime.messages import Hello
-from echo2sdk.runtime.tls import Identity, client_context, server_context
-from echo2sdk.runtime.wire import MAX_HEADER, PREFIX_BYTES, TAG_BYTES, read_frame, write_frame
+from echo2sdk.runtime.trust import session
+from echo2sdk.runtime.protocol.messages import Hello
+from echo2sdk.runtime.trust.tls import Identity, client_context, server_context
+from echo2sdk.runtime.protocol.wire import MAX_HEADER, PREFIX_BYTES, TAG_BYTES, read_frame, write_frame
 
 TOKEN = "the-real-token"
 

@@ -54,7 +54,7 @@ def test_check_adapter_takes_an_int_reward():
 def test_a_run_with_a_flaky_adapter_finishes_and_counts_its_failures(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from echo2sdk.config import load_config
-    from echo2sdk.runtime.trainer import Trainer
+    from echo2sdk.runtime.learner.recipe import Trainer
 
     monkeypatch.syspath_prepend(HERE)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))

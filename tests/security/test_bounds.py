@@ -19,8 +19,8 @@ from _peers import TOKEN, Client, finish, make_coordinator, spawn_worker, wait
 from echo2sdk.core.broadcast.manifest import Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE
 from echo2sdk.errors import AuthError
-from echo2sdk.runtime.relay import RelayNode, Upstream
-from echo2sdk.runtime.tls import client_context
+from echo2sdk.runtime.broadcast.relay import RelayNode, Upstream
+from echo2sdk.runtime.trust.tls import client_context
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ _SERVERS = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from _peers import make_coordinator
-from echo2sdk.runtime.relay import RelayNode
+from echo2sdk.runtime.broadcast.relay import RelayNode
 c = make_coordinator()
 r = RelayNode("%s", node_id="relay")
 print(json.dumps({"coordinator": c.port, "relay": r.port}), flush=True)

@@ -13,9 +13,9 @@ import pytest
 from _peers import TOKEN, Client, finish, make_coordinator, wait
 
 from echo2sdk.errors import ConfigError
-from echo2sdk.runtime import session
-from echo2sdk.runtime.credentials import new_token
-from echo2sdk.runtime.worker_keys import Revocations, given_credential, issue, parse_credential
+from echo2sdk.runtime.trust import session
+from echo2sdk.runtime.trust.credentials import new_token
+from echo2sdk.runtime.trust.worker_keys import Revocations, given_credential, issue, parse_credential
 
 STRONG = new_token()  # never starts with '-', which argv would read as an option
 
@@ -104,14 +104,14 @@ def test_a_renamed_id_never_takes_a_registered_id_or_a_credential_name(loop):
     """A second process asking for a taken id is renamed; the new id must be free (not overwrite the registry
     entry of the worker already under it) and no credential's name (the quarantine and revocation of the renamed
     worker would then hit that credential)."""
-    from echo2sdk.runtime.worker_keys import check_name
+    from echo2sdk.runtime.trust.worker_keys import check_name
 
     c = make_coordinator()
     clients = []
     try:
         first = loop.run(Client.join(c.port, TOKEN, worker_id="gpu", session="a"))
         clients.append(first)
-        nxt = next(c._ids) + 1  # the counter the coordinator draws suffixes from (a peer can guess it)
+        nxt = next(c.registry.ids) + 1  # the counter the coordinator draws suffixes from (a peer can guess it)
         squatter = loop.run(Client.join(c.port, TOKEN, worker_id=f"gpu-{nxt}", session="b"))
         clients.append(squatter)
         renamed = loop.run(Client.join(c.port, TOKEN, worker_id="gpu", session="c"))
@@ -132,7 +132,8 @@ def test_a_real_worker_with_a_credential_trains_the_run_and_is_revoked(tmp_path)
     which fetches its snapshots over the chain broadcast with the relay keys its plans carry. Revoking it
     after the run drops it; its re-join is refused and it exits 2."""
     from echo2sdk.config import load_config
-    from echo2sdk.runtime.trainer import Trainer, worker_command
+    from echo2sdk.runtime.learner.recipe import Trainer
+    from echo2sdk.runtime.providers.local import worker_command
 
     revoked = tmp_path / "revoked"
     cfg = load_config(None, [
@@ -171,8 +172,8 @@ def test_relay_keys_are_per_version_so_a_revoked_worker_fetches_no_later_snapsho
     v1 from a token-less parent; a node that kept only v1's and v2's keys (revoked since) is refused v3 by every
     peer and by the learner, and fetches v2, the one key it still holds."""
     from echo2sdk.core.broadcast.manifest import Signer, build_manifest
-    from echo2sdk.runtime.chain_broadcast import ChainBroadcast
-    from echo2sdk.runtime.relay import RelayNode, Upstream
+    from echo2sdk.runtime.broadcast.chain import ChainBroadcast
+    from echo2sdk.runtime.broadcast.relay import RelayNode, Upstream
 
     bcast = ChainBroadcast(TOKEN, tls=False, relay_key_lookahead=1, stall_timeout_s=2.0)
     src, signer = bcast.source, Signer()
@@ -249,14 +250,14 @@ def test_only_published_versions_count_as_installed():
     c = make_coordinator()
     try:
         conn = SimpleNamespace(info=SimpleNamespace(installed=set()))
-        c._note_installed(conn, 0)
-        c._note_installed(conn, 1)
+        c.snapshots.note_installed(conn, 0)
+        c.snapshots.note_installed(conn, 1)
         assert conn.info.installed == set()  # nothing published yet
         for v in (10, 12):
             c.publish(v, b"snapshot")
-        assert wait(lambda: c._latest is not None and c._latest[0] == 12, 5)
+        assert wait(lambda: c.snapshots.latest is not None and c.snapshots.latest[0] == 12, 5)
         for v in (8, 10, 11, 12, 13):
-            c._note_installed(conn, v)
+            c.snapshots.note_installed(conn, v)
         assert conn.info.installed == {8, 10, 12}
     finally:
         c.stop()

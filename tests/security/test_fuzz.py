@@ -27,14 +27,14 @@ from echo2sdk.core.broadcast.manifest import Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.records import pack
-from echo2sdk.runtime import session
-from echo2sdk.runtime.admission import Admission
+from echo2sdk.runtime.trust import session
+from echo2sdk.runtime.trust.admission import Admission
 from echo2sdk.runtime.coordinator import FROM_WORKER, Coordinator
-from echo2sdk.runtime.messages import Challenge, Fetch, Hello, parse, to_header
-from echo2sdk.runtime.relay import RelayNode, Upstream
-from echo2sdk.runtime.session import FrameKey
-from echo2sdk.runtime.tls import client_context, peer_fingerprint
-from echo2sdk.runtime.wire import MAX_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, TAG_BYTES, decode_header, read_frame
+from echo2sdk.runtime.protocol.messages import Challenge, Fetch, Hello, parse, to_header
+from echo2sdk.runtime.broadcast.relay import RelayNode, Upstream
+from echo2sdk.runtime.trust.session import FrameKey
+from echo2sdk.runtime.trust.tls import client_context, peer_fingerprint
+from echo2sdk.runtime.protocol.wire import MAX_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, TAG_BYTES, decode_header, read_frame
 from echo2sdk.testing import ToyAdapter
 
 pytest.importorskip("torch")
@@ -364,7 +364,7 @@ def test_fuzzed_frames_are_each_accounted_for_and_a_real_worker_is_served_throug
                         worker_timeout_s=60.0, admission=Admission(**generous))
     coord.start()
     loop_errors: list[dict] = []
-    coord._loop.call_soon_threadsafe(coord._loop.set_exception_handler, lambda _, ctx: loop_errors.append(ctx))
+    coord.server.loop.call_soon_threadsafe(coord.server.loop.set_exception_handler, lambda _, ctx: loop_errors.append(ctx))
     relay = RelayNode(TOKEN, node_id=SOURCE, stall_timeout_s=0.05, admission=Admission(**generous))
     data = os.urandom(2 * 4096)
     manifest = build_manifest(data, 1, 4096, Signer())
@@ -414,7 +414,7 @@ def test_fuzzed_frames_are_each_accounted_for_and_a_real_worker_is_served_throug
         assert got["quarantined"] == f["session_quarantined"]
         assert got["rejected_records"] == t.pushed - t.accepted
         assert got["relay_refused"] == f["relay_refused"] and got["relay_fetches"] == f["relay_served"]
-        assert coord._thread.is_alive() and relay._gate._thread.is_alive() and settled
+        assert coord.server.thread.is_alive() and relay._gate._thread.is_alive() and settled
         # the real worker was served in every quarter of the run, and the relay served a real child
         assert all(b["worker_trajectories"] > a["worker_trajectories"] for a, b in zip(marks, marks[1:])), marks
         assert all(m["worker_alive"] and m["relay_fetch_ok"] for m in marks) and worker.poll() is None

@@ -11,9 +11,9 @@ from _peers import TOKEN, Client, make_coordinator, wait
 
 from echo2sdk.core.records import Trajectory, pack, unpack
 from echo2sdk.errors import TrajectoryRejected
-from echo2sdk.runtime import session
-from echo2sdk.runtime.messages import Hello
-from echo2sdk.runtime.tls import client_context
+from echo2sdk.runtime.trust import session
+from echo2sdk.runtime.protocol.messages import Hello
+from echo2sdk.runtime.trust.tls import client_context
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +163,7 @@ def test_intake_runs_off_the_event_loop_and_a_push_of_1000_bad_groups_is_counted
         coord.stop()
     assert ack["accepted"] == GROUP and len(ack["rejected"]) == 1000
     assert coord.rejected == {"reward_out_of_range": 2000} and coord.workers["bulk"].trajectories == GROUP
-    assert threads and coord._thread not in threads
+    assert threads and coord.server.thread not in threads
     assert caplog.text.count("reward_out_of_range") == 8 + 1
 
 
@@ -177,7 +177,7 @@ class _SlowBase:
         import hashlib
         import time
 
-        from echo2sdk.runtime.messages import BaseFile, BaseFiles
+        from echo2sdk.runtime.protocol.messages import BaseFile, BaseFiles
 
         self.reads += 1
         time.sleep(0.2)
@@ -197,7 +197,7 @@ def test_a_flood_of_get_base_reads_the_base_once_at_a_time(loop):
     async def flood() -> dict:
         client = await Client.join(c.port, worker_id="greedy")
         try:
-            from echo2sdk.runtime.wire import MAX_HEADER, read_frame
+            from echo2sdk.runtime.protocol.wire import MAX_HEADER, read_frame
 
             for _ in range(50):
                 await client.send({"type": "get_base"})
@@ -229,12 +229,12 @@ def test_a_worker_id_that_would_forge_a_log_line_is_refused(loop, caplog, wid):
 def test_the_versions_a_worker_reported_are_forgotten_with_its_record(loop, monkeypatch):
     """What `installed` reports the audit keeps (core/audit.py: a record's version must be one of them) lives on
     the worker's record: bounded with the registry (KEEP_DEPARTED), not one entry per id and session for ever."""
-    from echo2sdk.runtime import coordinator
+    from echo2sdk.runtime.coordinator import registry
 
-    monkeypatch.setattr(coordinator, "KEEP_DEPARTED", 2)
+    monkeypatch.setattr(registry, "KEEP_DEPARTED", 2)
     c = make_coordinator(tls=False)
     c.publish(1, b"\0" * 8)
-    assert wait(lambda: c._latest is not None)
+    assert wait(lambda: c.snapshots.latest is not None)
 
     async def come_and_go(wid: str, sess: str) -> None:
         client = await Client.join(c.port, tls=False, worker_id=wid, session=sess)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from echo2sdk.config import load_config  # noqa: E402
 from echo2sdk.core.learner import Learner, NonFiniteUpdate  # noqa: E402
 from echo2sdk.core.records import Meta, Trajectory  # noqa: E402
-from echo2sdk.runtime.trainer import Trainer  # noqa: E402
+from echo2sdk.runtime.learner.recipe import Trainer  # noqa: E402
 from echo2sdk.weights import resolve_model  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import os
 import pytest
 from _peers import TOKEN, Client, finish, make_coordinator, read_raw_frame, spawn_worker, wait
 
-from echo2sdk.runtime.tls import Identity, client_context, server_context
-from echo2sdk.runtime.wire import PREFIX_BYTES
+from echo2sdk.runtime.trust.tls import Identity, client_context, server_context
+from echo2sdk.runtime.protocol.wire import PREFIX_BYTES
 
 pytestmark = pytest.mark.integration
 
@@ -150,8 +150,8 @@ def test_a_forged_refusal_of_a_re_join_does_not_end_the_worker(loop):
     then garbage. None of it is the coordinator's word (unsealed), so the worker re-dials instead of exiting (it
     used to exit 2 at the first forged refusal) and re-joins once the path is clean; the coordinator's own,
     sealed refusals stay final (test_credentials, test_protocol)."""
-    from echo2sdk.runtime.messages import Refused, to_header
-    from echo2sdk.runtime.wire import encode_frame
+    from echo2sdk.runtime.protocol.messages import Refused, to_header
+    from echo2sdk.runtime.protocol.wire import encode_frame
 
     coord = make_coordinator(tls=False)
 
@@ -187,7 +187,7 @@ def test_a_peer_that_accepts_and_stays_silent_cannot_hold_a_joining_worker(monke
     import socket
     import time
 
-    from echo2sdk.runtime import worker
+    from echo2sdk.runtime.worker import process as worker
 
     monkeypatch.setattr(worker, "HANDSHAKE_S", 1.0)
     silent = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody ever answers

@@ -7,8 +7,8 @@ import pytest
 from _peers import TOKEN, LoopThread, fake_coordinator, finish, spawn_worker
 
 from echo2sdk.errors import ConfigError
-from echo2sdk.runtime.messages import WorkerConfig
-from echo2sdk.runtime.plugin_policy import check_plugins
+from echo2sdk.runtime.protocol.messages import WorkerConfig
+from echo2sdk.runtime.trust.plugin_policy import check_plugins
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_ordinary_option_strings_are_not_mistaken_for_imports():
 
 
 def test_allowances_name_exactly_what_a_config_needs():
-    from echo2sdk.runtime.plugin_policy import allowances
+    from echo2sdk.runtime.trust.plugin_policy import allowances
 
     cfg = {"adapter": "echo2sdk.testing:CheckResult", "backend": "echo2sdk.testing:MockBackend",
            "adapter_options": {"serializer": "my.pkg:Ser", "n": 3}, "backend_options": {}}
@@ -125,7 +125,7 @@ def test_a_verifiers_env_is_an_import_too(tmp_path, monkeypatch, adapter, env):
     with pytest.raises(ConfigError, match="--allow-plugin verifiers://echo2_wire_probe"):
         check_plugins(cfg)
     assert not (tmp_path / "imported").exists()
-    from echo2sdk.runtime.plugin_policy import allowances
+    from echo2sdk.runtime.trust.plugin_policy import allowances
 
     assert allowances(cfg) == ["verifiers://echo2_wire_probe"]
     check_plugins(cfg, allowed=allowances(cfg))  # the operator's (or the learner's own) allowance
@@ -140,7 +140,7 @@ def test_engine_pass_through_and_remote_code_need_the_operators_allowance(option
     """vllm and sglang hand `engine_options` to their engine as they are: vLLM imports the dotted class names
     some of them hold (worker_extension_cls, worker_cls, scheduler_cls, logits_processors), and
     trust_remote_code runs the model repository's Python. A coordinator sets neither on its own."""
-    from echo2sdk.runtime.plugin_policy import allowances
+    from echo2sdk.runtime.trust.plugin_policy import allowances
 
     cfg = _cfg(adapter="math", backend="vllm", model="someone/model", backend_options=options)
     with pytest.raises(ConfigError, match=f"--allow-plugin {needs}"):

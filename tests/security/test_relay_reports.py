@@ -12,9 +12,9 @@ import pytest
 from _peers import TOKEN, Client, make_coordinator, wait
 
 from echo2sdk.core.broadcast.planner import SOURCE
-from echo2sdk.runtime import coordinator as coordinator_module
-from echo2sdk.runtime.chain_broadcast import KEEP_VERSIONS, ChainBroadcast
-from echo2sdk.runtime.messages import Received, Repair
+from echo2sdk.runtime.coordinator import registry as registry_module
+from echo2sdk.runtime.broadcast.chain import KEEP_VERSIONS, ChainBroadcast
+from echo2sdk.runtime.protocol.messages import Received, Repair
 
 WEIGHTS = os.urandom(16 << 10)
 
@@ -89,7 +89,7 @@ def test_plans_and_reports_keep_the_last_versions_only(chain):
 
 
 def test_the_registry_keeps_a_bounded_number_of_departed_workers(loop, monkeypatch):
-    monkeypatch.setattr(coordinator_module, "KEEP_DEPARTED", 3)
+    monkeypatch.setattr(registry_module, "KEEP_DEPARTED", 3)
     c = make_coordinator()
     try:
         for i in range(8):
@@ -108,7 +108,7 @@ def test_late_joiners_reuse_the_versions_manifest(chain, monkeypatch):
     """Every join after a publication delivers the newest snapshot to the joiner; hashing and signing the whole
     snapshot again for each (0.1 s per 256 MiB here, seconds for a large model) let a token holder that
     re-joins in a loop keep the learner's cores busy. The version's manifest is made once."""
-    from echo2sdk.runtime import chain_broadcast
+    from echo2sdk.runtime.broadcast import chain as chain_broadcast
 
     built = []
     real = chain_broadcast.build_manifest
@@ -126,7 +126,7 @@ def test_late_joiners_reuse_the_versions_manifest(chain, monkeypatch):
 def test_a_direct_push_hashes_each_snapshot_once(monkeypatch):
     """DirectPush: the snapshot's SHA-256 (in its MACed header) is computed once per published snapshot, on a
     thread, not again on the coordinator's event loop for every late joiner."""
-    from echo2sdk.runtime import delivery
+    from echo2sdk.runtime.broadcast import delivery
 
     hashed = []
     real = delivery.digest
@@ -145,7 +145,7 @@ def test_a_stored_report_is_bounded_whatever_its_size_on_the_wire(chain):
     """A `received` may carry 4096 repairs with 1 KiB reasons and 4096 rates (~5 MB): kept whole for each worker
     and each of the last KEEP_VERSIONS versions, a token holder's connections could hold gigabytes. The report
     kept for the run's record holds at most KEEP_REPORT_ENTRIES repairs and rates; scoring is unchanged."""
-    from echo2sdk.runtime.chain_broadcast import KEEP_REPORT_ENTRIES
+    from echo2sdk.runtime.broadcast.chain import KEEP_REPORT_ENTRIES
 
     _publish(chain, 1, ["a", "b"])
     huge = Received(version=1, ok=True, parent="a",

@@ -8,16 +8,17 @@ pytest.importorskip("torch")
 
 from echo2sdk.config import load_config  # noqa: E402
 from echo2sdk.errors import ConfigError  # noqa: E402
-from echo2sdk.runtime.chain_broadcast import ChainBroadcast  # noqa: E402
-from echo2sdk.runtime.tls import Identity  # noqa: E402
-from echo2sdk.runtime.trainer import _coordinator_tls, _delivery, worker_command  # noqa: E402
+from echo2sdk.runtime.broadcast.chain import ChainBroadcast  # noqa: E402
+from echo2sdk.runtime.trust.tls import Identity  # noqa: E402
+from echo2sdk.runtime.learner import build  # noqa: E402
+from echo2sdk.runtime.providers.local import worker_command  # noqa: E402
 
 
 def test_tls_is_on_by_default_with_a_certificate_per_run_or_the_kept_one():
     cfg = load_config(None)
-    assert cfg.run.tls and cfg.run.tls_dir is None and _coordinator_tls(cfg, {}) == {}
+    assert cfg.run.tls and cfg.run.tls_dir is None and build.coordinator_tls(cfg, {}) == {}
     kept = Identity.generate()
-    tls = _coordinator_tls(cfg, {"tls-cert.pem": kept.cert_pem, "tls-key.pem": kept.key_pem})["tls"]
+    tls = build.coordinator_tls(cfg, {"tls-cert.pem": kept.cert_pem, "tls-key.pem": kept.key_pem})["tls"]
     assert tls.fingerprint == kept.fingerprint
     assert "--plaintext" not in worker_command("127.0.0.1", 1, "w", 0)
 
@@ -26,17 +27,17 @@ def test_tls_dir_gives_the_coordinator_the_certificate_echo2_keys_made(tmp_path)
     made = Identity.generate().save(tmp_path / "keys")
     cfg = load_config(None, [f'run.tls_dir="{made}"'])
     kept = Identity.generate()  # a configured folder wins over a checkpoint's certificate
-    tls = _coordinator_tls(cfg, {"tls-cert.pem": kept.cert_pem, "tls-key.pem": kept.key_pem})["tls"]
+    tls = build.coordinator_tls(cfg, {"tls-cert.pem": kept.cert_pem, "tls-key.pem": kept.key_pem})["tls"]
     assert tls.fingerprint == Identity.load(made).fingerprint
     with pytest.raises(ConfigError, match=r"TLS identity in .*missing.*echo2 keys --out"):
-        _coordinator_tls(load_config(None, [f'run.tls_dir="{tmp_path / "missing"}"']), {})
+        build.coordinator_tls(load_config(None, [f'run.tls_dir="{tmp_path / "missing"}"']), {})
 
 
 def test_plaintext_is_an_opt_in_that_reaches_the_learner_relay_and_the_local_workers():
     cfg = load_config(None, ["run.tls=false", 'broadcast.topology="chain"'])
-    assert _coordinator_tls(cfg, {}) == {"tls": False}
+    assert build.coordinator_tls(cfg, {}) == {"tls": False}
     assert "--plaintext" in worker_command("127.0.0.1", 1, "w", 0, plaintext=not cfg.run.tls)
-    delivery = _delivery(cfg, "t" * 32)
+    delivery = build.delivery(cfg, "t" * 32)
     try:
         assert isinstance(delivery, ChainBroadcast) and delivery.source.fingerprint == b""
     finally:

@@ -12,10 +12,10 @@ import pytest
 from echo2sdk.core.broadcast.manifest import Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE
 from echo2sdk.errors import AuthError, ProtocolError
-from echo2sdk.runtime import session
-from echo2sdk.runtime.messages import Heartbeat, to_header
-from echo2sdk.runtime.relay import RelayNode, Upstream
-from echo2sdk.runtime.wire import PREFIX_BYTES, decode_header, encode_frame, open_frame
+from echo2sdk.runtime.trust import session
+from echo2sdk.runtime.protocol.messages import Heartbeat, to_header
+from echo2sdk.runtime.broadcast.relay import RelayNode, Upstream
+from echo2sdk.runtime.protocol.wire import PREFIX_BYTES, decode_header, encode_frame, open_frame
 
 TOKEN = "t0ken"
 NC, NW, FP = b"c" * 32, b"w" * 32, b"f" * 32

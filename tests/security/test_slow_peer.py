@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 CONFIG = {"model": "mock", "adapter": "echo2sdk.testing:ToyAdapter", "backend": "mock", "group_size": 2,
           "tasks_per_request": 1, "sampling": {"max_new_tokens": 8}}
-WRITE_TIMEOUT_S = 20.0
+WRITE_TIMEOUT_S = 10.0  # the healthy workers install the 48 MiB snapshot in ~0.5 s here: a 20x margin
 
 
 def _blob(mib: int) -> bytes:
@@ -48,7 +48,7 @@ def test_a_worker_that_stops_reading_delays_no_other_and_is_dropped(caplog):
         dropped_s = time.monotonic() - t0
         print(json.dumps({"measure": "stalled_peer", "snapshot_mib": 48, "healthy_installed_s": round(healthy_s, 2),
                           "stalled_dropped_s": round(dropped_s, 2), "write_timeout_s": WRITE_TIMEOUT_S}))
-        assert c.stats()["write_timeouts"] == 1 and "worker stuck took no data for 20 s" in caplog.text
+        assert c.stats()["write_timeouts"] == 1 and f"worker stuck took no data for {WRITE_TIMEOUT_S:.0f} s" in caplog.text
         assert c.workers["a"].alive and c.workers["b"].alive
     finally:
         procs["stuck"].send_signal(signal.SIGCONT)
@@ -65,9 +65,9 @@ def test_a_parent_that_only_sends_keep_alives_is_repaired_around_and_blamed():
 
     from echo2sdk.core.broadcast.manifest import Signer, build_manifest
     from echo2sdk.core.broadcast.planner import SOURCE
-    from echo2sdk.runtime.messages import Wait, to_header
-    from echo2sdk.runtime.relay import RelayNode, Upstream
-    from echo2sdk.runtime.wire import send_frame
+    from echo2sdk.runtime.protocol.messages import Wait, to_header
+    from echo2sdk.runtime.broadcast.relay import RelayNode, Upstream
+    from echo2sdk.runtime.protocol.wire import send_frame
 
     class Stalling(RelayNode):
         def _stream(self, conn, asm, start, key):
@@ -108,9 +108,9 @@ def test_a_parent_that_trickles_bytes_is_repaired_around_but_a_slow_honest_one_i
 
     from echo2sdk.core.broadcast.manifest import Signer, build_manifest
     from echo2sdk.core.broadcast.planner import SOURCE
-    from echo2sdk.runtime.messages import Chunk, to_header
-    from echo2sdk.runtime.relay import RelayNode, Upstream
-    from echo2sdk.runtime.wire import encode_frame
+    from echo2sdk.runtime.protocol.messages import Chunk, to_header
+    from echo2sdk.runtime.broadcast.relay import RelayNode, Upstream
+    from echo2sdk.runtime.protocol.wire import encode_frame
 
     class Trickling(RelayNode):
         def _stream(self, conn, asm, start, key):

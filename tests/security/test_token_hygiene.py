@@ -13,7 +13,7 @@ from _peers import finish, make_coordinator, wait
 
 from echo2sdk.config import load_config
 from echo2sdk.errors import ConfigError
-from echo2sdk.runtime.credentials import MIN_TOKEN_BITS, check_token, given_token, new_token, read_token_file, token_bits
+from echo2sdk.runtime.trust.credentials import MIN_TOKEN_BITS, check_token, given_token, new_token, read_token_file, token_bits
 
 STRONG = new_token()  # never starts with '-', which argv would read as an option
 

@@ -2,8 +2,10 @@
 
 Each started worker is ``python -m echo2sdk.cli worker --connect HOST:PORT --id NAME --price P`` (`worker_command`,
 the command of the run's own local workers too), with the shared token in its environment (never on the command
-line), its output in ``log_dir/NAME.log``, ``nice``, ``threads``, the plug-ins it may import (``allow``) and
-``plaintext`` (run.tls = false) as for the run's own local workers.
+line), its output appended to ``log_dir/NAME.log``, ``nice``, ``threads``, the plug-ins it may import (``allow``) and
+``plaintext`` (run.tls = false). The run's own local workers (rollout.workers) start through this provider too.
+``close`` first gives the workers ``grace_s`` to exit on their own (they leave when the coordinator sends its
+shutdown), then terminates them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,6 +55,7 @@ class LocalProvider:
         python: str | None = None,
         allow: Sequence[str] = (),
         plaintext: bool = False,
+        grace_s: float = 0.0,
     ):
         if not token:
             raise ConfigError("local provider: a token is required (workers must authenticate)")
@@ -60,7 +64,8 @@ class LocalProvider:
         self.threads, self.nice = int(threads), int(nice)
         self.python = python or sys.executable
         self.allow, self.plaintext = tuple(allow), bool(plaintext)
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.grace_s = float(grace_s)
+        self.procs: dict[str, subprocess.Popen] = {}  # name -> process, in the order they were started
 
     def start(self, name: str, price_per_hour: float = 0.0) -> None:
         if name in self.running():
@@ -87,6 +92,21 @@ class LocalProvider:
     def running(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is None]
 
+    def started(self) -> list[str]:
+        """Every name started and not stopped, running or exited."""
+        return list(self.procs)
+
+    def exited(self) -> list[str]:
+        """The started workers whose process has ended on its own."""
+        return [n for n, p in self.procs.items() if p.poll() is not None]
+
     def close(self) -> None:
+        """Wait up to grace_s for the workers to exit on their own, then stop the rest."""
+        deadline = time.monotonic() + self.grace_s
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
         for name in list(self.procs):
             self.stop(name)

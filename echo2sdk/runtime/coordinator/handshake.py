@@ -1,0 +1,144 @@
+"""The coordinator's side of a handshake: TLS, challenge, hello (sealed with the hello key: it proves the token,
+or a worker credential, and binds this connection), then the worker registered with its session's channel,
+or refused: counted, logged, and told why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from echo2sdk.errors import AuthError, ProtocolError
+from echo2sdk.runtime.coordinator.connection import Conn, WriteLimit
+from echo2sdk.runtime.coordinator.registry import Registry
+from echo2sdk.runtime.coordinator.worker_info import WorkerInfo
+from echo2sdk.runtime.coordinator.snapshots import Snapshots
+from echo2sdk.runtime.protocol.channel import SealedChannel
+from echo2sdk.runtime.protocol.messages import MAX_ID, Hello, Refused, parse, shown, to_header
+from echo2sdk.runtime.protocol.wire import write_frame
+from echo2sdk.runtime.trust import session
+from echo2sdk.runtime.trust.admission import Admission, Ticket
+from echo2sdk.runtime.trust.tls import Identity, server_context
+
+__all__ = ["Handshake", "HANDSHAKE_S", "MAX_CONNS_PER_CREDENTIAL"]
+
+log = logging.getLogger("echo2sdk.coordinator")
+
+HANDSHAKE_S = 10.0  # one deadline for TLS, challenge and hello together
+MAX_CONNS_PER_CREDENTIAL = 4  # live connections one worker credential may hold (a re-join replaces its own)
+
+
+class Handshake:
+    """Authenticates a new connection against the run `token` (or a worker credential derived from it) within
+    `timeout_s`; counts the refusals (`refused`, and `refused_revoked`: hellos of revoked names)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        snapshots: Snapshots,
+        admission: Admission,
+        *,
+        token: str,
+        identity: Identity | None,
+        timeout_s: float,
+        write_limit: WriteLimit,
+    ):
+        self.registry, self.snapshots, self.admission = registry, snapshots, admission
+        self.token, self.timeout_s, self.write_limit = token, timeout_s, write_limit
+        self._tls = server_context(identity) if identity is not None else None
+        self.fingerprint = identity.fingerprint if identity is not None else b""
+        self.refused = 0
+        self.refused_revoked = 0
+
+    async def run(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, ticket: Ticket
+    ) -> Conn | None:
+        """The registered connection, or None when the peer was refused or gave no valid hello in time."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._authenticate(reader, writer, address, ticket)
+        except TimeoutError:
+            self.refused += 1
+            self.admission.timed_out()
+            log.warning("refused %s: no valid hello within %.0f s", address, self.timeout_s)
+            return None
+
+    async def _authenticate(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, ticket: Ticket
+    ) -> Conn | None:
+        """TLS, challenge, hello; the registered connection with its session keys, or None when refused."""
+        if self._tls is not None:
+            await self._start_tls(writer)
+        try:
+            nonce, header, raw, root = await session.server_hello_roots(reader, writer, self._hello_roots,
+                                                                        fingerprint=self.fingerprint)
+        except AuthError:
+            self.admission.failed(ticket.ip)
+            return await self._refuse(writer, f"{address}: wrong token, or an interceptor in between (hello MAC)",
+                                      "authentication failed: wrong token, or an interceptor in between")
+        except ProtocolError as e:
+            self.admission.failed(ticket.ip)
+            return await self._refuse(writer, f"{address}: {e}", "authentication failed: malformed hello")
+        try:
+            hello = parse(header, (Hello,))
+        except ProtocolError as e:
+            return await self._refuse(writer, f"{address}: {e}", "authentication failed: malformed hello")
+        keys = session.derive(root, session.CONTROL, nonce, hello.nonce, self.fingerprint, raw, server=True)
+        by_credential = root != session.token_key(self.token)
+        if await self._refused(writer, hello, keys, f"{address}: worker {shown(hello.worker_id, 60)}", by_credential):
+            return None
+        self.admission.authenticated(ticket)
+        channel = SealedChannel(reader, writer, keys)
+        conn = self.registry.register(hello, address, lambda info: self._connect(info, channel),
+                                      credential=by_credential)
+        self.snapshots.note_installed(conn, hello.version)  # a re-join's: its `installed` report may have been lost
+        return conn
+
+    def _connect(self, info: WorkerInfo, channel: SealedChannel) -> Conn:
+        return Conn(info, channel, self.write_limit)
+
+    async def _start_tls(self, writer: asyncio.StreamWriter) -> None:
+        plain = writer.transport
+        try:
+            await writer.start_tls(self._tls)
+        except AttributeError:  # asyncio 3.11: the peer left during the TLS handshake, and start_tls
+            writer._transport = plain  # left the writer without a transport (its __del__ would raise)
+            raise ConnectionResetError("closed during the TLS handshake") from None
+
+    async def _refused(
+        self, writer: asyncio.StreamWriter, hello: Hello, keys: session.Session, who: str, by_credential: bool
+    ) -> bool:
+        """Whether a verified hello is refused (told so, sealed: the worker can trust it): a quarantined or
+        revoked name, or a credential holding MAX_CONNS_PER_CREDENTIAL connections already."""
+        if hello.worker_id in self.registry.quarantined:
+            await self._refuse(writer, f"{who} is quarantined",
+                               f"worker {hello.worker_id} is quarantined for the rest of the run", keys)
+            return True
+        self.registry.check_revocations()
+        if hello.worker_id in self.registry.revocations:
+            self.refused_revoked += 1
+            await self._refuse(writer, f"{who} is revoked", f"worker {hello.worker_id} is revoked", keys)
+            return True
+        if by_credential and self.registry.credential_conns(hello) >= MAX_CONNS_PER_CREDENTIAL:
+            self.refused += 1
+            await self._refuse(writer, f"{who}: its credential holds {MAX_CONNS_PER_CREDENTIAL} connections",
+                               f"credential {hello.worker_id} already holds {MAX_CONNS_PER_CREDENTIAL} "
+                               "connections, the most one credential may", keys)
+            return True
+        return False
+
+    def _hello_roots(self, header: dict[str, Any]) -> list[bytes]:
+        """The root keys a hello may be sealed with: K_token, then K_worker(NAME) for the worker id NAME it claims
+        (one HMAC), read from the pre-authentication header before its MAC is checked (session.open_hello)."""
+        root, name = session.token_key(self.token), header.get("worker_id")
+        return [root, session.worker_key(root, name)] if isinstance(name, str) and 0 < len(name) <= MAX_ID else [root]
+
+    async def _refuse(
+        self, writer: asyncio.StreamWriter, detail: str, reason: str, keys: session.Session | None = None
+    ) -> None:
+        """Count and log (`detail`) a refused hello and tell the peer why (`reason`: short); sealed with the
+        session `keys` when the hello verified, so that the worker knows the refusal is ours and final."""
+        self.refused += 1
+        log.warning("refused %s", detail)
+        await write_frame(writer, to_header(Refused(reason=reason)), key=keys.send if keys is not None else None)

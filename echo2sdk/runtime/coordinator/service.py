@@ -1,0 +1,254 @@
+"""`Coordinator`: the learner's side of the fleet, composed of its parts (see the package docstring). What the
+trainer, the tests and the benches use of it is here; what it does is in the part each method names."""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.core.contracts import Task
+from echo2sdk.errors import ConfigError
+from echo2sdk.runtime.broadcast.bootstrap import ModelFolder
+from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery, check_delivery
+from echo2sdk.runtime.coordinator.connection import WRITE_TIMEOUT_S, WriteLimit
+from echo2sdk.runtime.coordinator.handshake import HANDSHAKE_S, Handshake
+from echo2sdk.runtime.coordinator.intake import Intake
+from echo2sdk.runtime.coordinator.registry import Registry
+from echo2sdk.runtime.coordinator.worker_info import WorkerInfo
+from echo2sdk.runtime.coordinator.server import Server
+from echo2sdk.runtime.coordinator.snapshots import Snapshots
+from echo2sdk.runtime.protocol.messages import WorkerConfig
+from echo2sdk.runtime.trust import session
+from echo2sdk.runtime.trust.admission import Admission
+from echo2sdk.runtime.trust.credentials import new_token
+from echo2sdk.runtime.trust.tls import Identity
+from echo2sdk.runtime.trust.worker_keys import Revocations
+
+__all__ = ["Coordinator", "checked_worker_config"]
+
+
+class Coordinator:
+    """Worker registry (`registry`), trajectory intake (`intake`), publications (`snapshots`), handshake and
+    server, composed; the learner thread calls `start`, `publish`, the readers and `stop`."""
+
+    def __init__(
+        self,
+        *,
+        buffer: StalenessBuffer,
+        tasks: Iterator[Task],
+        worker_config: Mapping[str, Any] | WorkerConfig,
+        vocab_size: int,
+        max_len: int,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        heartbeat_s: float = 1.0,
+        worker_timeout_s: float = 15.0,
+        gamma: float = 1.1,
+        delivery: SnapshotDelivery | None = None,
+        tls: bool | Identity = True,
+        admission: Admission | None = None,
+        handshake_s: float = HANDSHAKE_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
+        base: ModelFolder | None = None,
+        revoked: Revocations | None = None,
+    ):
+        """`worker_config`: a complete WorkerConfig (its staleness and heartbeat_s must be the buffer's S and
+        `heartbeat_s`), or a mapping, validated and completed with them. `tls`: True (a certificate made for
+        this run), an `Identity` (`echo2 keys`), or False: plaintext, an explicit opt-in (workers then need
+        `--plaintext`). `admission`: connection caps and the failed-login rate limit (defaults: `Admission()`);
+        `handshake_s`: the deadline of a whole handshake; `write_timeout_s`: how long a worker may take no byte
+        of what is sent to it before it is dropped. `base`: the model folder served to a worker that asks for
+        the base (runtime/broadcast/bootstrap.py). `revoked`: worker names refused and dropped
+        (runtime/trust/worker_keys.py; its file re-read when it changes). gamma: T_bcast counts q = 1/gamma of
+        the workers."""
+        self.buffer = buffer
+        self.worker_config = checked_worker_config(worker_config, heartbeat_s=heartbeat_s, staleness=buffer.staleness)
+        self.token = token or new_token()
+        session.token_key(self.token)  # scrypt once, here, not in the event loop on the first hello
+        self.delivery = check_delivery(delivery or DirectPush())
+        self.identity = (tls if isinstance(tls, Identity) else Identity.generate()) if tls else None
+        self.admission = admission or Admission()
+        self.write_limit = WriteLimit(write_timeout_s)
+        self.registry = Registry(buffer, revoked or Revocations())
+        self.intake = Intake(buffer, self.registry, vocab_size=vocab_size, max_len=max_len)
+        self.snapshots = Snapshots(self.delivery, self.registry, base=base, q=1.0 / gamma)
+        self.handshake = Handshake(self.registry, self.snapshots, self.admission, token=self.token,
+                                   identity=self.identity, timeout_s=handshake_s, write_limit=self.write_limit)
+        self.server = Server(registry=self.registry, handshake=self.handshake, intake=self.intake,
+                             snapshots=self.snapshots, tasks=tasks, worker_config=self.worker_config, host=host,
+                             port=port, worker_timeout_s=worker_timeout_s)
+
+    # -- lifecycle (called from the learner thread) -----------------------------------------------------
+    def start(self) -> tuple[str, int]:
+        return self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    @property
+    def host(self) -> str:
+        return self.server.host
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    # -- publication ------------------------------------------------------------------------------------
+    def publish(self, version: int, weights: bytes) -> None:
+        """Hand snapshot `version` to the delivery (non-blocking for the learner)."""
+        self.server.call_soon(self.snapshots.publish, version, weights)
+
+    def t_bcast(self, version: int, event: str = "installed") -> tuple[float | None, float | None]:
+        """(T_bcast to q = 1/gamma of the workers active at publication, T_bcast to all of them).
+        `event` is "installed" (live in the backend) or "received" (complete, verified copy on the worker)."""
+        return self.snapshots.t_bcast(version, event)
+
+    # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) -------------------------------------
+    def join_idle(self, idle: bool = True) -> None:
+        """Later joiners are registered idle (handed no tasks) until set_active; False: active at once again."""
+        self.registry.join_active = not idle
+
+    def set_active(self, worker_id: str, active: bool) -> bool:
+        """Hand tasks to a registered worker again (True) or stop handing it any (False). A deactivated
+        worker stays registered, keeps its connection, heartbeats and snapshots, and idles (its
+        get_tasks are answered with no tasks). Returns False when no such live worker is registered."""
+        return self.registry.set_active(worker_id, active)
+
+    # -- worker audit (core/audit.py) -------------------------------------------------------------------
+    def quarantine(self, worker_id: str, reason: str) -> None:
+        """Quarantine a lying worker for the rest of the run (any thread): its buffered groups are dropped and
+        none of its records is admitted again, its connection is closed, a hello under its id is refused.
+        Every worker of its credential, if it logged in with one, and the credential's name go with it."""
+        self.registry.quarantine(worker_id, reason)
+
+    # -- statistics (any thread) ------------------------------------------------------------------------
+    def alive_workers(self) -> list[WorkerInfo]:
+        return self.registry.alive_workers()
+
+    def worker_table(self) -> list[dict[str, Any]]:
+        """One row per worker seen (Registry.worker_table: safe while the loop mutates the workers)."""
+        return self.registry.worker_table()
+
+    def adapter_failures(self) -> dict[str, Any]:
+        """Rollouts the workers' adapters failed, by reason, and the groups they dropped for them (sums)."""
+        return self.registry.adapter_failures()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "workers_alive": len(self.alive_workers()),
+            "workers_seen": len(self.workers),
+            "refused": self.refused,
+            "refused_revoked": self.refused_revoked,
+            "quarantines": self.quarantines,
+            "rejected": dict(self.rejected),
+            "protocol_errors": self.protocol_errors,
+            "broadcast_repairs": self.repairs_reported,
+            "write_timeouts": self.write_timeouts,
+            **self.adapter_failures(),
+            **self.admission.stats(),
+        }
+
+    @property
+    def workers(self) -> dict[str, WorkerInfo]:
+        return self.registry.workers
+
+    @property
+    def quarantined(self) -> OrderedDict[str, str]:
+        """Quarantined worker id -> why (the newest KEEP_QUARANTINED): a hello under one is refused."""
+        return self.registry.quarantined
+
+    @property
+    def quarantines(self) -> int:
+        return self.registry.quarantines
+
+    @property
+    def revocations(self) -> Revocations:
+        return self.registry.revocations
+
+    @property
+    def rejected(self) -> Counter[str]:
+        """Records rejected at intake, by reason."""
+        return self.intake.rejected
+
+    @property
+    def refused(self) -> int:
+        return self.handshake.refused
+
+    @property
+    def refused_revoked(self) -> int:
+        return self.handshake.refused_revoked
+
+    @property
+    def protocol_errors(self) -> int:
+        return self.server.protocol_errors
+
+    @property
+    def write_timeouts(self) -> int:
+        """Workers dropped because they stopped reading."""
+        return self.write_limit.timeouts
+
+    @property
+    def broadcast_repairs(self) -> deque[dict[str, Any]]:
+        return self.snapshots.broadcast_repairs
+
+    @property
+    def repairs_reported(self) -> int:
+        return self.snapshots.repairs_reported
+
+    @property
+    def bases_served(self) -> int:
+        return self.snapshots.bases_served
+
+    # -- settings, where their part keeps them ----------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.intake.vocab_size
+
+    @property
+    def max_len(self) -> int:
+        return self.intake.max_len
+
+    @property
+    def worker_timeout_s(self) -> float:
+        return self.server.worker_timeout_s
+
+    @property
+    def handshake_s(self) -> float:
+        return self.handshake.timeout_s
+
+    @property
+    def write_timeout_s(self) -> float:
+        return self.write_limit.timeout_s
+
+    @property
+    def q(self) -> float:
+        """1/gamma: the share of the active workers T_bcast counts."""
+        return self.snapshots.q
+
+    @property
+    def base(self) -> ModelFolder | None:
+        return self.snapshots.base
+
+    @property
+    def fingerprint(self) -> bytes:
+        """The SHA-256 of the coordinator's TLS certificate (b"": plaintext)."""
+        return self.handshake.fingerprint
+
+
+def checked_worker_config(
+    config: Mapping[str, Any] | WorkerConfig, *, heartbeat_s: float, staleness: int
+) -> WorkerConfig:
+    """A WorkerConfig as it is, once its S and heartbeat agree with the coordinator's (ConfigError naming the
+    field and both values if not); a mapping validated and completed with them. S: a worker that knows a
+    snapshot more than S versions ahead of its own is on the way waits for it rather than generate records the
+    buffer must reject."""
+    if not isinstance(config, WorkerConfig):
+        return WorkerConfig.from_mapping(config, heartbeat_s=heartbeat_s, staleness=staleness)
+    for name, own, whose in (("staleness", staleness, "the buffer's S"), ("heartbeat_s", heartbeat_s,
+                                                                           "the coordinator's heartbeat_s")):
+        if getattr(config, name) != own:
+            raise ConfigError(f"worker config: {name} is {getattr(config, name)!r}, but {whose} is {own!r}")
+    return config

@@ -1,0 +1,142 @@
+"""The learner's side of the data plane for one update (paper Algorithm 1: wait until R admissible trajectories
+are buffered, then update): wait for k = R/n complete admissible groups, sample them, screen them (the audit) and
+step the learner; a batch the step fails on is dropped and counted, never the run."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from echo2sdk.core.audit import BatchWithheld
+from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.errors import Echo2Error
+from echo2sdk.runtime.learner.replay import AuditReplay
+
+if TYPE_CHECKING:
+    from echo2sdk.core.learner import StepStats
+
+__all__ = ["Batches", "DataLimits", "Stopped", "MAX_DROPS_IN_A_ROW"]
+
+log = logging.getLogger("echo2sdk.trainer")
+
+MAX_DROPS_IN_A_ROW = 8  # batches the learner step fails on in a row before the run ends (a bug, not data)
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT arrived while the learner waited for data."""
+
+
+class Pool(Protocol):
+    """What the wait reads of the pool: the coordinator's live workers and the run's own local workers."""
+
+    def alive_workers(self) -> list: ...
+
+
+class LocalWorkers(Protocol):
+    def started(self) -> list[str]: ...
+
+    def exited(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class DataLimits:
+    """How long the learner waits: learner.data_timeout_s without progress, 5 heartbeats once every local worker
+    has exited and none is connected; learner.filter_patience for the zero-variance note; where worker logs are."""
+
+    data_timeout_s: float
+    heartbeat_s: float
+    filter_patience: int
+    logs: Path
+
+
+class Batches:
+    """One update's batch: `wait(k)` for k groups, `learn(k, v_t, learner)` waits, samples, screens and steps."""
+
+    def __init__(self, buffer: StalenessBuffer, pool: Pool, local: LocalWorkers, audit: AuditReplay,
+                 limits: DataLimits, stop: threading.Event):
+        self.buffer, self.pool, self.local, self.audit = buffer, pool, local, audit
+        self.limits, self.stop = limits, stop
+        self.last: list = []  # the last batch sampled
+        self.dropped = 0  # batches the learner step raised on (dropped, training went on)
+        self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
+
+    def learn(self, k: int, v_t: int, learner: Any) -> tuple[float, float, list, StepStats]:
+        """Wait for k groups, sample them and step the learner on them. A batch the step raises on (ValueError
+        or RuntimeError from its data; NonFiniteUpdate: nothing was applied) is dropped, counted and logged with
+        the workers of its records, and the next k groups are waited for; MAX_DROPS_IN_A_ROW drops in a row end
+        the run. A batch the audit's screen withheld whole is audited, counted (batches_withheld) and replaced
+        the same way, without counting as a drop. Returns (time waited, when the stepped batch was taken, the
+        batch, the step's stats)."""
+        t_wait, drops = 0.0, 0
+        while True:
+            t_wait += self.wait(k)
+            t0 = time.perf_counter()
+            groups = self.last = self.buffer.sample(k)
+            try:
+                return t_wait, t0, groups, learner.step(groups, self.audit.screen(v_t, groups))
+            except BatchWithheld as e:
+                self.audit.withheld_batch(v_t, [t for g in groups for t in g], e.audit_sums, e.withheld)
+            except (ValueError, RuntimeError) as e:
+                drops += 1
+                self._drop(v_t, groups, e)
+                if drops >= MAX_DROPS_IN_A_ROW:
+                    raise Echo2Error(f"the learner step failed on {drops} batches in a row; the last: {e}") from e
+
+    def _drop(self, v_t: int, groups: list, error: Exception) -> None:
+        workers = collections.Counter(t.meta.worker for g in groups for t in g)
+        self.dropped += 1
+        self.dropped_by_worker.update(workers)
+        log.warning("learner step at v%d failed (%s: %s): batch of %d records dropped (records by worker: %s)",
+                    v_t, type(error).__name__, error, sum(workers.values()), dict(workers))
+
+    def wait(self, k: int) -> float:
+        """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
+        core/buffer.py); the time spent is learner_wait_s. Every 30 s of waiting while groups are being filtered
+        for zero reward variance, a warning says so. Raises Stopped when `stop` is set."""
+        t0 = time.perf_counter()
+        last_progress = last_note = t0
+        have, filtered = self.buffer.ready_groups(), self.buffer.stats()["filtered_groups"]
+        while not self.buffer.wait_for(k, timeout=1.0):
+            if self.stop.is_set():
+                raise Stopped()
+            now = time.perf_counter()
+            if now - last_note >= 30.0:
+                last_note = now
+                self._note_filtered(k, now - t0, filtered)
+            if self.buffer.ready_groups() != have:
+                have, last_progress = self.buffer.ready_groups(), now
+            self._check_progress(now - last_progress, filtered)
+        if self.buffer.ready_groups() < k:
+            log.info("step fills its batch with %d zero-variance group(s): learner.filter_patience=%d x %d groups "
+                     "were filtered while it waited", k - self.buffer.ready_groups(), self.limits.filter_patience, k)
+        return time.perf_counter() - t0
+
+    def _check_progress(self, idle_s: float, filtered_before: int) -> None:
+        """Raise when waiting cannot end: every local worker exited and none is connected, or no admissible
+        trajectory for learner.data_timeout_s."""
+        lim, local = self.limits, self.local.started()
+        local_gone = bool(local) and len(self.local.exited()) == len(local)
+        if local_gone and not self.pool.alive_workers() and idle_s > 5 * lim.heartbeat_s:
+            raise Echo2Error(f"every rollout worker has exited and none is connected; see {lim.logs}")
+        if idle_s > lim.data_timeout_s:
+            raise Echo2Error(
+                f"no admissible trajectories for {idle_s:.0f} s "
+                f"(learner.data_timeout_s={lim.data_timeout_s}); workers alive: {len(self.pool.alive_workers())}; "
+                f"exited local workers: {self.local.exited()}; zero-variance groups filtered while waiting: "
+                f"{self.buffer.stats()['filtered_groups'] - filtered_before}; see {lim.logs}"
+            )
+
+    def _note_filtered(self, k: int, waited: float, filtered_before: int) -> None:
+        """The warning of a step kept waiting by dynamic sampling (nothing when no group was filtered)."""
+        stats = self.buffer.stats()
+        n = stats["filtered_groups"] - filtered_before
+        if n:
+            log.warning("waiting %.0f s for %d informative groups (%d ready): %d group(s) filtered meanwhile for zero "
+                        "reward variance (every member the same reward; groups_filtered=%d in all); "
+                        "learner.filter_patience=%d, learner.filter_zero_variance=false trains on them",
+                        waited, k, stats["ready_groups"], n, stats["filtered_groups"], self.limits.filter_patience)

@@ -1,0 +1,142 @@
+"""Builders: a `Config` turned into the flat arguments each part of the run takes (torchtune: configs stay out
+of classes). The recipe (recipe.py) calls them; tests bind them to the constructors they feed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from echo2sdk.config import Config
+from echo2sdk.core import lr_schedule
+from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery
+from echo2sdk.runtime.protocol.messages import WorkerConfig
+from echo2sdk.runtime.trust.credentials import check_token, given_token
+from echo2sdk.runtime.trust.worker_keys import Revocations
+
+__all__ = [
+    "learner_args", "buffer_args", "worker_config", "coordinator_args", "delivery", "coordinator_tls", "run_token",
+]
+
+
+def learner_args(cfg: Config) -> dict[str, Any]:
+    """Keyword arguments of `Learner(model_path, **learner_args(cfg))`."""
+    L = cfg.learner
+    return dict(
+        lr=L.lr,
+        beta=L.beta,
+        epsilon=L.epsilon,
+        epsilon_high=L.epsilon_high,
+        is_cap=L.is_cap,
+        importance_weight=L.importance_weight,
+        loss_type=L.loss_type,
+        scale_rewards=L.advantages_scaled,
+        max_completion_length=cfg.rollout.max_new_tokens,
+        updates_per_step=L.updates_per_step,
+        lr_scheduler=L.lr_scheduler,
+        warmup_steps=lr_schedule.warmup_steps(L.steps, L.warmup_steps, L.warmup_ratio),
+        total_steps=L.steps,
+        adv_eps=L.adv_eps,
+        grad_clip=L.grad_clip,
+        micro_batch=L.micro_batch,
+        precision=L.precision,
+        temperature=cfg.rollout.temperature,
+        weight_decay=L.weight_decay,
+        reference=cfg.model.reference,
+        threads=L.threads,
+        seed=cfg.run.seed,
+        gradient_checkpointing=L.gradient_checkpointing,
+        token_budget=L.token_budget or None,
+    )
+
+
+def buffer_args(cfg: Config) -> dict[str, Any]:
+    """Keyword arguments of `StalenessBuffer(**buffer_args(cfg))`: S, the group size n, the order, the
+    intake's reward bound, dynamic sampling (zero-variance groups filtered; the fallback after patience x k),
+    and the per-worker bound: k x (S + 1) groups, what the learner can train on before they go stale."""
+    L = cfg.learner
+    k = L.trajectories_per_step // cfg.rollout.group_size  # groups per step
+    return dict(staleness=L.staleness, group_size=cfg.rollout.group_size, order=L.order, reward_bound=L.reward_bound,
+                filter_zero_variance=L.filter_zero_variance, fallback_after=L.filter_patience * k,
+                groups_per_worker=k * (L.staleness + 1))
+
+
+def worker_config(cfg: Config, model_path: str) -> WorkerConfig:
+    """What the coordinator hands every worker that joins, typed and complete: model, task, backend, sampling,
+    the learner's length limit, the heartbeat period and S (a worker that knows a snapshot more than S versions
+    ahead of its own waits for it). The one place a worker's config is built."""
+    ro = cfg.rollout
+    return WorkerConfig.from_mapping({
+        "model": cfg.model.policy,
+        "model_path": model_path,
+        "adapter": cfg.task.adapter,
+        "adapter_options": cfg.task.options,
+        "backend": ro.backend,
+        "backend_options": ro.backend_options,
+        "group_size": ro.group_size,
+        "tasks_per_request": ro.tasks_per_request,
+        "sampling": {"max_new_tokens": ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p,
+                     "top_k": ro.top_k, "min_p": ro.min_p},
+        "max_prompt_length": ro.max_prompt_length,
+        "max_len": cfg.learner.max_len,
+        "heartbeat_s": cfg.run.heartbeat_s,
+        "staleness": cfg.learner.staleness,  # S
+    })
+
+
+def coordinator_args(cfg: Config, token: str, signing_key: Any = None) -> dict[str, Any]:
+    """The Coordinator's address, liveness and delivery arguments (setup adds buffer, tasks and the model's
+    facts). `signing_key`: the Ed25519 private key of the chain broadcast's manifests (default: a new one)."""
+    run = cfg.run
+    return dict(
+        max_len=cfg.learner.max_len,
+        token=token,
+        host=run.host,
+        port=run.port,
+        heartbeat_s=run.heartbeat_s,
+        worker_timeout_s=run.worker_timeout_s,
+        delivery=delivery(cfg, token, signing_key),
+        revoked=Revocations(run.revoked_workers, run.revoked_file),
+    )
+
+
+def delivery(cfg: Config, token: str, signing_key: Any = None) -> SnapshotDelivery:
+    """The snapshot delivery the config asks for (paper §4.2): the direct push, or chain/star broadcast."""
+    b = cfg.broadcast
+    if b.topology == "direct":
+        return DirectPush()
+    from echo2sdk.core.broadcast.manifest import Signer
+    from echo2sdk.runtime.broadcast.chain import ChainBroadcast
+
+    uplink = b.uplink_mbps * 1e6 / 8 if b.shape_uplink and b.uplink_mbps else None
+    return ChainBroadcast(
+        token,
+        topology=b.topology,
+        n_chains=b.chains(),
+        chunk_bytes=int(b.chunk_mib * (1 << 20)),
+        host=cfg.run.host,
+        uplink_bps=uplink,
+        stall_timeout_s=b.stall_timeout_s,
+        min_relay_bps=b.min_relay_mbps * 1e6 / 8,
+        signer=Signer(signing_key) if signing_key is not None else None,
+        tls=cfg.run.tls,  # the learner's relay port: TLS, or plaintext with run.tls = false
+        relay_key_lookahead=cfg.kappa,  # the next publication's relay key goes out with each plan
+    )
+
+
+def coordinator_tls(cfg: Config, kept: dict[str, bytes]) -> dict[str, Any]:
+    """The Coordinator's `tls` argument: False with run.tls = false; the certificate of run.tls_dir; else the one
+    a checkpoint kept (workers that pinned it re-join the resumed run); empty: one made for this run."""
+    from echo2sdk.runtime.trust.tls import Identity
+
+    if not cfg.run.tls:
+        return {"tls": False}
+    if cfg.run.tls_dir:
+        return {"tls": Identity.load(cfg.run.tls_dir)}
+    if "tls-key.pem" not in kept or "tls-cert.pem" not in kept:
+        return {}
+    return {"tls": Identity(kept["tls-cert.pem"], kept["tls-key.pem"])}
+
+
+def run_token(cfg: Config) -> str | None:
+    """The token the user gave the run (run.token, run.token_file, $ECHO2_TOKEN), at least 128 bits; None: none."""
+    given = given_token(cfg.run.token, cfg.run.token_file)
+    return check_token(*given) if given else None

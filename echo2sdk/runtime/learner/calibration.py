@@ -1,0 +1,187 @@
+"""Cost-aware provisioning as the run applies it (paper §4.3, §5.1): the warm-up measurements (`Calibration`:
+T_train, T_bcast, mu_i), the provisioning decision (`decide`), and the closed loop that keeps the pool near
+mu_target during the run (`Provisioning`: the core Scheduler driven by a LiveLoop over a machine provider)."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from echo2sdk.config import Config
+from echo2sdk.errors import CapacityError, Echo2Error
+from echo2sdk.runtime.learner.batches import Batches
+from echo2sdk.runtime.learner.console import event_log
+from echo2sdk.runtime.learner.metrics import RunMetrics
+from echo2sdk.runtime.learner.publication import Publication
+from echo2sdk.runtime.trust.plugin_policy import allowances
+
+__all__ = ["decide", "Calibration", "Provisioning"]
+
+log = logging.getLogger("echo2sdk.trainer")
+
+
+def decide(
+    measured: dict[str, Any], prices: dict[str, float], *, R: int, S: int, kappa: int, gamma: float, solver: str = "exact"
+) -> dict[str, Any]:
+    """The provisioning plan for what warm-up calibration measured (T_train, T_bcast, mu per worker) at
+    these prices: `measured` plus prices, the plan and its text ("decision")."""
+    from echo2sdk.plan import CatalogEntry, format_plan, make_plan
+
+    catalog = [CatalogEntry(wid, prices[wid], m) for wid, m in sorted(measured["mu"].items())]
+    plan = make_plan(catalog, T_train=measured["T_train"], R=R, S=S, kappa=kappa, gamma=gamma, T_bcast=measured["T_bcast"],
+                     solver=solver)
+    return {**measured, "prices": prices, "plan": plan.to_dict(), "decision": format_plan(plan)}
+
+
+class Calibration:
+    """The warm-up measurements:
+
+    - the calibration batch: the first R trajectories the pool delivers (consumed here);
+    - mu_i: each worker's end-to-end throughput (trajectories accepted per second) while the learner
+      runs the offline steps and the publication below (its own generation rate if it delivered none);
+    - T_train: median of `steps` offline learner steps on that batch: real forward, backward and
+      optimizer steps at learning rate 0, the optimizer state restored after, so the policy is unchanged;
+    - T_bcast: one real publication of the unchanged policy as the next version (1; after a resume, one
+      above the resumed version: a new number for the same weights), timed to its installation on
+      q = 1/gamma of the workers."""
+
+    def __init__(self, coordinator: Any, batches: Batches, learner: Any, publication: Publication, *,
+                 workers: int, logs: Path):
+        self.coordinator, self.batches, self.learner, self.publication = coordinator, batches, learner, publication
+        self.workers, self.logs = workers, logs
+
+    def measure(self, k: int, steps: int = 5, join_timeout_s: float = 120.0) -> tuple[dict[str, Any], dict[str, Any]]:
+        """T_train, its `steps` samples, T_bcast and mu per worker; and the state published to time T_bcast."""
+        self.batches.wait(k)
+        groups = self.batches.buffer.sample(k)
+        own = self._await_own_rates(join_timeout_s)
+        t_a, got_a = time.monotonic(), {w.worker_id: w.trajectories for w in self.coordinator.alive_workers()}
+        with self.learner.offline():  # learning rate 0; the optimizer state and the schedule restored after
+            times = [self.learner.step(groups).t_train_s for _ in range(steps)]
+        t_bcast, state = self._time_publication(join_timeout_s)
+        mu = self._delivered_rates(time.monotonic() - t_a, got_a, own)
+        return {"T_train": statistics.median(times), "T_train_steps": times, "T_bcast": t_bcast, "mu": mu}, state
+
+    def _await_own_rates(self, timeout_s: float) -> dict[str, float]:
+        """Wait until every joined worker has measured itself once; their own generation rates."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            alive = self.coordinator.alive_workers()
+            if alive and all(w.rollouts_per_s > 0 for w in alive) and len(alive) >= self.workers:
+                break
+            time.sleep(0.2)
+        return {w.worker_id: w.rollouts_per_s for w in self.coordinator.alive_workers() if w.rollouts_per_s > 0}
+
+    def _time_publication(self, timeout_s: float) -> tuple[float, dict[str, Any]]:
+        """T_bcast: publish the unchanged policy as the next version and wait for its installation time."""
+        pub = self.publication
+        pub.advance()  # the unchanged policy, published once to time the real path
+        state = pub.publish_now()
+        t_bcast = None
+        deadline = time.monotonic() + timeout_s
+        while t_bcast is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            t_bcast = self.coordinator.t_bcast(pub.version)[0]
+        if t_bcast is None:
+            raise Echo2Error(f"T_bcast calibration: snapshot v{pub.version} not installed within {timeout_s:g} s")
+        return t_bcast, state
+
+    def _delivered_rates(self, span: float, got_a: dict[str, int], own: dict[str, float]) -> dict[str, float]:
+        """mu_i end to end, while the learner trained and published (accepted trajectories per second);
+        a worker that delivered nothing in that span keeps its own generation-rate estimate."""
+        mu = {}
+        for w in self.coordinator.alive_workers():
+            delivered = w.trajectories - got_a.get(w.worker_id, w.trajectories)
+            rate = delivered / span if delivered > 0 else own.get(w.worker_id, 0.0)
+            if rate > 0:
+                mu[w.worker_id] = rate
+        if not mu:
+            raise Echo2Error(f"calibration: no worker delivered trajectories in {span:.0f} s; see {self.logs}")
+        return mu
+
+    def prices(self, configured: dict[str, float]) -> dict[str, float]:
+        """Each joined worker's price per hour: scheduler.prices first, then what the worker announced."""
+        return {w.worker_id: configured.get(w.worker_id, w.price_per_hour) for w in self.coordinator.alive_workers()}
+
+
+class Provisioning:
+    """With scheduler.enabled: the cheapest workers reaching mu_target stay active, the others idle, and a LiveLoop
+    keeps mu_pool near the target during the run (standby machines through scheduler.provider). `stop` ends it."""
+
+    def __init__(self, cfg: Config, coordinator: Any, metrics: RunMetrics, out: Path):
+        self.cfg, self.coordinator, self.metrics, self.out = cfg, coordinator, metrics, out
+        self.loop: Any = None
+        self.provider: Any = None
+        self._events: Any = None
+
+    def start(self, cal: dict[str, Any]) -> None:
+        """Provision from the calibration `cal` (decide's output) and start the live loop."""
+        from echo2sdk.runtime.learner.live_loop import LiveLoop
+
+        cfg, sc = self.cfg, self.cfg.scheduler
+        now = time.monotonic()
+        sched = self._scheduler()
+        prior = statistics.fmean(list(cal["mu"].values()) or [1.0])
+        for w in self.coordinator.alive_workers():
+            sched.add_worker(w.worker_id, cal["prices"][w.worker_id], cal["mu"].get(w.worker_id, prior), now=now)
+        self.provider = self._standby(sched, prior, now)
+        try:
+            sched.calibrate(T_train=cal["T_train"], T_bcast=cal["T_bcast"], R=cfg.learner.trajectories_per_step,
+                            kappa=cfg.kappa)
+        except CapacityError as e:
+            log.warning("scheduler off: %s; every worker stays active", e)
+            return
+        decided = sched.provision(now)
+        chosen = {a.worker for a in decided}
+        self.coordinator.join_idle()  # later joiners idle until the scheduler wants them
+        for w in self.coordinator.alive_workers():
+            self.coordinator.set_active(w.worker_id, w.worker_id in chosen)
+        self._events, write = event_log(self.out / "scheduler.jsonl")
+        write({"t": now, "event": "provisioned", "mu_target": sched.mu_target, "active": sorted(chosen),
+               "standby": sched.standby()})
+        self.loop = LiveLoop(sched, self.coordinator, self.provider, period_s=cfg.run.heartbeat_s,
+                             prices=dict(sc.prices), stop_released=sc.stop_released,
+                             stop_failed_after_s=sc.stop_failed_after_s, on_event=write,
+                             remeasure=self.metrics.remeasure)
+        self.loop.apply(decided)  # starts chosen machines that are not up yet
+        self.loop.start()
+
+    def _scheduler(self) -> Any:
+        from echo2sdk.core.scheduler import Scheduler
+
+        cfg, sc = self.cfg, self.cfg.scheduler
+        return Scheduler(gamma=sc.gamma, window_s=sc.window_s, heartbeat_s=cfg.run.heartbeat_s,
+                         sustain_s=sc.sustain_s, release_margin=sc.release_margin,
+                         fail_after_s=cfg.run.worker_timeout_s, solver=cfg.provisioning.solver)
+
+    def _standby(self, sched: Any, prior: float, now: float) -> Any:
+        """With scheduler.standby: the machine provider, and its standby machines registered with the
+        scheduler at the mean measured mu (`prior`). None otherwise."""
+        from echo2sdk.runtime.providers import load_provider
+
+        cfg, sc = self.cfg, self.cfg.scheduler
+        if not sc.standby:
+            return None
+        c = self.coordinator
+        options = {"connect": f"{c.host}:{c.port}", "token": c.token, "log_dir": str(self.out / "workers"),
+                   "threads": cfg.rollout.threads, "nice": cfg.rollout.nice, "allow": allowances(c.worker_config),
+                   "plaintext": not cfg.run.tls}
+        provider = load_provider(sc.provider, **(options if sc.provider == "local" else {}), **sc.provider_options)
+        for i in range(sc.standby):
+            sched.add_worker(f"standby-{i}", sc.standby_price, prior, now=now)
+        return provider
+
+    def stop(self) -> None:
+        """Stop the live loop, the standby machines and the event file (a no-op when never started)."""
+        if self.loop is not None:
+            self.loop.stop()
+            self.loop = None
+        if self.provider is not None:
+            self.provider.close()
+            self.provider = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None

@@ -1,0 +1,223 @@
+"""What a run reports: one metrics.jsonl row per update (`metrics_row`), the rows kept for the run (`RunMetrics`,
+which the status page and the live scheduler read too) and the run's summary.json (`summary`)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import os
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from echo2sdk.core import capacity
+from echo2sdk.errors import CapacityError
+from echo2sdk.runtime.sinks import Sinks, sample_rows
+
+if TYPE_CHECKING:
+    from echo2sdk.core.learner import StepStats
+
+__all__ = ["metrics_row", "rollout_means", "shown_level", "RunMetrics", "summary", "COMPLETED"]
+
+log = logging.getLogger("echo2sdk.trainer")
+
+#: the buffer's counters of every completed group, filtered or not (rollout_reward_mean, rollout_accuracy)
+COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct")
+
+
+def _r(x: float, places: int) -> float:
+    return round(x, places)
+
+
+def _worker_stats(stats: Mapping[str, Any] | None, field: str) -> dict[str, float | None]:
+    """One audit statistic per worker, rounded; a non-finite variance is None (JSON has no NaN)."""
+    out = {}
+    for w, s in (stats or {}).items():
+        v = getattr(s, field)
+        out[w] = round(v, 6) if field == "gap" or math.isfinite(v) else None
+    return out
+
+
+def metrics_row(
+    step: int, version: int, records: list, deltas: list[int], st: StepStats, *, time_s: float, wall_s: float,
+    wait_s: float, publish_s: float, t_bcast: tuple[float | None, float | None], rejected: int, evicted: int,
+    workers_alive: int, broadcast_repairs: int, workers_quarantined: int = 0, audit: dict[str, Any] | None = None,
+    replay: dict[str, Any] | None = None, replay_s: float = 0.0, batches_dropped: int = 0, batches_withheld: int = 0,
+    records_withheld: int = 0, groups_filtered: int = 0, groups_filtered_frac: float = 0.0,
+    rollout_reward_mean: float | None = None, rollout_accuracy: float | None = None,
+) -> dict[str, Any]:
+    """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
+    (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
+    rewards = [t.reward for t in records]
+    scored = [c for c in (t.meta.extra.get("correct") for t in records) if c is not None]
+    t_q, t_all = t_bcast
+    return {
+        "step": step, "version": version, "time_s": _r(time_s, 3), "t_train_s": _r(st.t_train_s, 4),
+        "t_forward_s": _r(st.t_forward_s, 4), "t_backward_s": _r(st.t_backward_s, 4), "t_optim_s": _r(st.t_optim_s, 4),
+        "t_publish_s": _r(publish_s, 4), "t_step_wall_s": _r(wall_s, 4), "learner_wait_s": _r(wait_s, 4),
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "accuracy": statistics.fmean(bool(c) for c in scored) if scored else None,  # None: the task scores no "correct"
+        # every group completed since the previous step, filtered or not: the policy's level, which the trained
+        # batch's reward and accuracy are not under dynamic sampling (it keeps the groups with mixed rewards)
+        "rollout_reward_mean": rollout_reward_mean,
+        "rollout_accuracy": rollout_accuracy,
+        "staleness_max": max(deltas), "staleness_mean": statistics.fmean(deltas),
+        "trajectories": len(records), "tokens": st.tokens, "rejected": rejected, "evicted": evicted,
+        "groups_filtered": groups_filtered,  # so far: zero-variance groups not trained on (dynamic sampling)
+        "groups_filtered_frac": groups_filtered_frac,  # of the groups completed so far
+        "loss": st.loss, "kl": st.kl, "clip_frac": st.clip_frac, "is_weight_mean": st.is_weight_mean,
+        "is_truncated_frac": st.is_truncated_frac, "grad_norm": st.grad_norm, "lr": st.lr,
+        "task": _extra_means(records),
+        "workers_alive": workers_alive, "t_bcast_s": t_q, "t_bcast_all_s": t_all, "broadcast_repairs": broadcast_repairs,
+        "sampler_gap": _worker_stats(audit, "gap"),  # the worker audit (core/audit.py)
+        "sampler_var": _worker_stats(audit, "var"),
+        # the audit's replay: a few records per worker under the version each claims (lag 0 for both statistics)
+        "sampler_replay_gap": _worker_stats(replay, "gap"),
+        "sampler_replay_var": _worker_stats(replay, "var"),
+        "t_audit_replay_s": _r(replay_s, 4),
+        "records_withheld": sum(st.withheld),  # of this step's batch, by the audit's screen (not trained on)
+        "workers_quarantined": workers_quarantined,
+        "batches_dropped": batches_dropped,  # so far: batches the learner step raised on (the recipe's _learn)
+        "batches_withheld": batches_withheld,  # so far: batches the audit's screen withheld whole (records_withheld)
+        "records_withheld_total": records_withheld,  # so far
+    }
+
+
+def rollout_means(before: tuple, now: tuple) -> dict[str, float | None]:
+    """rollout_reward_mean and rollout_accuracy of the groups completed between two readings of the buffer's
+    (completed_records, completed_reward_sum, completed_scored, completed_correct); None where none (or no
+    scored record) completed."""
+    (n0, reward0, scored0, correct0), (n, reward, scored, correct) = before, now
+    return {
+        "rollout_reward_mean": (reward - reward0) / (n - n0) if n > n0 else None,
+        "rollout_accuracy": (correct - correct0) / (scored - scored0) if scored > scored0 else None,
+    }
+
+
+def shown_level(row: dict[str, Any]) -> tuple[float, float | None]:
+    """A metrics row's reward and accuracy as the progress bar and the status page show them: the workers' (every
+    group completed since the previous step) where the step has them, else the trained batch's (also for rows
+    written before the rollout_* keys existed)."""
+    reward, acc = row.get("rollout_reward_mean"), row.get("rollout_accuracy")
+    return (row["reward_mean"] if reward is None else reward, row["accuracy"] if acc is None else acc)
+
+
+def _extra_means(records: list) -> dict[str, float]:
+    """Mean of every numeric (or boolean) task-metadata field over the batch, e.g. an episodic task's
+    turns, fallbacks, failed episodes or chip change; fields a record lacks are left out of its mean."""
+    sums: dict[str, list[float]] = {}
+    for t in records:
+        for key, value in t.meta.extra.items():
+            if isinstance(value, (bool, int, float)) and not key.endswith("seed"):  # ids, not measurements
+                sums.setdefault(key, []).append(float(value))
+    return {k: round(statistics.fmean(v), 4) for k, v in sorted(sums.items())}
+
+
+class RunMetrics:
+    """The run's metrics rows (restored from metrics.jsonl on a resume), written through the sinks as they come.
+    Read by the status page (`rows`, a list the learner thread appends to) and the live scheduler (`remeasure`)."""
+
+    def __init__(self, out: Path, sinks: Sinks | None, R: int, kappa: int):
+        self.out, self.sinks, self.R, self.kappa = out, sinks, R, kappa
+        self.rows: list[dict[str, Any]] = []
+        self.bytes = 0  # length of metrics.jsonl after the last row (a checkpoint records it)
+        self._completed_seen = (0, 0.0, 0, 0)  # the buffer's completed_* counters at the previous step
+
+    def restore(self, length: int) -> None:
+        """metrics.jsonl as it was at a checkpoint (`length` bytes): rows written after it (updates the crash lost)
+        move to metrics.discarded.jsonl; the kept rows become `rows`."""
+        path = self.out / "metrics.jsonl"
+        data = path.read_bytes() if path.exists() else b""
+        kept, lost = data[:length], data[length:]
+        if lost:
+            with open(self.out / "metrics.discarded.jsonl", "ab") as fh:
+                fh.write(lost)
+            os.truncate(path, len(kept))
+            log.info("metrics.jsonl: %d row(s) after the checkpoint moved to metrics.discarded.jsonl",
+                     len(lost.splitlines()))
+        self.bytes = len(kept)
+        self.rows = [json.loads(line) for line in kept.splitlines() if line.strip()]
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Keep a row and write it through every sink."""
+        self.rows.append(row)
+        self.sinks.log(row["step"], row)
+        self.bytes = self.sinks["jsonl"].tell()
+
+    def rollout_since_last(self, buffer_stats: Mapping[str, Any]) -> dict[str, float | None]:
+        """rollout_means of the groups completed since the previous call."""
+        done = tuple(buffer_stats[k] for k in COMPLETED)
+        before, self._completed_seen = self._completed_seen, done
+        return rollout_means(before, done)
+
+    def log_batch(self, step: int, records: list, deltas: list[int], samples_every: int, samples: int) -> None:
+        """The batch's staleness histogram every step, a table of its completions every `samples_every`."""
+        self.sinks.log_histogram(step, "staleness", collections.Counter(deltas))
+        if samples_every and step % samples_every == 0:
+            self.sinks.log_table(step, "samples", sample_rows(records, samples))
+
+    def remeasure(self) -> dict[str, Any] | None:
+        """T_train (median of the last 5 steps) and T_bcast (the last publication) from the run itself (the live
+        scheduler's recalibration); None until both exist."""
+        rows = self.rows[-5:]
+        bcasts = [r["t_bcast_s"] for r in self.rows if r.get("t_bcast_s") is not None]
+        if len(rows) < 5 or not bcasts:
+            return None
+        return {"T_train": statistics.median(r["t_train_s"] for r in rows), "T_bcast": bcasts[-1], "R": self.R,
+                "kappa": self.kappa}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The run's learner timings from its rows: T_train (median), T_bcast (median), the bubble."""
+
+    T_train: float
+    T_bcast: float
+    wait: float
+    busy: float
+
+    @classmethod
+    def of(cls, rows: list[dict[str, Any]]) -> Timing:
+        t_train = statistics.median(r["t_train_s"] for r in rows) if rows else 0.0  # rows: none if stopped at once
+        bcasts = [r["t_bcast_s"] for r in rows if r["t_bcast_s"] is not None]
+        return cls(t_train, statistics.median(bcasts) if bcasts else 0.0, sum(r["learner_wait_s"] for r in rows),
+                   sum(r["t_train_s"] for r in rows))
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R: int, mu_pool: float,
+            **rest: Any) -> dict[str, Any]:
+    """summary.json: the first and last five steps' rewards and accuracies, the staleness, the capacity rule's
+    numbers measured on the run (T_train, T_bcast, mu_pool, mu_min, the bubble), then `rest` as given (the pool's,
+    the checkpoint's and the audit's figures, the config)."""
+    head, tail, t = rows[:5], rows[-5:], Timing.of(rows)
+    try:
+        mu_min: float | str = capacity.mu_min(t.T_train, t.T_bcast, R, kappa)
+    except CapacityError as e:
+        mu_min = str(e)
+    return {
+        "steps": len(rows),
+        "wall_s": round(wall_s, 2),
+        **{f"{name}_{part}": _mean(rs, key) for name, key in (
+            ("reward", "reward_mean"), ("accuracy", "accuracy"), ("rollout_reward", "rollout_reward_mean"),
+            ("rollout_accuracy", "rollout_accuracy")) for part, rs in (("first5", head), ("last5", tail))},
+        "staleness_max": max((r["staleness_max"] for r in rows), default=0),
+        "S": S,
+        "kappa": kappa,
+        "R": R,
+        "T_train_median_s": t.T_train,
+        "T_bcast_median_s": t.T_bcast,
+        "mu_pool_measured": mu_pool,
+        "mu_min": mu_min,
+        "bubble_ratio": capacity.bubble_ratio(t.wait, t.busy),  # T_idle / (T_idle + T_train,active)
+        **rest,
+    }

@@ -1,0 +1,83 @@
+"""One authenticated connection's framed, sealed messages: what the coordinator and a worker both speak after
+the handshake (runtime/trust/session.py gives the two per-direction keys).
+
+`send` seals a typed message (and its payload, if any) in stream order: sends take turns under one lock, so a
+payload's slices never interleave with another frame, and with `slice_timeout_s` each slice must be taken by
+the peer within that time or `SendTimeout` is raised (a peer that stops reading holds up nobody else).
+`recv` reads one sealed frame and parses it into one of the `allowed` message types; a payload is accepted only
+on the types in `payload_types` (anything else with one is a ProtocolError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from echo2sdk.errors import ProtocolError
+from echo2sdk.runtime.protocol.messages import WireMessage, parse, to_header
+from echo2sdk.runtime.protocol.wire import MAX_HEADER, Key, encode_frame, read_frame
+
+__all__ = ["Keys", "SealedChannel", "SendTimeout", "SEND_SLICE"]
+
+SEND_SLICE = 1 << 20  # a payload goes out in slices: at most one slice per peer waits in memory
+
+
+class Keys(Protocol):
+    """The two directions of a session: `send` seals our frames, `recv` checks the peer's."""
+
+    send: Key
+    recv: Key
+
+
+class SendTimeout(ConnectionError):
+    """The peer took no byte of a slice within the send's `slice_timeout_s`."""
+
+
+class SealedChannel:
+    """Typed, sealed frames over one asyncio stream pair (see the module docstring)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keys: Keys):
+        self.reader, self.writer, self.keys = reader, writer, keys
+        self._lock = asyncio.Lock()
+
+    async def send(
+        self,
+        msg: WireMessage,
+        payload: bytes | memoryview = b"",
+        *,
+        slice_timeout_s: float | None = None,
+        on_slice: Callable[[], None] | None = None,
+    ) -> None:
+        """Seal and write `msg` (and `payload`, in SEND_SLICE slices, each drained within `slice_timeout_s`;
+        `on_slice` is called after each slice the peer took). Raises SendTimeout, ConnectionError or OSError."""
+        view = memoryview(payload)
+        async with self._lock:
+            self.writer.write(encode_frame(to_header(msg), view, self.keys.send))  # sealed in stream order
+            for a in range(0, max(1, view.nbytes), SEND_SLICE):
+                if view.nbytes:
+                    self.writer.write(view[a : a + SEND_SLICE])
+                try:
+                    await asyncio.wait_for(self.writer.drain(), slice_timeout_s)
+                except TimeoutError:
+                    raise SendTimeout(f"the peer took no data for {slice_timeout_s:g} s (sending {msg.type})") from None
+                if on_slice is not None:
+                    on_slice()
+
+    async def recv(
+        self,
+        allowed: Sequence[type[WireMessage]],
+        *,
+        max_payload: int = 0,
+        payload_types: tuple[type[WireMessage], ...] = (),
+    ) -> tuple[WireMessage, bytes]:
+        """The next message (one of `allowed`) and its payload. Raises asyncio.IncompleteReadError on EOF,
+        AuthError on a bad seal and ProtocolError on anything else wrong."""
+        header, payload = await read_frame(self.reader, max_payload, key=self.keys.recv, max_header=MAX_HEADER)
+        msg = parse(header, tuple(allowed))
+        if payload and not isinstance(msg, payload_types):
+            raise ProtocolError(f"a {msg.type} frame with a {len(payload)}-byte payload")
+        return msg, payload
+
+    def close(self) -> None:
+        self.writer.close()

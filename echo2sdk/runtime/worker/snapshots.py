@@ -1,0 +1,136 @@
+"""The snapshots that reach a worker and their install. A snapshot arrives at any time, pushed whole by the
+coordinator (a `Snapshot` frame) or as a signed plan of the chain broadcast (`SnapshotPlan`: the worker verifies
+the manifest and pulls the chunks through its relay node, runtime/broadcast/relay.py). Only the newest one not
+yet installed is kept; the rollout loop installs it between generation batches, and the worker switches
+version the moment its install completes. A relay-only worker installs nothing: it forwards what it fetched
+and reports it as installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
+from echo2sdk.core.contracts import InferenceBackend
+from echo2sdk.errors import BackendError, ProtocolError
+from echo2sdk.runtime.broadcast.delivery import snapshot_frame_ok
+from echo2sdk.runtime.broadcast.relay import Assembly, RelayNode, Upstream
+from echo2sdk.runtime.protocol.messages import (
+    BroadcastInfo,
+    Installed,
+    Received,
+    Snapshot,
+    SnapshotPlan,
+    SnapshotRejected,
+    clip,
+    shown,
+)
+from echo2sdk.runtime.worker.link import CoordinatorLink
+
+__all__ = ["SnapshotInbox"]
+
+log = logging.getLogger("echo2sdk.worker")
+
+
+class SnapshotInbox:
+    """A worker's pending snapshot, its relay node and what it knows of the published versions.
+
+    `pending`: the newest snapshot not yet installed: (version, its bytes (direct push), or its assembly in the
+    relay, acquired there so the verified buffer is installed in place (no copy) and never recycled before that).
+    `newest`: the newest version this worker has heard of (welcome, plans, pushes). `received`: the newest
+    version a relay-only worker fetched. `relay` is set by the worker at its first session."""
+
+    def __init__(self, link: CoordinatorLink, host: str, relay_only: bool):
+        self.link, self.host, self.relay_only = link, host, relay_only
+        self.relay: RelayNode | None = None
+        self.public_key: bytes | None = None  # the snapshot-signing key, learnt from the sealed welcome
+        self.pending: tuple[int, bytes | Assembly] | None = None
+        self.newest = 0
+        self.received = 0
+
+    def heard_of(self, version: int) -> None:
+        self.newest = max(self.newest, version)
+
+    def on_welcome(self, bcast: BroadcastInfo | None) -> None:
+        """The broadcast settings of a (sealed) welcome: the signing key, relay keys and the relay's limits."""
+        assert self.relay is not None
+        self.public_key = bcast.public_key if bcast is not None else None
+        self.relay.add_relay_keys(bcast.relay_keys if bcast is not None else ())
+        if bcast is not None and bcast.stall_timeout_s is not None:
+            self.relay.stall_timeout_s = bcast.stall_timeout_s
+        if bcast is not None and bcast.min_relay_bps is not None:
+            self.relay.min_relay_bps = bcast.min_relay_bps
+
+    async def on_push(self, msg: Snapshot, payload: bytes) -> None:
+        """A snapshot pushed whole: kept as pending when well-formed and newer than the pending one."""
+        self.heard_of(msg.version)
+        if (why := snapshot_frame_ok(msg, payload)) is not None:
+            log.warning("dropping snapshot v%s: %s", msg.version, why)
+            await self.link.notify(SnapshotRejected(version=msg.version, reason=why))
+        elif self.pending is None or msg.version > self.pending[0]:
+            self.set_pending(msg.version, payload)
+
+    def on_plan(self, plan: SnapshotPlan) -> None:
+        """A chain-broadcast plan: fetched in the background (`fetch`)."""
+        self.heard_of(plan.manifest.version)
+        asyncio.get_running_loop().create_task(self.fetch(plan))
+
+    async def fetch(self, plan: SnapshotPlan) -> None:
+        """Chain broadcast: verify the signed manifest, pull the chunks from the upstream list (forwarding
+        each to our own children as it lands), then queue the snapshot for install."""
+        assert self.relay is not None
+        try:
+            manifest = Manifest.from_wire(plan.manifest.model_dump())
+            if self.public_key is None:
+                raise ProtocolError("no broadcast public key was given at join time")
+            verify_manifest(manifest, self.public_key)
+        except ProtocolError as e:
+            log.warning("refusing snapshot plan: %s", shown(str(e), 200))
+            await self.link.notify(SnapshotRejected(version=plan.manifest.version, reason=clip(str(e))))
+            return
+        # a learner bound to a wildcard address is reached where we reach the coordinator
+        upstream = [Upstream(node, self.host if host in ("0.0.0.0", "::", "") else host, port, fp)
+                    for node, host, port, fp in plan.upstream]
+        self.relay.add_relay_keys(plan.relay_keys)
+        report = await asyncio.to_thread(self.relay.fetch, manifest, upstream)
+        await self.link.notify(Received(**report.to_wire()))
+        asm = self.relay.acquire(manifest.version) if report.ok else None
+        if asm is None:
+            log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, shown(report.repairs, 300))
+            return
+        if not self.relay_only and (self.pending is None or manifest.version > self.pending[0]):
+            self.set_pending(manifest.version, asm)
+        else:
+            self.relay.release(asm)
+        if self.relay_only:
+            self.received = max(self.received, manifest.version)
+            await self.link.notify(Installed(version=manifest.version))
+
+    def set_pending(self, version: int, payload: bytes | Assembly) -> None:
+        if self.pending is not None and isinstance(self.pending[1], Assembly):
+            self.relay.release(self.pending[1])  # type: ignore[union-attr]
+        self.pending = (version, payload)
+
+    async def install(self, backend: InferenceBackend | None) -> None:
+        """Install the pending snapshot into `backend` when it is newer than the installed version, and report
+        it (or the backend's refusal) to the coordinator. The pending snapshot is taken either way."""
+        if self.pending is None or backend is None:
+            return
+        version, payload = self.pending
+        self.pending = None
+        t0 = time.perf_counter()
+        try:
+            if version <= backend.version:
+                return
+            weights = payload.view if isinstance(payload, Assembly) else payload
+            await asyncio.to_thread(backend.install, version, weights)
+        except BackendError as e:
+            log.warning("snapshot v%s refused by the backend: %s", version, e)
+            await self.link.notify(SnapshotRejected(version=version, reason=clip(str(e))))
+            return
+        finally:
+            if isinstance(payload, Assembly):
+                self.relay.release(payload)  # type: ignore[union-attr]
+        await self.link.notify(Installed(version=backend.version, install_s=time.perf_counter() - t0))

@@ -1,0 +1,102 @@
+"""The inputs of a simulated deployment: the pool's machines and the run's configuration."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from echo2sdk.core import capacity, checks
+from echo2sdk.core.provisioning import SOLVERS, Solver, WorkerOffer
+from echo2sdk.errors import ConfigError
+from echo2sdk.sim.faults import Fault
+from echo2sdk.sim.network import GB, Network, _pos
+
+__all__ = ["SimWorker", "SimConfig"]
+
+
+@dataclass(frozen=True)
+class SimWorker:
+    """A machine in the pool: price c_i ($/h), mean throughput mu_i (rollouts/s), link Bw_i (Mbit/s,
+    both directions) and the coefficient of variation of its request durations."""
+
+    name: str
+    price_per_hour: float
+    mu: float
+    link_mbps: float = 100.0
+    cv: float = 0.15
+
+    def __post_init__(self) -> None:
+        WorkerOffer(self.name, self.price_per_hour, self.mu)  # validates name, price, mu
+        _pos(f"link_mbps of worker {self.name!r}", self.link_mbps)
+        _pos(f"cv of worker {self.name!r}", self.cv, zero=True)
+
+    @property
+    def offer(self) -> WorkerOffer:
+        return WorkerOffer(self.name, self.price_per_hour, self.mu)
+
+
+@dataclass
+class SimConfig:
+    """One simulated deployment. Times in seconds, bandwidths in Mbit/s, prices in $/h."""
+
+    pool: list[SimWorker]
+    T_train: float
+    R: int
+    group_size: int = 16
+    S: int = 3
+    kappa: int | None = None
+    steps: int = 100
+    net: Network = field(default_factory=lambda: Network(snapshot_bytes=1 * GB))
+    gamma: float = 1.1
+    learner_price_per_hour: float = 0.0
+    T_train_cv: float = 0.02
+    groups_per_request: int = 1
+    rollout_during_bcast: Literal["pause", "overlap"] = "pause"
+    activation: Literal["rho", "random", "all"] = "rho"  # "all": every pool worker active, no scheduler
+    solver: Solver = "exact"  # initial selection for activation="rho": "exact" (min-cost cover) or "greedy" (§3.4)
+    closed_loop: bool = True
+    active: list[str] | None = None  # explicit initial active set (overrides activation's choice)
+    heartbeat_s: float = 30.0
+    window_s: float = 600.0
+    sustain_s: float = 60.0
+    release_margin: float = 0.25
+    fail_after_s: float = 90.0
+    boot_s: float = 60.0
+    storage_mbps: float = 1000.0
+    relay_timeout_s: float = 30.0
+    faults: tuple[Fault, ...] = ()
+    seed: int = 0
+    record_timeline: bool = False
+    max_time_s: float = math.inf  # stop when the virtual clock passes this (default: 50 * steps * T_train)
+
+    def __post_init__(self) -> None:
+        if not self.pool:
+            raise ConfigError("pool must hold at least one worker, got pool=[]")
+        names = [w.name for w in self.pool]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"worker names in pool must be distinct, got {names}")
+        _pos("T_train", self.T_train)
+        for name in ("R", "group_size", "steps", "groups_per_request"):
+            checks.integer(name, getattr(self, name), lo=1)
+        if self.R % self.group_size:
+            raise ConfigError(f"R={self.R} must be a multiple of group_size={self.group_size}")
+        capacity.publication_period(self.S, self.kappa)
+        if self.rollout_during_bcast not in ("pause", "overlap"):
+            raise ConfigError(f"rollout_during_bcast must be 'pause' or 'overlap', got {self.rollout_during_bcast!r}")
+        if self.activation not in ("rho", "random", "all"):
+            raise ConfigError(f"activation must be 'rho', 'random' or 'all', got {self.activation!r}")
+        if self.solver not in SOLVERS:
+            raise ConfigError(f"solver must be 'exact' or 'greedy', got solver={self.solver!r}")
+        for name in ("heartbeat_s", "window_s", "fail_after_s", "storage_mbps", "relay_timeout_s"):
+            _pos(name, getattr(self, name))
+        for name in ("T_train_cv", "sustain_s", "release_margin", "boot_s", "learner_price_per_hour"):
+            _pos(name, getattr(self, name), zero=True)
+        if self.active is not None and (unknown := set(self.active) - set(names)):
+            raise ConfigError(f"active names workers not in the pool: {sorted(unknown)}")
+        if self.max_time_s == math.inf:
+            self.max_time_s = 50.0 * self.steps * self.T_train
+
+    @property
+    def k(self) -> int:
+        return capacity.publication_period(self.S, self.kappa)
