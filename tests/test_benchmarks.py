@@ -137,7 +137,7 @@ def test_vs_trl_runs_both_sides_and_prints_the_comparison(tmp_path):
     png = tmp_path / "vs_trl.png"
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--model", "tiny-random", "--steps", "2",
-         "--set", "rollout.max_new_tokens=4", "--png", str(png)],
+         "--set", "rollout.max_new_tokens=4", "--set", "rollout.workers=1", "--png", str(png)],
         capture_output=True, text=True, timeout=600, check=True,
     ).stdout
     params, echo2, trl, result = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

@@ -34,15 +34,8 @@ CHAT = [{"role": "user", "content": "What is 17 + 25?"}]
 # ------------------------------------------------------------------------------------------ fixtures
 
 
-@pytest.fixture(scope="session")
-def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model cache private to this test session (works on a clean machine; nothing written to ~)."""
-    return tmp_path_factory.mktemp("echo2-models")
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(model_cache: Path) -> str:
-    return models.resolve_model("tiny-random", cache_dir=model_cache)
+# model_cache (a model cache private to this test session: works on a clean machine, nothing written to ~) and
+# tiny_dir (tiny-random built there) are conftest.py's, shared with the other backend tests: built once.
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -431,12 +424,28 @@ def test_importing_the_modules_does_not_import_torch() -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_conversion_matches_the_gguf_model_and_samples_sensibly(model_cache: Path) -> None:
+def test_smollm2_conversion_matches_the_gguf_model_and_samples_sensibly(model_cache: Path, monkeypatch) -> None:
     """~1 min: converts the GGUF file (once per session cache), compares logits with transformers'
-    own GGUF loading, and samples a short answer whose log-probs match a plain forward pass."""
+    own GGUF loading, and samples a short answer whose log-probs match a plain forward pass.
+
+    The reference is a copy, taken as transformers' GGUF loading returns it, of the model the conversion
+    loads (the same call as a second load, which costs ~20 s), made before the conversion touches it; a
+    fresh load where the conversion did not load one (a cache hit)."""
+    import copy
+
     from transformers import AutoModelForCausalLM
 
+    loads, gguf_load = [], AutoModelForCausalLM.from_pretrained
+
+    def keep_a_copy(*args, **kwargs):
+        model = gguf_load(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            loads.append(copy.deepcopy(model).eval())
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", keep_a_copy)
     folder = models.resolve_model("smollm2-135m", cache_dir=model_cache)
+    monkeypatch.undo()
     assert models.resolve_model("SmolLM2-135M-Instruct", cache_dir=model_cache) == folder
     with HFBackend(folder, threads=1) as be:
         assert be.vocab_size == 49152 and be.eos_token_id == EOS
@@ -449,7 +458,7 @@ def test_smollm2_conversion_matches_the_gguf_model_and_samples_sensibly(model_ca
         assert any(s.finish_reason == "stop" and s.text.strip() for s in samples)
 
         gguf_dir, gguf_file = models._gguf_location()
-        reference = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file).eval()
+        reference = loads[0] if loads else AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file).eval()
         ids = torch.tensor([prompt])
         with torch.no_grad():
             assert torch.allclose(reference(ids).logits, be._model(ids).logits, atol=1e-4)
