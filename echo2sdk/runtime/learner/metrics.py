@@ -29,10 +29,6 @@ log = logging.getLogger("echo2sdk.trainer")
 COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct")
 
 
-def _r(x: float, places: int) -> float:
-    return round(x, places)
-
-
 def _worker_stats(stats: Mapping[str, Any] | None, field: str) -> dict[str, float | None]:
     """One audit statistic per worker, rounded; a non-finite variance is None (JSON has no NaN)."""
     out = {}
@@ -56,9 +52,9 @@ def metrics_row(
     scored = [c for c in (t.meta.extra.get("correct") for t in records) if c is not None]
     t_q, t_all = t_bcast
     return {
-        "step": step, "version": version, "time_s": _r(time_s, 3), "t_train_s": _r(st.t_train_s, 4),
-        "t_forward_s": _r(st.t_forward_s, 4), "t_backward_s": _r(st.t_backward_s, 4), "t_optim_s": _r(st.t_optim_s, 4),
-        "t_publish_s": _r(publish_s, 4), "t_step_wall_s": _r(wall_s, 4), "learner_wait_s": _r(wait_s, 4),
+        "step": step, "version": version, "time_s": round(time_s, 3), "t_train_s": round(st.t_train_s, 4),
+        "t_forward_s": round(st.t_forward_s, 4), "t_backward_s": round(st.t_backward_s, 4), "t_optim_s": round(st.t_optim_s, 4),
+        "t_publish_s": round(publish_s, 4), "t_step_wall_s": round(wall_s, 4), "learner_wait_s": round(wait_s, 4),
         "reward_mean": statistics.fmean(rewards),
         "reward_std": statistics.pstdev(rewards),
         "accuracy": statistics.fmean(bool(c) for c in scored) if scored else None,  # None: the task scores no "correct"
@@ -79,7 +75,7 @@ def metrics_row(
         # the audit's replay: a few records per worker under the version each claims (lag 0 for both statistics)
         "sampler_replay_gap": _worker_stats(replay, "gap"),
         "sampler_replay_var": _worker_stats(replay, "var"),
-        "t_audit_replay_s": _r(replay_s, 4),
+        "t_audit_replay_s": round(replay_s, 4),
         "records_withheld": sum(st.withheld),  # of this step's batch, by the audit's screen (not trained on)
         "workers_quarantined": workers_quarantined,
         "batches_dropped": batches_dropped,  # so far: batches the learner step raised on (the recipe's _learn)
