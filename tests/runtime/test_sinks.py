@@ -243,6 +243,19 @@ def test_wandb_offline_run_holds_config_history_table_and_histogram(offline):
     assert data["columns"] == ["prompt", "response", "reward", "correct"] and data["data"][0][:3] == ["1+1=", "2", 1.0]
 
 
+def test_wandb_sink_leaves_a_users_own_wandb_run_open(offline):
+    wandb = pytest.importorskip("wandb")
+    mine = wandb.init(project="mine", dir=str(offline.parent), mode="offline", reinit="create_new",
+                      settings=wandb.Settings(console="off", silent=True))
+    sinks = load_sinks(["wandb"], offline, CONFIG)
+    _drive(sinks)
+    sinks.close()  # finishes the sink's run only: W&B is not torn down under the user's run
+    assert wandb.setup().most_recent_active_run is mine
+    mine.log({"x": 1.0})
+    mine.finish()
+    wandb.teardown()
+
+
 def test_mlflow_file_store_holds_params_metrics_and_artifacts(offline):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient

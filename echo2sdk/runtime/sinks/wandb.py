@@ -66,6 +66,11 @@ class WandbSink:
         if self._run is not None:
             run, self._run = self._run, None
             run.finish()
+            # finish() returns when W&B's service has taken the exit; the service writes the offline file's last
+            # block when it closes the run's stream, later. With no other W&B run open in this process, teardown
+            # waits for that: the file is complete (ready for `wandb sync`) when close returns.
+            if self._wandb.setup().most_recent_active_run is None:
+                self._wandb.teardown()
 
 
 def _cell(value: Any) -> Any:
