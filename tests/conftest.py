@@ -5,10 +5,26 @@ of a run that used no hypothesis test, through pytest's assertion rewriter; on C
 `ast.parse` can fail with "SystemError: AST constructor recursion depth mismatch" after a test has hit a deep
 recursion (CPython gh-106905), turning a green run into exit 1."""
 
+import os
 from pathlib import Path
 
 import hypothesis  # noqa: F401
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The default run is two test processes (pyproject: -n 2) on a 2-core machine: one OpenMP/torch thread each, set
+    # before torch is imported and inherited by the processes a test starts, so that neither spins at a barrier
+    # while the other holds the core. A test that needs more threads asks for them (learner.threads, --threads).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding a `slow` test first, each file's tests kept together and in order. xdist's loadscope hands
+    whole files to the two test processes in this order: they start on the long files and end on short ones,
+    rather than one process finishing alone on a minute-long run."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.fixture

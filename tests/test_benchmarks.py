@@ -30,6 +30,7 @@ def test_broadcast_ceiling_mode_prints_its_parameters_and_both_measurements():
     assert row["echo2_busiest_thread_cpu_s_per_gb"] <= row["echo2_cpu_s_per_gb"]
 
 
+@pytest.mark.slow
 def test_load_bench_loses_nothing_and_prints_every_figure():
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "load.py"), "--seconds", "5", "--phases", "tls:1,tls:4"],
@@ -44,6 +45,7 @@ def test_load_bench_loses_nothing_and_prints_every_figure():
             assert r[key] >= 0, key
 
 
+@pytest.mark.slow
 def test_multiturn_bench_prints_both_cases_and_their_ratio():
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "multiturn.py"), "--model", "tiny-random", "--episodes", "4",

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [

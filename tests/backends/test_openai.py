@@ -106,6 +106,7 @@ def conformance(vllm_server: str, engine_tiny_dir: str) -> dict:
     return {r.name: r for r in results}
 
 
+@pytest.mark.slow
 @needs_vllm
 @pytest.mark.parametrize("check", CHECKS)
 def test_openai_against_vllm_serve_passes_check_backend(conformance: dict, check: str) -> None:

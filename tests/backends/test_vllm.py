@@ -85,6 +85,7 @@ def _max_error(samples: list[dict], reference: list[list[float]]) -> float:
 # ------------------------------------------------------------------------------------ conformance
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_a_model_the_engine_cannot_run_here_is_refused_at_start(probe: dict, head8_dir: str) -> None:
     """8-wide heads: vLLM's CPU attention takes them on no instruction set. The real engine is asked at

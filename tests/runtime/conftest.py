@@ -25,7 +25,7 @@ class TinyRun:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
-    """One real run that several tests read once it is over (test_trainer.py, test_sinks.py): the learner and 2
+    """One real run that several tests of test_trainer.py read once it is over: the learner and 2
     local worker processes over TCP, tiny-random on the math task, 8 steps of 8 trajectories, staleness 2; the
     token given in the config; metrics to jsonl and tensorboard, 3 samples logged every 2 steps; local-0 killed
     (SIGKILL) once 2 steps are done, the run going on with local-1."""

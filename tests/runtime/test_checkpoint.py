@@ -196,6 +196,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_sigkill_then_resume_finishes_the_run_with_increasing_versions(tmp_path):
     """The learner alone is killed (its local worker lives on, re-dialling); the resumed run binds the same
@@ -242,6 +243,7 @@ def test_sigkill_then_resume_finishes_the_run_with_increasing_versions(tmp_path)
     assert len(before) == k + (len(lost.read_text().splitlines()) if lost.exists() else 0)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_sigterm_writes_a_checkpoint_and_a_fresh_run_refuses_the_folder(tmp_path):
     cfg, out, log = tmp_path / "tiny.toml", tmp_path / "run", tmp_path / "echo2.log"

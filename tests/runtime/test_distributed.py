@@ -22,7 +22,7 @@ from echo2sdk.weights import resolve_model  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # test_checkpoint (CONFIG), as the rank script does
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: Runs on every rank, once per case (one torchrun for all of them): rank 0 steps through Lockstep (the batch
 #: reaches rank 1 as msgpack bytes) and gathers the policy and the optimizer state while rank 1 follows; then both

@@ -139,6 +139,7 @@ def _page(browser) -> dict:
         " chain_nodes: n('#chains circle.node.active'), bars: n('#staleness rect.bar')}")
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
 def test_status_page_in_a_headless_browser(tmp_path):

@@ -61,6 +61,7 @@ def _cfg(tmp_path, steps=6, workers=2, S=2, extra=()):
     )
 
 
+@pytest.mark.slow
 def test_run_writes_metrics_summary_and_checkpoint(tiny_run):
     """The shared run (conftest.py): 8 steps, the token given in its config, local-0 killed after step 2."""
     tr, summary, tmp_path, steps = tiny_run.tr, tiny_run.summary, tiny_run.out, tiny_run.steps
@@ -174,3 +175,24 @@ def test_model_policy_accepts_a_hub_id_from_the_local_cache(tmp_path):
     found, error = done.stdout.splitlines()[:2]
     assert found == str(snapshot)
     assert "acme/absent@v2" in error and str(tmp_path / "hub") in error and "hf download acme/absent" in error
+
+
+def test_a_tiny_run_logs_config_steps_samples_and_staleness_to_its_sinks(tiny_run):
+    """The shared real run (conftest.py): run.log_to = ["jsonl", "tensorboard"], 3 samples every 2 steps."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, steps = tiny_run.out, list(range(1, tiny_run.steps + 1))
+    assert json.loads((out / "config.json").read_text())["run"]["token"] == "<redacted>"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == steps
+    tables = [json.loads(line) for line in (out / "tables.jsonl").read_text().splitlines()]
+    samples = next(t for t in tables if t["name"] == "samples")
+    assert samples["step"] == 2 and len(samples["rows"]) == 3 and {"prompt", "response", "reward"} <= set(samples["rows"][0])
+    assert any(t["name"] == "t_bcast" for t in tables)
+    hists = [json.loads(line) for line in (out / "histograms.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in hists if h["name"] == "staleness"] == steps
+    assert sum(next(h for h in hists if h["name"] == "staleness")["counts"].values()) == tiny_run.R
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward_mean")] == steps and "task/correct" in acc.Tags()["scalars"]

@@ -357,6 +357,7 @@ def quiet():
     logger.setLevel(level)
 
 
+@pytest.mark.slow
 def test_fuzzed_frames_are_each_accounted_for_and_a_real_worker_is_served_throughout(tmp_path, quiet):
     generous = dict(fail_burst=10**9)  # no rate limit: every bad frame reaches the checks (test_bounds tests it)
     coord = Coordinator(buffer=StalenessBuffer(staleness=2, group_size=GROUP), tasks=ToyAdapter().tasks(0),
