@@ -1,0 +1,173 @@
+"""Delta snapshots: the 16-bit words of a snapshot that changed since a base snapshot, instead of all of them.
+
+An RL update changes few bf16 weights (a change below half a bf16 step rounds away): sending only the changed
+words and their new values takes a few percent of the bytes. A delta is computed on the snapshot bytes
+(core/snapshot.py: safetensors, the same header for every version of a run) word by word:
+
+- positions: the indices of the changed words, gap-encoded (each the distance from the previous one, >= 1) in the
+  narrowest unsigned integer width that holds the largest gap;
+- values: the new words at those positions. They overwrite (not add, not XOR): applying a delta twice is harmless;
+- the frame (a fixed header naming the word size, the gap width, the count, the snapshot size, the BLAKE3 root of
+  the base and of the rebuilt snapshot; then the gaps; then the values), zstd-compressed.
+
+`apply` rebuilds the new snapshot from its base and returns it only when its BLAKE3 root is the expected one
+(the signed manifest's); a wrong base, a corrupt or truncated frame, or a tampered value raises ProtocolError.
+`plan_publication` decides full snapshot (an anchor) or delta: an anchor every `anchor_every` publications, when
+there is no base, and whenever the delta would not be smaller than the full snapshot.
+
+numpy, blake3 and zstandard; no torch. Pure: nothing here touches the network or the disk.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import blake3
+import numpy as np
+import zstandard
+
+from echo2sdk.errors import ProtocolError
+
+__all__ = ["Delta", "encode", "apply", "snapshot_root", "changed_fraction", "plan_publication", "ZSTD_LEVEL"]
+
+MAGIC = b"E2D1"
+_HEAD = struct.Struct("<4sBBQQ32s32s")  # magic, word bytes, gap bytes, changed words, snapshot bytes, base root, root
+ZSTD_LEVEL = 3  # zstd's default: ~0.3-0.5 GB/s on one core here; higher levels buy little on gaps and bf16 values
+_GAP_BYTES = (1, 2, 4, 8)  # the widths a gap may take: the narrowest that holds the largest gap is used
+_WORDS = {1: np.uint8, 2: np.uint16}
+
+
+def snapshot_root(data: bytes | bytearray | memoryview) -> bytes:
+    """The BLAKE3 digest of a whole snapshot's bytes (what a delta's base and result are named by)."""
+    return blake3.blake3(data, max_threads=blake3.blake3.AUTO).digest()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """An encoded delta (`payload`, zstd-compressed) and what was measured making it."""
+
+    payload: bytes
+    base_root: bytes
+    root: bytes
+    snapshot_bytes: int  # the size of the snapshot it rebuilds (and of its base)
+    words: int  # words compared
+    changed: int  # words changed
+    raw_bytes: int  # the frame before zstd (header + gaps + values)
+    gap_bytes: int  # the width of one gap
+
+    @property
+    def changed_fraction(self) -> float:
+        return self.changed / max(self.words, 1)
+
+
+def _word_bytes(size: int) -> int:
+    return 2 if size % 2 == 0 else 1
+
+
+def _words(data: bytes | bytearray | memoryview, word: int) -> np.ndarray:
+    return np.frombuffer(data, dtype=_WORDS[word])
+
+
+def changed_fraction(base: bytes | memoryview, new: bytes | memoryview) -> float:
+    """The fraction of 16-bit words that differ between two snapshots of the same size."""
+    if len(base) != len(new):
+        raise ValueError(f"snapshots differ in size: {len(base)} vs {len(new)} bytes")
+    word = _word_bytes(len(base))
+    a, b = _words(base, word), _words(new, word)
+    return float(np.count_nonzero(a != b)) / max(a.size, 1)
+
+
+def encode(base: bytes | memoryview, new: bytes | memoryview, *, base_root: bytes | None = None,
+           root: bytes | None = None, level: int = ZSTD_LEVEL) -> Delta:
+    """The delta that turns `base` into `new` (same size: the same run's snapshots). The roots are computed
+    unless given (the learner has them from the manifests)."""
+    if len(base) != len(new):
+        raise ValueError(f"a delta needs snapshots of one size: base {len(base)}, new {len(new)} bytes "
+                         "(the model's shapes or dtypes changed: publish a full snapshot)")
+    word = _word_bytes(len(new))
+    a, b = _words(base, word), _words(new, word)
+    idx = np.flatnonzero(a != b)
+    gaps = np.diff(idx, prepend=-1)  # >= 1 each: the first is its index + 1
+    largest = int(gaps.max()) if gaps.size else 0
+    gap_bytes = next(w for w in _GAP_BYTES if largest < 1 << (8 * w))
+    base_root = base_root or snapshot_root(base)
+    root = root or snapshot_root(new)
+    head = _HEAD.pack(MAGIC, word, gap_bytes, idx.size, len(new), base_root, root)
+    frame = b"".join((head, gaps.astype(f"<u{gap_bytes}").tobytes(), b[idx].astype(f"<u{word}").tobytes()))
+    payload = zstandard.ZstdCompressor(level=level).compress(frame)
+    return Delta(payload, base_root, root, len(new), a.size, int(idx.size), len(frame), gap_bytes)
+
+
+def read_header(payload: bytes | memoryview) -> tuple[int, int, int, int, bytes, bytes]:
+    """(word bytes, gap bytes, changed words, snapshot bytes, base root, root) of an encoded delta, read from
+    the start of its frame. Raises ProtocolError when it is not one."""
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(bytes(payload)) as reader:
+            head = reader.read(_HEAD.size)
+    except Exception as exc:  # zstandard.ZstdError on bytes that are no zstd frame
+        raise ProtocolError(f"delta is not a zstd frame: {exc}") from exc
+    if len(head) != _HEAD.size:
+        raise ProtocolError(f"delta frame is {len(head)} bytes, shorter than its {_HEAD.size}-byte header")
+    magic, word, gap, n, size, base_root, root = _HEAD.unpack(head)
+    if magic != MAGIC:
+        raise ProtocolError(f"delta frame starts with {magic!r}, expected {MAGIC!r}")
+    if word not in _WORDS or word != _word_bytes(size):
+        raise ProtocolError(f"delta field 'word' = {word} does not fit a snapshot of {size} bytes")
+    if gap not in _GAP_BYTES:
+        raise ProtocolError(f"delta field 'gap' = {gap}, expected one of {list(_GAP_BYTES)}")
+    if n > size // word:
+        raise ProtocolError(f"delta field 'changed' = {n} exceeds the snapshot's {size // word} words")
+    return word, gap, n, size, base_root, root
+
+
+def apply(base: bytes | bytearray | memoryview, payload: bytes | memoryview, *, root: bytes,
+          base_root: bytes | None = None) -> bytearray:
+    """The snapshot `payload` rebuilds from `base`, returned only when its BLAKE3 root is `root` (the one the
+    learner signed). Raises ProtocolError on a base other than the delta's (by size or root), a malformed frame,
+    or a rebuilt snapshot whose root differs (a tampered or corrupt delta): nothing unverified is returned."""
+    word, gap, n, size, want_base, want_root = read_header(payload)
+    if want_root != root:
+        raise ProtocolError("delta: the frame names another result root than the signed manifest")
+    if len(base) != size:
+        raise ProtocolError(f"delta: base is {len(base)} bytes, the delta is for a {size}-byte snapshot")
+    if (base_root or snapshot_root(base)) != want_base:
+        raise ProtocolError("delta: the base is not the snapshot this delta was made from (its root differs)")
+    expected = _HEAD.size + n * (gap + word)
+    try:
+        declared = zstandard.frame_content_size(bytes(payload))
+    except Exception as exc:
+        raise ProtocolError(f"delta: no readable zstd frame header: {exc}") from exc
+    if declared != expected:  # checked before anything is allocated for it
+        raise ProtocolError(f"delta frame declares {declared} bytes; {n} changed words need {expected}")
+    try:
+        frame = zstandard.ZstdDecompressor().decompress(bytes(payload), max_output_size=expected)
+    except Exception as exc:
+        raise ProtocolError(f"delta: the zstd frame does not decompress: {exc}") from exc
+    if len(frame) != expected:
+        raise ProtocolError(f"delta frame is {len(frame)} bytes; {n} changed words need {expected}")
+    view = memoryview(frame)
+    gaps = np.frombuffer(view[_HEAD.size : _HEAD.size + n * gap], dtype=f"<u{gap}")
+    values = np.frombuffer(view[_HEAD.size + n * gap :], dtype=f"<u{word}")
+    if n and int(gaps.min()) < 1:
+        raise ProtocolError("delta: a position gap of 0 (positions must increase)")
+    idx = np.cumsum(gaps, dtype=np.uint64).astype(np.int64) - 1
+    if n and int(idx[-1]) >= size // word:
+        raise ProtocolError(f"delta: position {int(idx[-1])} is past the snapshot's {size // word} words")
+    out = bytearray(base)
+    _words(out, word)[idx] = values
+    if snapshot_root(out) != root:
+        raise ProtocolError("delta: the rebuilt snapshot's root is not the signed one (corrupt or tampered delta)")
+    return out
+
+
+def plan_publication(since_anchor: int, anchor_every: int, has_base: bool, delta_bytes: int | None,
+                     full_bytes: int) -> str:
+    """'full' or 'delta' for the next publication. `since_anchor`: publications since the last full one (0 right
+    after it); `anchor_every`: a full snapshot every this many publications (0: only the first and when needed);
+    `delta_bytes`: the encoded delta's size (None when none could be made)."""
+    if not has_base or delta_bytes is None or delta_bytes >= full_bytes:
+        return "full"
+    if anchor_every > 0 and since_anchor + 1 >= anchor_every:
+        return "full"
+    return "delta"
