@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _publications(lr: float, steps: int, out: Path, sets: list[str]) -> list[tuple[int, bytes]]:
-    """(version, snapshot bytes) of version 0 and of every publication of a real run of the main job at `lr`."""
+def _publications(lr: float, steps: int, out: Path, sets: list[str]) -> tuple[dict, list[tuple[int, bytes]]]:
+    """The run's parameters, and (version, snapshot bytes) of version 0 and of every publication of a real run of
+    the main job at `lr`."""
     from echo2sdk.config import load_config
     from echo2sdk.core.snapshot import serialize_state
     from echo2sdk.runtime.learner.recipe import Trainer
@@ -52,7 +53,9 @@ def _publications(lr: float, steps: int, out: Path, sets: list[str]) -> list[tup
         tr.run()
     finally:
         tr.close()
-    return sorted(kept)
+    params = {"model": cfg.model.policy, "updates_per_step": cfg.learner.updates_per_step, "kappa": cfg.kappa,
+              "R": cfg.learner.trajectories_per_step, "snapshot_dtype": cfg.learner.snapshot_dtype}
+    return params, sorted(kept)
 
 
 def _measure(base: bytes, new: bytes) -> dict:
@@ -84,9 +87,8 @@ def main() -> None:
 
     behind = [int(b) for b in args.behind.split(",") if b]
     for lr in [float(x) for x in args.lrs.split(",")]:
-        params = {"lr": lr, "steps": args.steps, "model": "smollm2-135m", "updates_per_step": 2, "kappa": 2,
-                  "zstd_level": delta.ZSTD_LEVEL, "overrides": args.sets}
-        pubs = _publications(lr, args.steps, args.out / f"lr{lr:g}", args.sets)
+        run, pubs = _publications(lr, args.steps, args.out / f"lr{lr:g}", args.sets)
+        params = {"lr": lr, "steps": args.steps, **run, "zstd_level": delta.ZSTD_LEVEL, "overrides": args.sets}
         rows = []
         for (v0, a), (v1, b) in zip(pubs, pubs[1:]):
             t0 = time.perf_counter()
@@ -105,7 +107,7 @@ def main() -> None:
                                   "full_bytes": len(b), **direct, "chain_zstd_bytes": chain,
                                   "direct_zstd_over_full": round(direct["delta_zstd_bytes"] / len(b), 5)}), flush=True)
         if rows:
-            med = {key: statistics.median(r[key] for r in rows) for key in
+            med = {key: round(statistics.median(r[key] for r in rows), 6) for key in
                    ("changed_fraction", "full_bytes", "full_zstd_bytes", "delta_bytes", "delta_zstd_bytes",
                     "encode_s", "apply_s", "delta_zstd_over_full")}
             print(json.dumps({"kind": "summary", **params, "publications": len(rows), **med,

@@ -155,6 +155,8 @@ def _plan(args: argparse.Namespace) -> int:
         install_s=args.install_s,
         learner_price_per_hour=args.learner_price,
         solver=args.solver,
+        delta_ratio=args.delta_ratio,
+        anchor_every=args.anchor_every,
     )
     print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
     return 0 if plan.feasible else 1
@@ -167,7 +169,8 @@ def _simulate(args: argparse.Namespace) -> int:
         raise ConfigError(f"echo2 simulate: unknown scenario {args.scenario!r} (known: paper)")
     from echo2sdk.sim.paper import run_paper, summary_lines
 
-    results = run_paper(args.out, plots=not args.no_plots, quick=args.quick)
+    results = run_paper(args.out, plots=not args.no_plots, quick=args.quick, delta_ratio=args.delta_ratio,
+                        anchor_every=args.anchor_every)
     print("\n".join(summary_lines(results)))
     return 0
 
@@ -244,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--chunk-mb", type=float, default=64.0, help="chunk size in MiB (default 64)")
     pl.add_argument("--install-s", type=float, default=0.0, help="seconds from last byte to generating")
     pl.add_argument("--learner-price", type=float, default=0.0, help="$/h of the learner cluster")
+    pl.add_argument("--delta-ratio", type=float, help="with --snapshot-gb: delta snapshots of this fraction of the "
+                    "full size (bench/delta.py measures it); T_bcast is the mean publication's")
+    pl.add_argument("--anchor-every", type=int, default=10, help="with --delta-ratio: a full snapshot every N "
+                    "publications (default 10)")
     pl.add_argument("--solver", choices=["exact", "greedy"], default="exact",
                     help="worker selection: exact min-cost cover (default) or the paper's greedy cheapest-rho prefix")
     pl.add_argument("--json", action="store_true", help="print JSON")
@@ -253,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--out", default="runs/paper", help="output folder for paper.json and the PNGs")
     sm.add_argument("--quick", action="store_true", help="smaller sweeps (seconds, for a smoke test)")
     sm.add_argument("--no-plots", action="store_true", help="write paper.json only (no matplotlib needed)")
+    sm.add_argument("--delta-ratio", type=float, help="also full vs delta snapshots: a delta's bytes / the full "
+                    "snapshot's (measured by bench/delta.py), at S = 2, 3, 6")
+    sm.add_argument("--anchor-every", type=int, default=10, help="with --delta-ratio: a full snapshot every N "
+                    "publications (default 10)")
     sm.set_defaults(func=_simulate)
     ev = sub.add_parser("eval", help="base vs trained policy: accuracy and reward on held-out tasks (--task), or net "
                         "chip change vs rule-based and LLM opponents (--env)")

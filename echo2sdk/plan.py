@@ -179,16 +179,18 @@ class Plan:
         return asdict(self)
 
 
-def _estimate(n: int, snapshot_gb: float, B0: float | None, Bw: float, chunk_mb: float, install_s: float, q: float) -> float:
+def _estimate(n: int, snapshot_gb: float, B0: float | None, Bw: float, chunk_mb: float, install_s: float, q: float,
+              delta_ratio: float | None = None, anchor_every: int = 10) -> float:
     from echo2sdk.sim import GB, Network, measure_t_bcast
 
-    net = Network(snapshot_bytes=snapshot_gb * GB, B0_mbps=B0, chunk_bytes=chunk_mb * 2**20, install_s=install_s)
-    return measure_t_bcast(max(1, n), net, Bw, q)
+    net = Network(snapshot_bytes=snapshot_gb * GB, B0_mbps=B0, chunk_bytes=chunk_mb * 2**20, install_s=install_s,
+                  delta_ratio=delta_ratio, anchor_every=anchor_every)
+    return measure_t_bcast(max(1, n), net.typical(), Bw, q)  # with deltas: the mean publication over a cycle
 
 
 def _t_bcast_model(
     T_bcast: float | None, snapshot_gb: float | None, B0_mbps: float | None, Bw_mbps: float | None,
-    chunk_mb: float, install_s: float, gamma: float,
+    chunk_mb: float, install_s: float, gamma: float, delta_ratio: float | None = None, anchor_every: int = 10,
 ) -> tuple[Callable[[list[WorkerOffer]], float] | None, str]:
     """(estimate of T_bcast for a set of workers, or None when T_bcast is given; where T_bcast comes from)."""
     if T_bcast is not None:
@@ -198,10 +200,12 @@ def _t_bcast_model(
     capacity.num_chains(B0_mbps, Bw_mbps) if B0_mbps is not None else None  # validates B0 >= Bw
 
     def estimate(workers: list[WorkerOffer]) -> float:
-        return _estimate(len(workers), snapshot_gb, B0_mbps, Bw_mbps, chunk_mb, install_s, 1 / gamma)
+        return _estimate(len(workers), snapshot_gb, B0_mbps, Bw_mbps, chunk_mb, install_s, 1 / gamma,
+                         delta_ratio, anchor_every)
 
     b0 = B0_mbps if B0_mbps is not None else "unlimited"
-    return estimate, f"chain model: {snapshot_gb:g} GB, B0={b0} Mbit/s, Bw={Bw_mbps:g} Mbit/s"
+    deltas = "" if delta_ratio is None else f", deltas of {delta_ratio:g} x the snapshot with an anchor every {anchor_every}"
+    return estimate, f"chain model: {snapshot_gb:g} GB, B0={b0} Mbit/s, Bw={Bw_mbps:g} Mbit/s{deltas}"
 
 
 def make_plan(
@@ -220,6 +224,8 @@ def make_plan(
     install_s: float = 0.0,
     learner_price_per_hour: float = 0.0,
     solver: Solver = "exact",
+    delta_ratio: float | None = None,
+    anchor_every: int = 10,
 ) -> Plan:
     """The provisioning decision; see the module docstring. The workers are chosen by `solver`
     ("exact" or "greedy"); the other solver's cost is reported beside it. Raises CapacityError /
@@ -229,7 +235,8 @@ def make_plan(
     offers = expand(catalog)
     if not offers:
         raise ConfigError("the worker catalog is empty")
-    estimate, source = _t_bcast_model(T_bcast, snapshot_gb, B0_mbps, Bw_mbps, chunk_mb, install_s, gamma)
+    estimate, source = _t_bcast_model(T_bcast, snapshot_gb, B0_mbps, Bw_mbps, chunk_mb, install_s, gamma,
+                                      delta_ratio, anchor_every)
     decide = functools.partial(provision, offers, T_train=T_train, R=R, kappa=kappa, gamma=gamma, t_bcast=T_bcast,
                                estimate_t_bcast=estimate)
     exact, greedy = decide(solver="exact"), decide(solver="greedy")  # both costs are reported

@@ -91,6 +91,18 @@ def test_t_bcast_is_estimated_with_the_simulators_chain_model():
     assert "chain model" in p.T_bcast_source and p.feasible
 
 
+def test_delta_snapshots_shorten_t_bcast_and_need_fewer_workers():
+    args = dict(T_train=1631.2, R=2048, S=3, snapshot_gb=16.38, B0_mbps=600, Bw_mbps=100, install_s=30)
+    full = make_plan(CAT, **args)
+    delta = make_plan(CAT, **args, delta_ratio=0.03, anchor_every=10)
+    assert "deltas of 0.03 x the snapshot with an anchor every 10" in delta.T_bcast_source
+    # the mean publication: (1 + 9 x 0.03) / 10 of 16.38 GB, at the same chain rates
+    assert delta.T_bcast < 0.25 * full.T_bcast and delta.mu_min < full.mu_min
+    assert delta.workers <= full.workers and delta.cost_per_hour <= full.cost_per_hour
+    with pytest.raises(ConfigError, match="delta_ratio"):
+        make_plan(CAT, **args, delta_ratio=2.0)
+
+
 def test_idle_share_is_zero_exactly_when_eq1_holds():
     m = capacity.mu_min(100.0, 40.0, 128, 2)
     assert idle_share(100.0, 40.0, 128, 2, m) == pytest.approx(0.0, abs=1e-12)

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores
+from echo2sdk.core.delta import plan_publication
 from echo2sdk.sim.clock import EventQueue
 from echo2sdk.sim.inputs import SimConfig
-from echo2sdk.sim.network import MBIT, _fanout, install_times
+from echo2sdk.sim.network import MBIT, Network, _fanout, install_times
 from echo2sdk.sim.repair import repaired_install_times
 from echo2sdk.sim.workers import WorkerState
 
@@ -19,8 +20,10 @@ __all__ = ["Dissemination"]
 class Dissemination:
     """Publishes snapshots to the pool's active workers, scheduling an "installed" event per worker on
     `events`. `published[v]`: {"t0", "expected" (names), "installed" (name -> time, filled by the
-    simulation), "plan", "times" (planned installs)}; `stalls[name]`: (planned, actual) installs delayed by a
-    relay fault."""
+    simulation), "plan", "times" (planned installs), "kind" ("full" or "delta"), "net" (the network carrying it:
+    its bytes)}; `stalls[name]`: (planned, actual) installs delayed by a relay fault. With net.delta_ratio, a
+    publication is a delta or a full anchor as core.delta.plan_publication decides (a full one when a recipient
+    lacks the previous publication)."""
 
     def __init__(self, cfg: SimConfig, workers: Mapping[str, WorkerState], events: EventQueue):
         self.cfg, self.w, self.events = cfg, workers, events
@@ -29,6 +32,7 @@ class Dissemination:
         self.latest_published = 0
         self.current_plan: ChainPlan | None = None
         self.stalls: dict[str, list[tuple[float, float]]] = {}
+        self.since_anchor = 0  # publications since the last full one
 
     def _link(self, name: str) -> float:
         """What the worker can receive (Mbit/s)."""
@@ -46,10 +50,12 @@ class Dissemination:
         names = [n for n, w in self.w.items() if w.state == "active" and w.installed < v]
         links = {n: self._link(n) for n in names}
         ups = {n: self._up(n) for n in names}
-        times, plan = install_times(names, self.cfg.net, links, scores=self.scores, now=now, start=now, up_mbps=ups)
+        kind, net = self._carrier(names)
+        times, plan = install_times(names, net, links, scores=self.scores, now=now, start=now, up_mbps=ups)
         self.current_plan = plan
         self.latest_published = v
-        self.published[v] = {"t0": now, "expected": set(names), "installed": {}, "plan": plan, "times": times}
+        self.published[v] = {"t0": now, "expected": set(names), "installed": {}, "plan": plan, "times": times,
+                             "kind": kind, "net": net}
         for n, t in times.items():
             w = self.w[n]
             w.install_token += 1
@@ -58,6 +64,18 @@ class Dissemination:
                 w.paused_for = v
         if plan is not None:  # relay statistics for the next plan (paper C.3)
             self._score_relays(plan, ups)
+
+    def _carrier(self, names: list[str]) -> tuple[str, Network]:
+        """The next publication's kind and the network carrying it: a full snapshot, or a delta when every
+        recipient holds the previous publication (its base)."""
+        net = self.cfg.net
+        if net.delta_ratio is None:
+            return "full", net
+        has_base = bool(self.published) and all(self.w[n].installed >= self.latest_published for n in names)
+        full = net.snapshot_bytes
+        kind = plan_publication(self.since_anchor, net.anchor_every, has_base, full * net.delta_ratio, full)
+        self.since_anchor = 0 if kind == "full" else self.since_anchor + 1
+        return kind, net.publication(anchor=kind == "full")
 
     def _score_relays(self, plan: ChainPlan, links: Mapping[str, float]) -> None:
         fan = _fanout(plan)
@@ -85,7 +103,7 @@ class Dissemination:
         now = self.events.now
         anchor = next((p for p in plan.upstream(relay) if p == SOURCE or self.w[p].state == "active"), SOURCE)
         links = {n: w.spec.link_mbps for n, w in self.w.items()}
-        times = repaired_install_times(plan, chain, relay, anchor, self.cfg.net, links, t0=pub["t0"], t_fault=now,
+        times = repaired_install_times(plan, chain, relay, anchor, pub["net"], links, t0=pub["t0"], t_fault=now,
                                        t_fix=now + self.cfg.relay_timeout_s, kind=kind, factor=factor)
         resolved = now
         for name, t in times:

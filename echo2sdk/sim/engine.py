@@ -142,11 +142,11 @@ class Simulation:
             names = [s.name for s in cfg.pool]
         else:
             chosen, _, _ = provision(
-                offers, T_train=t_train, R=cfg.R, kappa=cfg.k, gamma=cfg.gamma, net=cfg.net,
+                offers, T_train=t_train, R=cfg.R, kappa=cfg.k, gamma=cfg.gamma, net=cfg.net.typical(),
                 link_mbps=links, order=cfg.activation, rng=self.rng, solver=cfg.solver,
             )
             names = [o.name for o in chosen]
-        times, _ = install_times(names, cfg.net, links)
+        times, _ = install_times(names, cfg.net.typical(), links)  # with deltas: the mean publication's bytes
         t_bcast = t_bcast_quantile(times, 0.0, 1 / cfg.gamma)
         return names, t_train, t_bcast
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from echo2sdk.core import capacity, checks
@@ -45,6 +45,11 @@ class Network:
     chunk_bytes: chunk size of the store-and-forward pipeline. install_s: time from the last byte to
     "installed, generating" on a worker. topology: "chain" (ECHO-2: N_ch = floor(B0 / Bw) chains) or
     "star" (push to every worker).
+
+    Delta snapshots (core/delta.py): delta_ratio is the bytes of a delta publication as a fraction of
+    snapshot_bytes (measured by bench/delta.py; None: every publication is a full snapshot); a full one (an
+    anchor) goes out first, every anchor_every publications (0: only when needed) and to a pool where a worker
+    lacks the previous publication (the base a delta needs).
     """
 
     snapshot_bytes: float
@@ -52,6 +57,8 @@ class Network:
     chunk_bytes: float = 64 * MiB
     install_s: float = 0.0
     topology: Literal["chain", "star"] = "chain"
+    delta_ratio: float | None = None
+    anchor_every: int = 10
 
     def __post_init__(self) -> None:
         _pos("snapshot_bytes", self.snapshot_bytes)
@@ -61,6 +68,27 @@ class Network:
         _pos("install_s", self.install_s, zero=True)
         if self.topology not in ("chain", "star"):
             raise ConfigError(f"topology must be 'chain' or 'star', got topology={self.topology!r}")
+        if self.delta_ratio is not None:
+            checks.real("delta_ratio", self.delta_ratio, lo=0, hi=1, open_lo=True, error=ConfigError)
+        checks.integer("anchor_every", self.anchor_every, lo=0, error=ConfigError)
+
+    def sized(self, nbytes: float) -> Network:
+        """This network carrying one publication of `nbytes` (its chunks and T_bcast follow the size)."""
+        return replace(self, snapshot_bytes=nbytes, delta_ratio=None)
+
+    def publication(self, anchor: bool) -> Network:
+        """This network carrying a full snapshot (`anchor`, or no deltas) or a delta."""
+        full = anchor or self.delta_ratio is None
+        return self.sized(self.snapshot_bytes if full else self.snapshot_bytes * self.delta_ratio)
+
+    def typical(self) -> Network:
+        """This network carrying the mean publication over an anchor cycle (one anchor, anchor_every - 1 deltas):
+        what provisioning sizes the pool for (T_bcast in mu_min)."""
+        if self.delta_ratio is None:
+            return self
+        k = self.anchor_every
+        mean = self.delta_ratio if k == 0 else (1 + (k - 1) * self.delta_ratio) / k
+        return self.sized(self.snapshot_bytes * mean)
 
     @property
     def chunks(self) -> int:

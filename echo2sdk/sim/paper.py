@@ -45,7 +45,8 @@ PAPER: dict[str, Any] = {
     "central_gpus": 8,  # paper §5.1: centralized baselines on 8x A100
     "R": 128 * 16,  # paper §5.1: global batch 128 prompts, n = 16 rollouts each
     "group_size": 16,
-    "T_train": {3: 1631.2, 4: 1649.3, 6: 1649.3},  # paper §5.2 (S = 3, 4); S = 6 not reported: assumed = S = 4
+    # paper §5.2 (S = 3, 4); S = 6 not reported: assumed = S = 4; S = 2 not reported: assumed = S = 3
+    "T_train": {2: 1631.2, 3: 1631.2, 4: 1649.3, 6: 1649.3},
     "T_step_sync": 1508.2,  # paper §5.2, veRL-sync per-step time on 8x A100
     "T_step_async": 1582.3,  # paper §5.2, veRL-async
     "snapshot_bytes": 8.19e9 * 2,  # Qwen3-8B in bf16 (8.19 B parameters x 2 bytes)
@@ -123,13 +124,14 @@ def base_config(pool: list[SimWorker], *, S: int = 3, steps: int = 40, **kw: Any
     )
 
 
-def _threshold(S: int, mu: float, n_max: int = 64) -> dict[str, float | int | None]:
+def _threshold(S: int, mu: float, n_max: int = 64, net: Network | None = None) -> dict[str, float | int | None]:
     """Eq. (2) threshold in workers: the smallest N with N * mu >= mu_min(kappa), T_bcast measured for
-    N workers with the chain model (it depends a little on N)."""
+    N workers with the chain model (it depends a little on N); with deltas, for the mean publication."""
     kappa = capacity.kappa_for(S)
     T = PAPER["T_train"][S]
+    net = (net or _net()).typical()
     for n in range(1, n_max + 1):
-        tb = measure_t_bcast(n, _net(), PAPER["Bw_mbps"], 1 / PAPER["gamma"])
+        tb = measure_t_bcast(n, net, PAPER["Bw_mbps"], 1 / PAPER["gamma"])
         try:
             m = capacity.mu_min(T, tb, PAPER["R"], kappa)
         except Exception:  # noqa: BLE001 - infeasible at this N
@@ -345,11 +347,36 @@ def scale_run(*, workers: int = 76, steps: int = 100) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------------------- delta snapshots
+
+
+def delta_snapshots(delta_ratio: float, *, anchor_every: int = 10, S_values: tuple[int, ...] = (2, 3, 6),
+                    pool_size: int = 16, steps: int = 40, seed: int = 0) -> dict[str, Any]:
+    """Full snapshots vs deltas of `delta_ratio` x the full size (measured: bench/delta.py) with a full anchor
+    every `anchor_every` publications, on the paper's 8B deployment (100 Mbit/s workers, B0 600 Mbit/s): per S,
+    eq. (2)'s T_bcast (the mean publication), mu_min and workers; and a simulated run on `pool_size` RTX 5090s
+    with cost-aware activation: machines chosen, T_bcast measured (median over publications), bubble, wait
+    and cost per step."""
+    rows: dict[str, Any] = {}
+    for S in S_values:
+        for mode, net in (("full", _net()), ("delta", replace(_net(), delta_ratio=delta_ratio, anchor_every=anchor_every))):
+            thr = _threshold(S, PAPER["mu_5090"], net=net)
+            r = simulate(base_config(paper_pool(pool_size), S=S, steps=steps, seed=seed, net=net))
+            rows[f"S={S}/{mode}"] = {"S": S, "kappa": capacity.kappa_for(S), "mode": mode,
+                                     "t_bcast_eq2_s": thr["t_bcast_s"], "mu_min": thr["mu_min"],
+                                     "workers_eq2": thr["workers"], **_row(r)}
+    return {"delta_ratio": delta_ratio, "anchor_every": anchor_every, "pool_size": pool_size, "steps": steps,
+            "snapshot_gb": PAPER["snapshot_bytes"] / GB, "Bw_mbps": PAPER["Bw_mbps"], "B0_mbps": PAPER["B0_mbps"],
+            "rows": rows}
+
+
 # ----------------------------------------------------------------------------- all of it
 
 
-def run_paper(out: str | Path, *, plots: bool = True, quick: bool = False) -> dict[str, Any]:
-    """Run every experiment, write DIR/paper.json (and the PNGs with `plots`), return the results."""
+def run_paper(out: str | Path, *, plots: bool = True, quick: bool = False, delta_ratio: float | None = None,
+              anchor_every: int = 10) -> dict[str, Any]:
+    """Run every experiment, write DIR/paper.json (and the PNGs with `plots`), return the results. With
+    `delta_ratio`: also full vs delta snapshots (delta_snapshots)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -370,6 +397,8 @@ def run_paper(out: str | Path, *, plots: bool = True, quick: bool = False) -> di
         "cost": cost_comparison(t2["rows"]["Full"]["cost_per_step"]),
         "scale": scale_run(steps=20 if quick else 100),
     }
+    if delta_ratio is not None:
+        results["delta"] = delta_snapshots(delta_ratio, anchor_every=anchor_every, steps=20 if quick else 40)
     results["elapsed_s"] = time.perf_counter() - t0
     (out / "paper.json").write_text(json.dumps(results, indent=2, default=_json_default))
     if plots:
@@ -406,6 +435,15 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     )
     sc = results["scale"]
     lines.append(f"scale: {sc['workers']} workers x {sc['steps']} steps simulated in {sc['sim_wall_clock_s']:.2f} s")
+    if "delta" in results:
+        d = results["delta"]
+        for name, row in d["rows"].items():
+            lines.append(
+                f"delta {name} (ratio {d['delta_ratio']:g}, anchor every {d['anchor_every']}): eq.(2) T_bcast "
+                f"{_num(row['t_bcast_eq2_s'])} s, mu_min {_num(row['mu_min'])}/s, {row['workers_eq2']} workers; run: "
+                f"{row['machines']} machines, T_bcast {_num(row['t_bcast_s'])} s, bubble {_pct(row['bubble_ratio'])}, "
+                f"${row['cost_per_step']:.3f}/step"
+            )
     return lines
 
 

@@ -69,7 +69,8 @@ def publication_rows(
             tq.append(b_q)
         if b_all is not None:
             tall.append(b_all)
-        pubs.append({"version": v, "t0": p["t0"], "workers": len(exp), "t_bcast_s": b_q, "t_bcast_all_s": b_all})
+        pubs.append({"version": v, "t0": p["t0"], "workers": len(exp), "t_bcast_s": b_q, "t_bcast_all_s": b_all,
+                     "kind": p["kind"], "bytes": p["net"].snapshot_bytes})
     return tq, tall, pubs
 
 

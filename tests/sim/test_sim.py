@@ -99,6 +99,20 @@ def test_bad_network_and_config_values_are_named():
         SimConfig(pool=pool, T_train=10.0, R=16, solver="lp")
 
 
+def test_delta_network_values_are_named_and_the_typical_publication_is_the_cycle_mean():
+    with pytest.raises(ConfigError, match="delta_ratio"):
+        Network(snapshot_bytes=1e9, delta_ratio=0.0)
+    with pytest.raises(ConfigError, match="delta_ratio"):
+        Network(snapshot_bytes=1e9, delta_ratio=1.5)
+    with pytest.raises(ConfigError, match="anchor_every"):
+        Network(snapshot_bytes=1e9, delta_ratio=0.05, anchor_every=-1)
+    net = Network(snapshot_bytes=1e9, delta_ratio=0.05, anchor_every=10)
+    assert net.typical().snapshot_bytes == pytest.approx(1e9 * (1 + 9 * 0.05) / 10)
+    assert replace(net, anchor_every=0).typical().snapshot_bytes == pytest.approx(0.05e9)
+    assert net.publication(anchor=True).snapshot_bytes == 1e9 and net.publication(anchor=False).snapshot_bytes == 0.05e9
+    assert Network(snapshot_bytes=1e9).typical().snapshot_bytes == 1e9
+
+
 # ---------------------------------------------------------------- the loop with real components
 
 
@@ -232,3 +246,51 @@ def test_paper_outputs_json_and_pngs(tmp_path):
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert results["cost"]["sync_cost_per_step"] == pytest.approx(8 * 3.06 * 1508.2 / 3600)
+
+
+def test_delta_publications_follow_the_anchor_rule_and_cut_t_bcast():
+    net = replace(paper._net(), delta_ratio=0.05, anchor_every=4)
+    full = simulate(_small(8, steps=20))
+    delta = simulate(_small(8, steps=20, net=net))
+    kinds = [p["kind"] for p in delta.publications]
+    assert all(p["kind"] == "full" for p in full.publications)
+    assert kinds[:5] == ["full", "delta", "delta", "delta", "full"]  # an anchor first, then every 4th
+    by_kind = {k: [p["t_bcast_s"] for p in delta.publications if p["kind"] == k and p["t_bcast_s"]] for k in ("full", "delta")}
+    assert max(by_kind["delta"]) < 0.2 * min(by_kind["full"])  # 5 % of the bytes, plus the install time
+    assert delta.t_bcast_s < full.t_bcast_s and delta.bubble_ratio <= full.bubble_ratio
+    assert delta.buffer["sampled"] == full.buffer["sampled"] and delta.staleness_max <= 3
+
+
+def test_a_worker_without_the_previous_publication_gets_a_full_snapshot():
+    from echo2sdk.sim.broadcast import Dissemination
+    from echo2sdk.sim.clock import EventQueue
+    from echo2sdk.sim.workers import WorkerState
+
+    cfg = _small(4, net=replace(paper._net(), delta_ratio=0.05, anchor_every=0))
+    workers = {w.name: WorkerState(w, state="active") for w in cfg.pool}
+    d = Dissemination(cfg, workers, EventQueue())
+
+    def publish(v: int) -> str:
+        d.publish(v)
+        return d.published[v]["kind"]
+
+    def install_all(v: int) -> None:
+        for w in workers.values():
+            w.installed = v
+
+    assert publish(2) == "full"  # no base yet
+    install_all(2)
+    assert publish(4) == "delta" and d.published[4]["net"].snapshot_bytes == pytest.approx(0.05 * paper.PAPER["snapshot_bytes"])
+    install_all(4)
+    workers[cfg.pool[0].name].installed = 2  # missed v4: a delta against v4 is of no use to it
+    assert publish(6) == "full"
+    install_all(6)
+    assert publish(8) == "delta"  # anchor_every = 0: anchors only when needed
+
+
+def test_delta_snapshots_experiment_lowers_t_bcast_and_mu_min_at_each_S():
+    out = paper.delta_snapshots(0.03, S_values=(3, 6), pool_size=14, steps=12)
+    for S in (3, 6):
+        f, d = out["rows"][f"S={S}/full"], out["rows"][f"S={S}/delta"]
+        assert d["t_bcast_eq2_s"] < f["t_bcast_eq2_s"] and d["mu_min"] < f["mu_min"]
+        assert d["workers_eq2"] <= f["workers_eq2"] and d["cost_per_step"] <= f["cost_per_step"] + 1e-9
