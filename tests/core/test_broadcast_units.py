@@ -113,6 +113,38 @@ def test_manifest_roundtrip_and_forgeries_are_refused():
         verify_manifest(Manifest.from_wire({**m.to_wire(), "chunks": swapped}), signer.public_key)
 
 
+def test_a_delta_manifest_signs_its_kind_base_and_root():
+    from echo2sdk.runtime.protocol.messages import WireManifest
+
+    data, signer, base, root = os.urandom(2 * CHUNK), Signer(), os.urandom(32), os.urandom(32)
+    m = build_manifest(data, 9, CHUNK, signer, kind="delta", base_version=7, base_root=base, root=root)
+    back = Manifest.from_wire(WireManifest(**m.to_wire()).model_dump())  # as a worker gets it in a plan
+    assert (back.kind, back.base_version, back.base_root, back.root) == ("delta", 7, base, root)
+    verify_manifest(back, signer.public_key)
+    for field, value in (("kind", "full"), ("base_version", 5), ("base_root", os.urandom(32)), ("root", os.urandom(32))):
+        forged = {**m.to_wire(), field: value}
+        if field == "kind":
+            forged.update(base_version=0, base_root=b"")  # a consistent full manifest, still not the signed one
+        with pytest.raises(ProtocolError, match="bad signature"):
+            verify_manifest(Manifest.from_wire(forged), signer.public_key)
+    full = build_manifest(data, 9, CHUNK, signer, root=root)  # a full snapshot may name its root
+    assert Manifest.from_wire(full.to_wire()).root == root and full.kind == "full"
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [({"kind": "patch"}, "'kind'"), ({"kind": "delta"}, "must name its base's root"),
+     ({"kind": "delta", "base_root": b"x" * 32}, "must name its base's root"),
+     ({"base_version": 3}, "names no base"), ({"root": b"short"}, "'root'"), ({"base_version": -1}, "'base_version'")],
+)
+def test_inconsistent_kinds_are_refused_on_the_wire_and_at_build(fields, match):
+    m = build_manifest(os.urandom(CHUNK), 1, CHUNK, Signer()).to_wire()
+    with pytest.raises(ProtocolError, match=match):
+        Manifest.from_wire({**m, **fields})
+    with pytest.raises(ValueError, match=match):
+        build_manifest(os.urandom(CHUNK), 1, CHUNK, Signer(), **fields)
+
+
 @pytest.mark.parametrize(
     "field,value,match",
     [("algo", "md5", "'algo'"), ("version", -1, "'version'"), ("chunk_bytes", 16, "chunk_bytes"),

@@ -1,7 +1,9 @@
 """The chunked snapshot format: safetensors bytes cut into fixed-size chunks plus a signed manifest.
 
 The manifest names the version, the total size, the chunk size, a BLAKE3 digest per chunk and of the
-whole, and carries the learner's Ed25519 signature over all of it. Workers learn the learner's public key
+whole, what the payload is (`kind`: "full", the snapshot itself, or "delta", core/delta.py's frame against the
+snapshot `base_version` whose BLAKE3 root is `base_root`) and the root of the snapshot it gives (`root`, b"" when
+not given), and carries the learner's Ed25519 signature over all of it. Workers learn the learner's public key
 over the authenticated control connection, so a relay (or anyone on the path) can neither forge a
 manifest nor slip in a chunk: every node verifies each chunk against the signed digest before it stores,
 forwards or installs it. BLAKE3 rather than SHA-256 because each relay hashes every byte it passes on,
@@ -20,12 +22,14 @@ from echo2sdk.core import checks
 from echo2sdk.core.records import pack
 from echo2sdk.errors import ProtocolError
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "Manifest", "Signer", "build_manifest", "chunk_digest", "chunk_hasher", "verify_manifest"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "KINDS", "Manifest", "Signer", "build_manifest", "chunk_digest", "chunk_hasher",
+           "verify_manifest"]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 ALGO = "blake3"
 MIN_CHUNK_BYTES = 4 << 10
 MAX_CHUNKS = 1 << 20
+KINDS = ("full", "delta")
 
 
 def chunk_hasher() -> blake3.blake3:
@@ -56,6 +60,10 @@ class Manifest:
     chunks: tuple[bytes, ...]  # one 32-byte digest per chunk
     digest: bytes  # of the whole snapshot
     signature: bytes = b""
+    kind: str = "full"  # "full": the payload is the snapshot; "delta": a core.delta frame against the base
+    base_version: int = 0  # a delta's base (0 for a full snapshot)
+    base_root: bytes = b""  # the BLAKE3 root of the base snapshot (a delta's; b"" for a full one)
+    root: bytes = b""  # the BLAKE3 root of the snapshot the payload gives (b"": not given; a delta always has one)
 
     @property
     def n_chunks(self) -> int:
@@ -67,7 +75,8 @@ class Manifest:
         return start, min(start + self.chunk_bytes, self.total_bytes)
 
     def signed_part(self) -> bytes:
-        return pack([ALGO, self.version, self.total_bytes, self.chunk_bytes, list(self.chunks), self.digest])
+        return pack([ALGO, self.version, self.total_bytes, self.chunk_bytes, list(self.chunks), self.digest,
+                     self.kind, self.base_version, self.base_root, self.root])
 
     def to_wire(self) -> dict:
         return {
@@ -78,6 +87,10 @@ class Manifest:
             "chunks": list(self.chunks),
             "digest": self.digest,
             "signature": self.signature,
+            "kind": self.kind,
+            "base_version": self.base_version,
+            "base_root": self.base_root,
+            "root": self.root,
         }
 
     @classmethod
@@ -99,10 +112,35 @@ class Manifest:
         for name in ("digest", "signature"):
             if not isinstance(obj.get(name), bytes):
                 raise ProtocolError(f"manifest field {name!r} must be bytes")
-        return cls(obj["version"], total, size, tuple(chunks), obj["digest"], obj["signature"])
+        kind, base_version = obj.get("kind", "full"), obj.get("base_version", 0)
+        base_root, root = obj.get("base_root", b""), obj.get("root", b"")
+        _check_kind(kind, base_version, base_root, root)
+        return cls(obj["version"], total, size, tuple(chunks), obj["digest"], obj["signature"], kind, base_version,
+                   base_root, root)
 
 
-def build_manifest(data: bytes | memoryview, version: int, chunk_bytes: int, signer: Signer) -> Manifest:
+def _check_kind(kind: object, base_version: object, base_root: object, root: object) -> None:
+    """ProtocolError unless (kind, base, root) describe a full snapshot or a delta with a base and a result root."""
+    if kind not in KINDS:
+        raise ProtocolError(f"manifest field 'kind' = {kind!r}, expected one of {list(KINDS)}")
+    checks.integer("manifest field 'base_version'", base_version, lo=0, error=ProtocolError)
+    for name, value in (("base_root", base_root), ("root", root)):
+        if not isinstance(value, bytes) or len(value) not in (0, 32):
+            raise ProtocolError(f"manifest field {name!r} must be empty or a 32-byte digest")
+    if kind == "delta" and not (base_root and root):
+        raise ProtocolError("a delta manifest must name its base's root and the root of the snapshot it gives")
+    if kind == "full" and (base_root or base_version):
+        raise ProtocolError("a full-snapshot manifest names no base")
+
+
+def build_manifest(data: bytes | memoryview, version: int, chunk_bytes: int, signer: Signer, *, kind: str = "full",
+                   base_version: int = 0, base_root: bytes = b"", root: bytes = b"") -> Manifest:
+    """The signed manifest of `data` cut into `chunk_bytes` chunks: a full snapshot, or (kind="delta") a delta
+    frame against `base_version` (root `base_root`) giving the snapshot whose root is `root`."""
+    try:
+        _check_kind(kind, base_version, base_root, root)
+    except ProtocolError as e:
+        raise ValueError(str(e)) from None
     if chunk_bytes < MIN_CHUNK_BYTES:
         raise ValueError(f"chunk_bytes = {chunk_bytes} must be at least {MIN_CHUNK_BYTES}")
     view = memoryview(data)
@@ -111,7 +149,8 @@ def build_manifest(data: bytes | memoryview, version: int, chunk_bytes: int, sig
         blake3.blake3(view[i : i + chunk_bytes], max_threads=blake3.blake3.AUTO).digest()
         for i in range(0, len(view), chunk_bytes)
     )
-    m = Manifest(version, len(view), chunk_bytes, chunks, blake3.blake3(b"".join(chunks)).digest())
+    m = Manifest(version, len(view), chunk_bytes, chunks, blake3.blake3(b"".join(chunks)).digest(), b"", kind,
+                 base_version, base_root, root)
     return Manifest(**{**m.__dict__, "signature": signer.sign(m.signed_part())})
 
 

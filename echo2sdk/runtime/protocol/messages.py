@@ -169,6 +169,10 @@ class WireManifest(_Model):
     chunks: Annotated[Seq[Bytes32], Field(max_length=MAX_CHUNKS)]
     digest: Bytes32
     signature: bytes = Field(min_length=64, max_length=64)  # Ed25519
+    kind: Literal["full", "delta"] = "full"  # manifest.KINDS
+    base_version: Count = 0
+    base_root: bytes = Field(b"", max_length=32)
+    root: bytes = Field(b"", max_length=32)
 
 
 class Repair(_Model):
