@@ -65,12 +65,29 @@ def _word_bytes(size: int) -> int:
     return 2 if size % 2 == 0 else 1
 
 
+def _gap_width(largest: int) -> int:
+    """The narrowest gap width that holds `largest`."""
+    return next(w for w in _GAP_BYTES if largest < 1 << (8 * w))
+
+
+def _flat(data: object, what: str, error: type[Exception]) -> memoryview:
+    """`data` as a flat view of bytes (a buffer of wider items counts its bytes); `error` names `what` otherwise."""
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+        if not view.c_contiguous:
+            raise BufferError("not contiguous")
+        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    except (TypeError, ValueError, BufferError) as exc:
+        raise error(f"{what} must be a contiguous bytes-like buffer, got {type(data).__name__}: {exc}") from None
+
+
 def _words(data: bytes | bytearray | memoryview, word: int) -> np.ndarray:
     return np.frombuffer(data, dtype=_WORDS[word])
 
 
 def changed_fraction(base: bytes | memoryview, new: bytes | memoryview) -> float:
     """The fraction of 16-bit words that differ between two snapshots of the same size."""
+    base, new = _flat(base, "base", ValueError), _flat(new, "new", ValueError)
     if len(base) != len(new):
         raise ValueError(f"snapshots differ in size: {len(base)} vs {len(new)} bytes")
     word = _word_bytes(len(base))
@@ -82,6 +99,7 @@ def encode(base: bytes | memoryview, new: bytes | memoryview, *, base_root: byte
            root: bytes | None = None, level: int = ZSTD_LEVEL) -> Delta:
     """The delta that turns `base` into `new` (same size: the same run's snapshots). The roots are computed
     unless given (the learner has them from the manifests)."""
+    base, new = _flat(base, "base", ValueError), _flat(new, "new", ValueError)
     if len(base) != len(new):
         raise ValueError(f"a delta needs snapshots of one size: base {len(base)}, new {len(new)} bytes "
                          "(the model's shapes or dtypes changed: publish a full snapshot)")
@@ -89,8 +107,7 @@ def encode(base: bytes | memoryview, new: bytes | memoryview, *, base_root: byte
     a, b = _words(base, word), _words(new, word)
     idx = np.flatnonzero(a != b)
     gaps = np.diff(idx, prepend=-1)  # >= 1 each: the first is its index + 1
-    largest = int(gaps.max()) if gaps.size else 0
-    gap_bytes = next(w for w in _GAP_BYTES if largest < 1 << (8 * w))
+    gap_bytes = _gap_width(int(gaps.max()) if gaps.size else 0)
     base_root = base_root or snapshot_root(base)
     root = root or snapshot_root(new)
     head = _HEAD.pack(MAGIC, word, gap_bytes, idx.size, len(new), base_root, root)
@@ -102,8 +119,9 @@ def encode(base: bytes | memoryview, new: bytes | memoryview, *, base_root: byte
 def read_header(payload: bytes | memoryview) -> tuple[int, int, int, int, bytes, bytes]:
     """(word bytes, gap bytes, changed words, snapshot bytes, base root, root) of an encoded delta, read from
     the start of its frame. Raises ProtocolError when it is not one."""
+    payload = _flat(payload, "delta payload", ProtocolError)
     try:
-        with zstandard.ZstdDecompressor().stream_reader(bytes(payload)) as reader:
+        with zstandard.ZstdDecompressor().stream_reader(payload) as reader:
             head = reader.read(_HEAD.size)
     except Exception as exc:  # zstandard.ZstdError on bytes that are no zstd frame
         raise ProtocolError(f"delta is not a zstd frame: {exc}") from exc
@@ -114,8 +132,8 @@ def read_header(payload: bytes | memoryview) -> tuple[int, int, int, int, bytes,
         raise ProtocolError(f"delta frame starts with {magic!r}, expected {MAGIC!r}")
     if word not in _WORDS or word != _word_bytes(size):
         raise ProtocolError(f"delta field 'word' = {word} does not fit a snapshot of {size} bytes")
-    if gap not in _GAP_BYTES:
-        raise ProtocolError(f"delta field 'gap' = {gap}, expected one of {list(_GAP_BYTES)}")
+    if gap not in _GAP_BYTES or gap > _gap_width(size // word):  # no gap exceeds the word count
+        raise ProtocolError(f"delta field 'gap' = {gap} does not fit a snapshot of {size // word} words")
     if n > size // word:
         raise ProtocolError(f"delta field 'changed' = {n} exceeds the snapshot's {size // word} words")
     return word, gap, n, size, base_root, root
@@ -126,6 +144,7 @@ def apply(base: bytes | bytearray | memoryview, payload: bytes | memoryview, *, 
     """The snapshot `payload` rebuilds from `base`, returned only when its BLAKE3 root is `root` (the one the
     learner signed). Raises ProtocolError on a base other than the delta's (by size or root), a malformed frame,
     or a rebuilt snapshot whose root differs (a tampered or corrupt delta): nothing unverified is returned."""
+    payload, base = _flat(payload, "delta payload", ProtocolError), _flat(base, "base", ProtocolError)
     word, gap, n, size, want_base, want_root = read_header(payload)
     if want_root != root:
         raise ProtocolError("delta: the frame names another result root than the signed manifest")
@@ -134,31 +153,57 @@ def apply(base: bytes | bytearray | memoryview, payload: bytes | memoryview, *, 
     if (base_root or snapshot_root(base)) != want_base:
         raise ProtocolError("delta: the base is not the snapshot this delta was made from (its root differs)")
     expected = _HEAD.size + n * (gap + word)
-    try:
-        declared = zstandard.frame_content_size(bytes(payload))
-    except Exception as exc:
-        raise ProtocolError(f"delta: no readable zstd frame header: {exc}") from exc
-    if declared != expected:  # checked before anything is allocated for it
-        raise ProtocolError(f"delta frame declares {declared} bytes; {n} changed words need {expected}")
-    try:
-        frame = zstandard.ZstdDecompressor().decompress(bytes(payload), max_output_size=expected)
-    except Exception as exc:
-        raise ProtocolError(f"delta: the zstd frame does not decompress: {exc}") from exc
-    if len(frame) != expected:
-        raise ProtocolError(f"delta frame is {len(frame)} bytes; {n} changed words need {expected}")
-    view = memoryview(frame)
-    gaps = np.frombuffer(view[_HEAD.size : _HEAD.size + n * gap], dtype=f"<u{gap}")
-    values = np.frombuffer(view[_HEAD.size + n * gap :], dtype=f"<u{word}")
-    if n and int(gaps.min()) < 1:
-        raise ProtocolError("delta: a position gap of 0 (positions must increase)")
-    idx = np.cumsum(gaps, dtype=np.uint64).astype(np.int64) - 1
-    if n and int(idx[-1]) >= size // word:
-        raise ProtocolError(f"delta: position {int(idx[-1])} is past the snapshot's {size // word} words")
+    frame = _decompress(payload, expected, n)
+    gaps = np.frombuffer(frame, dtype=f"<u{gap}", count=n, offset=_HEAD.size)
+    values = np.frombuffer(frame, dtype=f"<u{word}", count=n, offset=_HEAD.size + n * gap)
     out = bytearray(base)
-    _words(out, word)[idx] = values
+    _overwrite(_words(out, word), gaps, values)
     if snapshot_root(out) != root:
         raise ProtocolError("delta: the rebuilt snapshot's root is not the signed one (corrupt or tampered delta)")
     return out
+
+
+def _decompress(payload: memoryview, expected: int, n: int) -> bytes:
+    """The one zstd frame of `payload`, `expected` bytes long: its declared size is checked before anything is
+    allocated for it, and bytes after the frame are refused."""
+    try:
+        declared = zstandard.frame_content_size(payload)
+    except Exception as exc:  # noqa: BLE001 - zstandard.ZstdError and friends
+        raise ProtocolError(f"delta: no readable zstd frame header: {exc}") from exc
+    if declared != expected:
+        raise ProtocolError(f"delta frame declares {declared} bytes; {n} changed words need {expected}")
+    try:
+        dec = zstandard.ZstdDecompressor().decompressobj()
+        frame = dec.decompress(payload)
+    except Exception as exc:  # noqa: BLE001
+        raise ProtocolError(f"delta: the zstd frame does not decompress: {exc}") from exc
+    if dec.unused_data:
+        raise ProtocolError(f"delta: {len(dec.unused_data)} bytes after the zstd frame")
+    if len(frame) != expected:
+        raise ProtocolError(f"delta frame is {len(frame)} bytes; {n} changed words need {expected}")
+    return frame
+
+
+_BLOCK = 1 << 20  # positions rebuilt per block: the running sums take O(block) memory, not O(changed words)
+
+
+def _overwrite(words: np.ndarray, gaps: np.ndarray, values: np.ndarray) -> None:
+    """words[p_i] = values[i] with p_i = gaps[0] + ... + gaps[i] - 1, block by block; ProtocolError on a gap of 0
+    or a position past the end (checked before each block is written; sums cannot wrap: every gap is at most
+    the word count, and the running position is checked against it after every block)."""
+    limit, at = words.size, 0
+    for lo in range(0, gaps.size, _BLOCK):
+        g = gaps[lo : lo + _BLOCK]
+        if int(g.min()) < 1:
+            raise ProtocolError("delta: a position gap of 0 (positions must increase)")
+        if int(g.max()) > limit:
+            raise ProtocolError(f"delta: a position gap past the snapshot's {limit} words")
+        pos = np.cumsum(g, dtype=np.int64)  # <= _BLOCK * limit + at: far below 2**63 for any snapshot size
+        pos += at - 1
+        if int(pos[-1]) >= limit:
+            raise ProtocolError(f"delta: position {int(pos[-1])} is past the snapshot's {limit} words")
+        words[pos] = values[lo : lo + _BLOCK]
+        at = int(pos[-1]) + 1
 
 
 def plan_publication(since_anchor: int, anchor_every: int, has_base: bool, delta_bytes: int | None,

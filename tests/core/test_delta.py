@@ -147,3 +147,49 @@ def test_a_real_update_of_a_model_gives_a_small_delta_that_loads():
     rebuilt = delta.apply(before, d.payload, root=d.root)
     got, want = load_snapshot(rebuilt), load_snapshot(after)
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _frame(word: int, gap: int, size: int, base_root: bytes, root: bytes, gaps: list[int], values: list[int]) -> bytes:
+    head = delta._HEAD.pack(delta.MAGIC, word, gap, len(gaps), size, base_root, root)
+    return zstandard.ZstdCompressor().compress(
+        head + np.array(gaps, dtype=f"<u{gap}").tobytes() + np.array(values, dtype=f"<u{word}").tobytes())
+
+
+def test_gaps_that_would_wrap_or_are_wider_than_the_snapshot_needs_are_refused(made):
+    base, _, d = made
+    words = len(base) // 2
+    # sums that wrap in 64 bits used to turn into negative or huge indices (IndexError, or a write from the end)
+    wrap = _frame(2, 8, len(base), d.base_root, d.root, [2**63, 2**63 + 1], [1, 2])
+    with pytest.raises(ProtocolError, match="'gap' = 8"):  # 8-byte gaps for a 4096-word snapshot
+        delta.apply(base, wrap, root=d.root)
+    past = _frame(2, 2, len(base), d.base_root, d.root, [1, words + 5], [1, 2])
+    with pytest.raises(ProtocolError, match="gap past the snapshot"):
+        delta.apply(base, past, root=d.root)
+    end = _frame(2, 2, len(base), d.base_root, d.root, [words - 1, 2], [1, 2])
+    with pytest.raises(ProtocolError, match="past the snapshot's 4096 words"):
+        delta.apply(base, end, root=d.root)
+
+
+def test_bytes_after_the_frame_are_refused(made):
+    base, _, d = made
+    for extra in (b"junk", d.payload):
+        with pytest.raises(ProtocolError, match="after the zstd frame"):
+            delta.apply(base, d.payload + extra, root=d.root)
+
+
+def test_buffers_of_wider_items_count_their_bytes(made):
+    base, new, d = made
+    as_u16 = np.frombuffer(base, dtype=np.uint16)
+    assert delta.apply(as_u16, memoryview(d.payload), root=d.root) == new
+    assert delta.encode(memoryview(base).cast("H"), np.frombuffer(new, dtype=np.uint16)).payload == d.payload
+    with pytest.raises(ProtocolError, match="contiguous"):
+        delta.apply(memoryview(base)[::2], d.payload, root=d.root)
+    with pytest.raises(ProtocolError, match="delta payload"):
+        delta.apply(base, "a string", root=d.root)
+
+
+def test_positions_are_rebuilt_across_blocks(monkeypatch):
+    monkeypatch.setattr(delta, "_BLOCK", 7)  # many blocks: the running position carries over each boundary
+    base, new = _pair(2000, list(range(3, 2000, 11)))
+    d = delta.encode(base, new)
+    assert delta.apply(base, d.payload, root=d.root) == new
