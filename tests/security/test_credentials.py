@@ -232,6 +232,7 @@ def test_one_credential_holds_at_most_four_connections_and_a_rejoin_is_not_count
         renamed = loop.run(Client.join(c.port, alice.key, worker_id="alice", session="s1"))  # s1 holds alice~N:
         clients.append(renamed)  # a hello with its session replaces nothing, so it counts
         assert renamed.answer["type"] == "refused", renamed.answer
+        assert c.refused == 2  # each refusal counted once (the cap's used to count twice)
         for token in (TOKEN, issue(TOKEN, "bob").key):  # the run token and other credentials are not affected
             clients.append(loop.run(Client.join(c.port, token, worker_id="bob")))
             assert clients[-1].answer["type"] == "welcome"

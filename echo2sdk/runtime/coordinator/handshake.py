@@ -121,7 +121,6 @@ class Handshake:
             await self._refuse(writer, f"{who} is revoked", f"worker {hello.worker_id} is revoked", keys)
             return True
         if by_credential and self.registry.credential_conns(hello) >= MAX_CONNS_PER_CREDENTIAL:
-            self.refused += 1
             await self._refuse(writer, f"{who}: its credential holds {MAX_CONNS_PER_CREDENTIAL} connections",
                                f"credential {hello.worker_id} already holds {MAX_CONNS_PER_CREDENTIAL} "
                                "connections, the most one credential may", keys)
