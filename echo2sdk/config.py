@@ -205,6 +205,20 @@ class BroadcastConfig(_Section):
         "measured end to end, so keep it under worker_mbps; the learner, every fetcher's last resort, is exempt"
     )
     shape_uplink: bool = Field(False, description="pace the learner's sends at uplink_mbps (emulation)")
+    delta: bool = Field(
+        False, description="publish delta snapshots (core/delta.py): the bf16 words changed since the previous "
+        "publication, zstd-compressed, installed only when the rebuilt snapshot's root is the signed one; a full "
+        "snapshot every anchor_every publications, to late joiners and to workers that lack the previous one"
+    )
+    anchor_every: int = Field(10, ge=0, description="with delta: a full snapshot every this many publications "
+                              "(0: only the first and when needed)")
+
+    @model_validator(mode="after")
+    def _check_delta(self) -> BroadcastConfig:
+        if self.delta and self.topology == "direct":
+            raise ValueError("broadcast.delta = true needs broadcast.topology 'chain' or 'star' (the direct push "
+                             "sends full snapshots)")
+        return self
 
     def chains(self) -> int:
         from echo2sdk.core.capacity import num_chains

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from echo2sdk.core.broadcast.manifest import DEFAULT_CHUNK_BYTES, Manifest, Signer, build_manifest
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores, plan_chains
 from echo2sdk.runtime.trust import session
-from echo2sdk.runtime.broadcast.delivery import Peer, send_all
+from echo2sdk.runtime.broadcast.delivery import Peer, SnapshotMeta, send_all
 from echo2sdk.runtime.protocol.messages import MAX_RELAY_KEYS, BroadcastInfo, Received, SnapshotPlan, WireManifest
 from echo2sdk.runtime.broadcast.relay import MIN_RELAY_BPS, RelayNode
 from echo2sdk.runtime.trust.tls import Identity
@@ -54,18 +54,21 @@ class ChainBroadcast:
         signer: Signer | None = None,
         tls: bool | Identity = True,
         relay_key_lookahead: int = 1,
+        deltas: bool = False,
     ):
         """`tls`: the learner's relay port speaks TLS with a certificate made for it (True), a given `Identity`,
         or plaintext (False, opt-in). Workers pin its fingerprint from the sealed snapshot plan.
         `relay_key_lookahead`: how many versions past each plan's its relay keys cover (kappa, the publication
         period: every node then holds the next publication's key before a child can ask it for it), clamped to
-        [1, MAX_RELAY_KEYS - 1]; beyond it a child that asks its parent first may be refused and repair upstream."""
+        [1, MAX_RELAY_KEYS - 1]; beyond it a child that asks its parent first may be refused and repair upstream.
+        `deltas`: publications may be delta snapshots (broadcast.delta); workers learn it in the welcome and keep
+        the snapshot they installed as the next delta's base."""
         self.relay_key_lookahead = min(max(1, relay_key_lookahead), MAX_RELAY_KEYS - 1)
         if topology not in ("chain", "star"):
             raise ValueError(f"broadcast topology must be 'chain' or 'star', got {topology!r}")
         if n_chains < 1:
             raise ValueError(f"n_chains must be >= 1, got {n_chains!r}")
-        self.topology, self.n_chains, self.chunk_bytes = topology, n_chains, chunk_bytes
+        self.topology, self.n_chains, self.chunk_bytes, self.deltas = topology, n_chains, chunk_bytes, deltas
         self.signer = signer or Signer()
         self.source = RelayNode(
             token, node_id=SOURCE, host=host, uplink_bps=uplink_bps, per_peer_bps=per_peer_bps,
@@ -86,7 +89,8 @@ class ChainBroadcast:
         """What a worker needs at join time: the key that signs every manifest, when to repair, and the relay
         keys of the newest version and the next publication's."""
         return BroadcastInfo(public_key=self.public_key, stall_timeout_s=self.source.stall_timeout_s,
-                             min_relay_bps=self.source.min_relay_bps, relay_keys=self.relay_keys(self._newest))
+                             min_relay_bps=self.source.min_relay_bps, relay_keys=self.relay_keys(self._newest),
+                             deltas=self.deltas)
 
     def relay_keys(self, version: int) -> tuple[tuple[int, bytes], ...]:
         """(v, K_relay(v)) for `version` and the `relay_key_lookahead` versions after it: a node holds the next
@@ -94,11 +98,13 @@ class ChainBroadcast:
         beyond (docs/security.md, "Per-worker credentials")."""
         return tuple((v, session.relay_key(self._root, v)) for v in range(version, version + self.relay_key_lookahead + 1))
 
-    async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
+    async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer], meta: SnapshotMeta | None = None) -> None:
+        """`weights`: the payload (`meta`: a full snapshot by default, or a delta) signed and served under `version`."""
         if self._made is not None and self._made[0] is weights and self._made[1].version == version:
             manifest = self._made[1]  # a late joiner: this snapshot is signed and served already
         else:
-            manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer)
+            manifest = await asyncio.to_thread(build_manifest, weights, version, self.chunk_bytes, self.signer,
+                                               **(meta or SnapshotMeta()).fields())
             self._made = (weights, manifest)
             self.source.publish(manifest, weights)
         self._newest = max(self._newest, version)
@@ -121,8 +127,9 @@ class ChainBroadcast:
         # all at once: a worker that stopped reading delays no other; a dead one is the coordinator's business
         # (its children repair around it)
         await asyncio.gather(*(send_all([p], order(p)) for p in peers))
-        log.info("snapshot v%d: %d bytes in %d chunks to %d worker(s) on %d chain(s)", version,
-                 manifest.total_bytes, manifest.n_chunks, len(peers), plan.n_chains)
+        log.info("snapshot v%d: %d bytes (%s) in %d chunks to %d worker(s) on %d chain(s)", version,
+                 manifest.total_bytes, manifest.kind if manifest.kind == "full" else f"delta on v{manifest.base_version}",
+                 manifest.n_chunks, len(peers), plan.n_chains)
 
     def _keep(self, version: int, plan: ChainPlan) -> None:
         """Record `version`'s plan, forgetting plans and reports beyond the newest KEEP_VERSIONS versions."""

@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from echo2sdk.runtime.protocol.messages import BroadcastInfo, Received, Snapshot, WireMessage
 from echo2sdk.runtime.protocol.wire import digest
 
-__all__ = ["Peer", "SnapshotDelivery", "DirectPush", "check_delivery", "send_all", "snapshot_frame_ok"]
+__all__ = ["Peer", "SnapshotDelivery", "SnapshotMeta", "DirectPush", "check_delivery", "send_all", "snapshot_frame_ok"]
+
+
+@dataclass(frozen=True)
+class SnapshotMeta:
+    """What a publication's payload is, for the signed manifest (core/broadcast/manifest.py): a full snapshot
+    (`root`: its BLAKE3 root, b"" when not computed) or a delta (core/delta.py) against `base_version`."""
+
+    kind: str = "full"
+    base_version: int = 0
+    base_root: bytes = b""
+    root: bytes = b""
+
+    def fields(self) -> dict:
+        return {"kind": self.kind, "base_version": self.base_version, "base_root": self.base_root, "root": self.root}
 
 
 class Peer(Protocol):
@@ -42,7 +57,9 @@ class Peer(Protocol):
 class SnapshotDelivery(Protocol):
     async def deliver(self, version: int, weights: bytes, peers: Sequence[Peer]) -> None:
         """Start sending `weights` (safetensors bytes of snapshot `version`) to `peers`.
-        Workers acknowledge with an `installed` message once the snapshot is live."""
+        Workers acknowledge with an `installed` message once the snapshot is live. A delivery that carries
+        delta snapshots (broadcast.delta: the chain broadcast) also takes `meta` (SnapshotMeta), naming what
+        `weights` is."""
         ...
 
     def welcome_info(self) -> BroadcastInfo | None:

@@ -97,9 +97,11 @@ class Coordinator:
         return self.server.port
 
     # -- publication ------------------------------------------------------------------------------------
-    def publish(self, version: int, weights: bytes) -> None:
-        """Hand snapshot `version` to the delivery (non-blocking for the learner)."""
-        self.server.call_soon(self.snapshots.publish, version, weights)
+    def publish(self, version: int, weights: bytes, *, root: bytes = b"", delta: Any = None) -> None:
+        """Hand snapshot `version` to the delivery (non-blocking for the learner). With delta snapshots: `root`, the
+        snapshot's BLAKE3 root, and `delta`, (core.delta.Delta, its base version) when this publication is a delta
+        (Snapshots.publish)."""
+        self.server.call_soon(self.snapshots.publish, version, weights, root, delta)
 
     def t_bcast(self, version: int, event: str = "installed") -> tuple[float | None, float | None]:
         """(T_bcast to q = 1/gamma of the workers active at publication, T_bcast to all of them).

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from echo2sdk.core import capacity
 from echo2sdk.runtime.broadcast.bootstrap import ModelFolder
-from echo2sdk.runtime.broadcast.delivery import SnapshotDelivery
+from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery, SnapshotMeta
 from echo2sdk.runtime.protocol.messages import BaseFiles, Received
 
 if TYPE_CHECKING:
@@ -34,7 +34,10 @@ class Snapshots:
 
     def __init__(self, delivery: SnapshotDelivery, registry: Registry, *, base: ModelFolder | None, q: float):
         self.delivery, self.registry, self.base, self.q = delivery, registry, base, q
-        self.latest: tuple[int, bytes] | None = None
+        self.latest: tuple[int, bytes] | None = None  # the newest full snapshot (what a late joiner gets)
+        self.latest_kind = "full"  # how the newest publication went out over the delivery: "full" or "delta"
+        self._full_push = DirectPush()  # full snapshots to workers without a delta's base, and to late joiners
+        self.sent = {"full": 0, "delta": 0, "full_pushed": 0}  # publications by kind; full snapshots pushed to workers
         # every version this coordinator published, in order -> {t0, expected, received: {id: t}, installed: {id: t}}
         self.bcast: dict[int, dict[str, Any]] = {}
         # the latest repairs workers reported, for the run's record; repairs_reported counts all of them
@@ -45,8 +48,11 @@ class Snapshots:
         self._base_lock = asyncio.Lock()
 
     # -- publication ---------------------------------------------------------------------------------------
-    def publish(self, version: int, weights: bytes) -> None:
-        """Hand snapshot `version` to every live worker (on the loop: Coordinator.publish schedules it)."""
+    def publish(self, version: int, weights: bytes, root: bytes = b"", delta: Any = None) -> None:
+        """Hand snapshot `version` to every live worker (on the loop: Coordinator.publish schedules it). `weights`:
+        the full snapshot; `root`: its BLAKE3 root (b"": deltas are off). `delta`: (core.delta.Delta, its base
+        version) when this publication is a delta: the workers that installed the base get the delta over the
+        delivery, the others the full snapshot over their control connection."""
         self.latest = (version, weights)
         self.base_weights = None  # a worker that bootstraps from now on gets the latest snapshot
         peers = [c for c in self.registry.conns.values() if c.info.alive]
@@ -58,11 +64,34 @@ class Snapshots:
             "received": {},
             "installed": {},
         }
-        asyncio.get_running_loop().create_task(self.delivery.deliver(version, weights, peers))
+        loop = asyncio.get_running_loop()
+        self.latest_kind = "delta" if delta is not None else "full"
+        self.sent[self.latest_kind] += 1
+        if delta is None:
+            meta = (SnapshotMeta(root=root),) if root else ()  # the root names it as a delta's base later
+            loop.create_task(self.delivery.deliver(version, weights, peers, *meta))
+            return
+        d, base = delta
+        holders = [p for p in peers if p.info.version == base]
+        others = [p for p in peers if p.info.version != base]
+        meta = SnapshotMeta("delta", base, d.base_root, d.root)
+        if holders:
+            loop.create_task(self.delivery.deliver(version, d.payload, holders, meta))  # type: ignore[call-arg]
+        if others:
+            self.sent["full_pushed"] += len(others)
+            log.info("snapshot v%d: the full snapshot to %d worker(s) without v%d: %s", version, len(others), base,
+                     ", ".join(sorted(p.worker_id for p in others))[:300])
+            loop.create_task(self._full_push.deliver(version, weights, others))
 
     async def send_latest(self, conn: Conn) -> None:
-        """A late joiner gets the current policy at once (nothing before the first publication)."""
-        if self.latest is not None:
+        """A late joiner gets the current policy at once (nothing before the first publication): over the
+        delivery, or whole over its control connection when the newest publication went out as a delta."""
+        if self.latest is None:
+            return
+        if self.latest_kind == "delta":
+            self.sent["full_pushed"] += 1
+            await self._full_push.deliver(self.latest[0], self.latest[1], [conn])
+        else:
             await self.delivery.deliver(self.latest[0], self.latest[1], [conn])
 
     def t_bcast(self, version: int, event: str = "installed") -> tuple[float | None, float | None]:

@@ -119,6 +119,7 @@ def delivery(cfg: Config, token: str, signing_key: Any = None) -> SnapshotDelive
         signer=Signer(signing_key) if signing_key is not None else None,
         tls=cfg.run.tls,  # the learner's relay port: TLS, or plaintext with run.tls = false
         relay_key_lookahead=cfg.kappa,  # the next publication's relay key goes out with each plan
+        deltas=b.delta,
     )
 
 

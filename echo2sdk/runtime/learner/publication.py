@@ -5,6 +5,10 @@ Every path that publishes (the step loop, a resumed run's first publication, the
 goes through `Publication`: the version is written to the run's high-water mark (published.json) before it
 leaves the learner, the weights are copied at once on the learner's thread and serialized and sent on the
 publisher thread or inline, and the version is listed so that T_bcast of every publication can be read back.
+
+With delta snapshots (`anchor_every` not None: broadcast.delta), the publisher thread also encodes each snapshot
+against the previous publication (core/delta.py) and hands the coordinator both (it sends the delta to the workers
+that hold the base); a full anchor goes out first, every anchor_every publications and when a delta is no smaller.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ class Publisher(Protocol):
     """Where snapshots go (the Coordinator): `publish(version, data)` and `t_bcast(version)` -> (T_bcast at the
     quantile q, at all workers), None while unknown."""
 
-    def publish(self, version: int, data: bytes) -> Any: ...
+    def publish(self, version: int, data: bytes, **deltas: Any) -> Any: ...
 
     def t_bcast(self, version: int) -> tuple[float | None, float | None]: ...
 
@@ -43,11 +47,15 @@ class Publication:
     `publish_if_due` publishes every kappa updates off the learner's thread; `publish_now` publishes at once."""
 
     def __init__(self, to: Publisher, buffer: StalenessBuffer, weights: Snapshots, out: Path, *, kappa: int,
-                 dtype: str):
+                 dtype: str, anchor_every: int | None = None):
         self.to, self.buffer, self.weights, self.out = to, buffer, weights, out
-        self.kappa, self.dtype = kappa, dtype
+        self.kappa, self.dtype, self.anchor_every = kappa, dtype, anchor_every
         self.version = 0  # v_t
         self.published: list[int] = []  # versions published, oldest first
+        self._previous: tuple[int, bytes, bytes] | None = None  # (version, bytes, root) of the last publication
+        self._since_anchor = 0
+        # with deltas: per publication {version, kind, bytes (sent over the delivery), full_bytes, encode_s}
+        self.sent: list[dict[str, Any]] = []
 
     def start_at(self, version: int) -> None:
         """A resumed run's v_t (above everything ever published: checkpoint.resume_version)."""
@@ -88,9 +96,54 @@ class Publication:
         from echo2sdk.core.snapshot import serialize_state
 
         try:
-            self.to.publish(version, serialize_state(state))
+            data = serialize_state(state)
+            if self.anchor_every is None:
+                self.to.publish(version, data)
+            else:
+                self._publish_with_deltas(version, data)
         except Exception:  # noqa: BLE001 - a failed publication must be visible, not lost in a Future
             log.exception("publishing snapshot v%d failed; workers keep their current version", version)
+
+    def _publish_with_deltas(self, version: int, data: bytes) -> None:
+        """Encode `data` against the previous publication (timed: it runs here, off the training path), decide full
+        or delta (core.delta.plan_publication) and hand the coordinator the snapshot, its root and the delta."""
+        from echo2sdk.core import delta
+
+        assert self.anchor_every is not None
+        t0 = time.perf_counter()
+        root = delta.snapshot_root(data)
+        prev, d = self._previous, None
+        if prev is not None and len(prev[1]) == len(data):
+            d = delta.encode(prev[1], data, base_root=prev[2], root=root)
+        kind = delta.plan_publication(self._since_anchor, self.anchor_every, prev is not None,
+                                      len(d.payload) if d is not None else None, len(data))
+        encode_s = time.perf_counter() - t0
+        self._since_anchor = 0 if kind == "full" else self._since_anchor + 1
+        self._previous = (version, data, root)
+        sent = len(d.payload) if kind == "delta" and d is not None else len(data)
+        self.sent.append({"version": version, "kind": kind, "bytes": sent, "full_bytes": len(data),
+                          "changed_fraction": round(d.changed_fraction, 6) if d is not None else None,
+                          "encode_s": round(encode_s, 3)})
+        if kind == "delta" and d is not None and prev is not None:
+            log.info("snapshot v%d: delta on v%d, %d bytes (%.2f%% of %d; %.2f%% of the words changed), encoded in "
+                     "%.2f s", version, prev[0], sent, 100 * sent / len(data), len(data), 100 * d.changed_fraction,
+                     encode_s)
+            self.to.publish(version, data, root=root, delta=(d, prev[0]))
+        else:
+            self.to.publish(version, data, root=root)
+
+    def delta_summary(self, coordinator_sent: dict[str, int]) -> dict[str, Any]:
+        """summary.json's "deltas": publications by kind, the bytes sent over the delivery against the full
+        snapshots', the encode time, and what the coordinator sent (full snapshots pushed to workers without a
+        delta's base); each publication in `publications`."""
+        deltas = [s for s in self.sent if s["kind"] == "delta"]
+        return {
+            "full": len(self.sent) - len(deltas), "delta": len(deltas),
+            "bytes_sent": sum(s["bytes"] for s in self.sent), "bytes_full": sum(s["full_bytes"] for s in self.sent),
+            "delta_over_full_mean": round(sum(s["bytes"] / s["full_bytes"] for s in deltas) / len(deltas), 5) if deltas else None,
+            "encode_s_max": max((s["encode_s"] for s in self.sent), default=None),
+            "coordinator": dict(coordinator_sent), "publications": list(self.sent),
+        }
 
     def last_bcast(self) -> tuple[float | None, float | None]:
         """T_bcast (quantile, all workers) of the newest publication that has one."""

@@ -195,7 +195,8 @@ class Trainer:
         """The recipe's components over the buffer, the coordinator and the learner (rank 0)."""
         cfg, L, ro = self.cfg, self.cfg.learner, self.cfg.rollout
         self.publication = Publication(self.coordinator, self.buffer, self.ops, self.out, kappa=cfg.kappa,
-                                       dtype=L.snapshot_dtype)
+                                       dtype=L.snapshot_dtype,
+                                       anchor_every=cfg.broadcast.anchor_every if cfg.broadcast.delta else None)
         self.replay = AuditReplay(self.coordinator, self.ops, lie_threshold=L.lie_threshold,
                                   lie_var_threshold=L.lie_var_threshold, replay_n=L.audit_replay)
         self.local = LocalProvider(f"{host}:{port}", self.coordinator.token, log_dir=self.out / "workers",
@@ -378,7 +379,7 @@ class Trainer:
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         cfg, coord, stopped = self.cfg, self.coordinator, self._stop_signal
-        return summary(
+        out = summary(
             self.rows, wall_s, S=cfg.learner.staleness, kappa=cfg.kappa, R=cfg.learner.trajectories_per_step,
             mu_pool=sum(r for w in coord.workers.values() if (r := w.rollouts_per_s) > 0),
             buffer=self.buffer.stats(), coordinator=coord.stats(), workers=coord.worker_table(),
@@ -393,6 +394,9 @@ class Trainer:
             records_withheld_by_worker=dict(self.replay.withheld_by_worker),  # by the audit's screen (core/audit.py)
             config=redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         )
+        if cfg.broadcast.delta:
+            out["deltas"] = self.publication.delta_summary(coord.snapshots.sent)
+        return out
 
     # -- cost-aware provisioning (paper §4.3): warm-up calibration and the live scheduler loop --------
     def calibrate(self, steps: int = 5, join_timeout_s: float = 120.0) -> dict[str, Any]:

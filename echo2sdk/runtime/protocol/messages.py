@@ -148,6 +148,7 @@ class BroadcastInfo(_Model):
     stall_timeout_s: float | None = Field(None, gt=0.0, le=3600.0)
     min_relay_bps: float | None = Field(None, gt=0.0, le=1e12)  # the slowest parent a fetcher waits for
     relay_keys: RelayKeys = ()  # the relay keys of the newest published version and of the next publication
+    deltas: bool = False  # publications may be delta snapshots: keep the installed snapshot as the next base
 
 
 class WireTask(_Model):

@@ -4,6 +4,11 @@ the manifest and pulls the chunks through its relay node, runtime/broadcast/rela
 yet installed is kept; the rollout loop installs it between generation batches, and the worker switches
 version the moment its install completes. A relay-only worker installs nothing: it forwards what it fetched
 and reports it as installed.
+
+With delta snapshots (the welcome says so: broadcast.delta), the worker keeps the snapshot it installed last, with
+its BLAKE3 root, as the base of the next delta. A delta is applied to it (core/delta.py) off the event loop, and
+the rebuilt snapshot is queued only when its root is the one in the signed manifest; a delta for another base, or
+one that does not rebuild, is refused and reported (the coordinator sends the next publication whole then).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import logging
 import time
 
+from echo2sdk.core import delta
 from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
 from echo2sdk.core.contracts import InferenceBackend
 from echo2sdk.errors import BackendError, ProtocolError
@@ -46,9 +52,13 @@ class SnapshotInbox:
         self.link, self.host, self.relay_only = link, host, relay_only
         self.relay: RelayNode | None = None
         self.public_key: bytes | None = None  # the snapshot-signing key, learnt from the sealed welcome
-        self.pending: tuple[int, bytes | Assembly] | None = None
+        self.pending: tuple[int, bytes | bytearray | Assembly] | None = None
         self.newest = 0
         self.received = 0
+        self.deltas = False  # the run publishes delta snapshots (its welcome said so)
+        self.held: tuple[int, bytes, bytes | bytearray] | None = None  # (version, root, bytes) installed: a delta's base
+        self.roots: dict[int, bytes] = {}  # signed roots of the snapshots received, by version (pending ones)
+        self.applied = 0  # deltas applied and verified
 
     def heard_of(self, version: int) -> None:
         self.newest = max(self.newest, version)
@@ -62,6 +72,7 @@ class SnapshotInbox:
             self.relay.stall_timeout_s = bcast.stall_timeout_s
         if bcast is not None and bcast.min_relay_bps is not None:
             self.relay.min_relay_bps = bcast.min_relay_bps
+        self.deltas = bcast is not None and bcast.deltas
 
     async def on_push(self, msg: Snapshot, payload: bytes) -> None:
         """A snapshot pushed whole: kept as pending when well-formed and newer than the pending one."""
@@ -71,6 +82,9 @@ class SnapshotInbox:
             await self.link.notify(SnapshotRejected(version=msg.version, reason=why))
         elif self.pending is None or msg.version > self.pending[0]:
             self.set_pending(msg.version, payload)
+            if self.relay_only:  # nothing to install: what it got is what it has
+                self.received = max(self.received, msg.version)
+                await self.link.notify(Installed(version=msg.version))
 
     def on_plan(self, plan: SnapshotPlan) -> None:
         """A chain-broadcast plan: fetched in the background (`fetch`)."""
@@ -101,14 +115,42 @@ class SnapshotInbox:
             log.warning("snapshot v%d: no upstream could serve it (%s)", manifest.version, shown(report.repairs, 300))
             return
         if not self.relay_only and (self.pending is None or manifest.version > self.pending[0]):
-            self.set_pending(manifest.version, asm)
+            if manifest.kind == "delta":
+                await self._apply(manifest, asm)
+            else:
+                if manifest.root:
+                    self.roots[manifest.version] = manifest.root
+                self.set_pending(manifest.version, asm)
         else:
             self.relay.release(asm)
         if self.relay_only:
             self.received = max(self.received, manifest.version)
             await self.link.notify(Installed(version=manifest.version))
 
-    def set_pending(self, version: int, payload: bytes | Assembly) -> None:
+    async def _apply(self, manifest: Manifest, asm: Assembly) -> None:
+        """Rebuild the snapshot a verified delta gives from the held base and queue it; refuse (and report) a delta
+        for another base or one whose result is not the signed root. The delta's buffer goes back to the relay."""
+        held, v = self.held, manifest.version
+        try:
+            if held is None or held[0] != manifest.base_version or held[1] != manifest.base_root:
+                have = "nothing" if held is None else f"v{held[0]}"
+                raise ProtocolError(f"delta v{v} is for base v{manifest.base_version}, this worker holds {have}")
+            t0 = time.perf_counter()
+            full = await asyncio.to_thread(delta.apply, held[2], asm.view, root=manifest.root, base_root=held[1])
+        except ProtocolError as e:
+            log.warning("refusing snapshot v%d: %s", v, shown(str(e), 200))
+            await self.link.notify(SnapshotRejected(version=v, reason=clip(str(e))))
+            return
+        finally:
+            self.relay.release(asm)  # type: ignore[union-attr]
+        self.applied += 1
+        log.info("snapshot v%d: delta on v%d (%d bytes) applied and verified in %.2f s", v, held[0],
+                 manifest.total_bytes, time.perf_counter() - t0)
+        if self.pending is None or v > self.pending[0]:
+            self.roots[v] = manifest.root
+            self.set_pending(v, full)
+
+    def set_pending(self, version: int, payload: bytes | bytearray | Assembly) -> None:
         if self.pending is not None and isinstance(self.pending[1], Assembly):
             self.relay.release(self.pending[1])  # type: ignore[union-attr]
         self.pending = (version, payload)
@@ -126,6 +168,11 @@ class SnapshotInbox:
                 return
             weights = payload.view if isinstance(payload, Assembly) else payload
             await asyncio.to_thread(backend.install, version, weights)
+            if self.deltas:  # the next delta's base: the bytes as installed (a copy of a relay buffer)
+                root = self.roots.pop(version, None) or await asyncio.to_thread(delta.snapshot_root, weights)
+                kept = weights if isinstance(weights, (bytes, bytearray)) else await asyncio.to_thread(bytes, weights)
+                self.held = (version, root, kept)
+                self.roots = {v: r for v, r in self.roots.items() if v > version}
         except BackendError as e:
             log.warning("snapshot v%s refused by the backend: %s", version, e)
             await self.link.notify(SnapshotRejected(version=version, reason=clip(str(e))))
