@@ -12,7 +12,8 @@ words and their new values takes a few percent of the bytes. A delta is computed
 
 `apply` rebuilds the new snapshot from its base and returns it only when its BLAKE3 root is the expected one
 (the signed manifest's); a wrong base, a corrupt or truncated frame, or a tampered value raises ProtocolError.
-`plan_publication` decides full snapshot (an anchor) or delta: an anchor every `anchor_every` publications, when
+`plan_publication` decides full snapshot (an anchor) or delta (`Anchors` keeps its count of publications since
+the last anchor, for the learner and the simulator alike): an anchor every `anchor_every` publications, when
 there is no base, and whenever the delta would not be smaller than the full snapshot.
 
 numpy, blake3 and zstandard; no torch. Pure: nothing here touches the network or the disk.
@@ -29,7 +30,7 @@ import zstandard
 
 from echo2sdk.errors import ProtocolError
 
-__all__ = ["Delta", "encode", "apply", "snapshot_root", "changed_fraction", "plan_publication", "ZSTD_LEVEL"]
+__all__ = ["Delta", "encode", "apply", "snapshot_root", "plan_publication", "Anchors", "ZSTD_LEVEL"]
 
 MAGIC = b"E2D1"
 _HEAD = struct.Struct("<4sBBQQ32s32s")  # magic, word bytes, gap bytes, changed words, snapshot bytes, base root, root
@@ -83,16 +84,6 @@ def _flat(data: object, what: str, error: type[Exception]) -> memoryview:
 
 def _words(data: bytes | bytearray | memoryview, word: int) -> np.ndarray:
     return np.frombuffer(data, dtype=_WORDS[word])
-
-
-def changed_fraction(base: bytes | memoryview, new: bytes | memoryview) -> float:
-    """The fraction of 16-bit words that differ between two snapshots of the same size."""
-    base, new = _flat(base, "base", ValueError), _flat(new, "new", ValueError)
-    if len(base) != len(new):
-        raise ValueError(f"snapshots differ in size: {len(base)} vs {len(new)} bytes")
-    word = _word_bytes(len(base))
-    a, b = _words(base, word), _words(new, word)
-    return float(np.count_nonzero(a != b)) / max(a.size, 1)
 
 
 def encode(base: bytes | memoryview, new: bytes | memoryview, *, base_root: bytes | None = None,
@@ -216,3 +207,15 @@ def plan_publication(since_anchor: int, anchor_every: int, has_base: bool, delta
     if anchor_every > 0 and since_anchor + 1 >= anchor_every:
         return "full"
     return "delta"
+
+
+class Anchors:
+    """plan_publication with its count: `next` decides the next publication and counts it."""
+
+    def __init__(self, anchor_every: int):
+        self.anchor_every, self.since_anchor = anchor_every, 0
+
+    def next(self, has_base: bool, delta_bytes: int | float | None, full_bytes: int | float) -> str:
+        kind = plan_publication(self.since_anchor, self.anchor_every, has_base, delta_bytes, full_bytes)
+        self.since_anchor = 0 if kind == "full" else self.since_anchor + 1
+        return kind

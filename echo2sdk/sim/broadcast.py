@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from echo2sdk.core.broadcast.planner import SOURCE, ChainPlan, WorkerScores
-from echo2sdk.core.delta import plan_publication
+from echo2sdk.core.delta import Anchors
 from echo2sdk.sim.clock import EventQueue
 from echo2sdk.sim.inputs import SimConfig
 from echo2sdk.sim.network import MBIT, Network, _fanout, install_times
@@ -32,7 +32,7 @@ class Dissemination:
         self.latest_published = 0
         self.current_plan: ChainPlan | None = None
         self.stalls: dict[str, list[tuple[float, float]]] = {}
-        self.since_anchor = 0  # publications since the last full one
+        self.anchors = Anchors(cfg.net.anchor_every)  # full or delta, as the learner decides it
 
     def _link(self, name: str) -> float:
         """What the worker can receive (Mbit/s)."""
@@ -73,8 +73,7 @@ class Dissemination:
             return "full", net
         has_base = bool(self.published) and all(self.w[n].installed >= self.latest_published for n in names)
         full = net.snapshot_bytes
-        kind = plan_publication(self.since_anchor, net.anchor_every, has_base, full * net.delta_ratio, full)
-        self.since_anchor = 0 if kind == "full" else self.since_anchor + 1
+        kind = self.anchors.next(has_base, full * net.delta_ratio, full)
         return kind, net.publication(anchor=kind == "full")
 
     def _score_relays(self, plan: ChainPlan, links: Mapping[str, float]) -> None:

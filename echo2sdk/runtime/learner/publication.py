@@ -19,6 +19,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Protocol
 
+from echo2sdk.core import delta
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime.learner import checkpoint
 
@@ -53,7 +54,7 @@ class Publication:
         self.version = 0  # v_t
         self.published: list[int] = []  # versions published, oldest first
         self._previous: tuple[int, bytes, bytes] | None = None  # (version, bytes, root) of the last publication
-        self._since_anchor = 0
+        self._anchors = delta.Anchors(anchor_every) if anchor_every is not None else None
         # with deltas: per publication {version, kind, bytes (sent over the delivery), full_bytes, encode_s}
         self.sent: list[dict[str, Any]] = []
 
@@ -107,24 +108,21 @@ class Publication:
     def _publish_with_deltas(self, version: int, data: bytes) -> None:
         """Encode `data` against the previous publication (timed: it runs here, off the training path), decide full
         or delta (core.delta.plan_publication) and hand the coordinator the snapshot, its root and the delta."""
-        from echo2sdk.core import delta
-
-        assert self.anchor_every is not None
+        assert self._anchors is not None
         t0 = time.perf_counter()
         root = delta.snapshot_root(data)
         prev, d = self._previous, None
         if prev is not None and len(prev[1]) == len(data):
             d = delta.encode(prev[1], data, base_root=prev[2], root=root)
-        kind = delta.plan_publication(self._since_anchor, self.anchor_every, prev is not None,
-                                      len(d.payload) if d is not None else None, len(data))
+        kind = self._anchors.next(prev is not None, len(d.payload) if d is not None else None, len(data))
         encode_s = time.perf_counter() - t0
-        self._since_anchor = 0 if kind == "full" else self._since_anchor + 1
         self._previous = (version, data, root)
         sent = len(d.payload) if kind == "delta" and d is not None else len(data)
         self.sent.append({"version": version, "kind": kind, "bytes": sent, "full_bytes": len(data),
                           "changed_fraction": round(d.changed_fraction, 6) if d is not None else None,
                           "encode_s": round(encode_s, 3)})
-        if kind == "delta" and d is not None and prev is not None:
+        if kind == "delta":  # plan_publication: only with a base (prev) and a delta (d)
+            assert d is not None and prev is not None
             log.info("snapshot v%d: delta on v%d, %d bytes (%.2f%% of %d; %.2f%% of the words changed), encoded in "
                      "%.2f s", version, prev[0], sent, 100 * sent / len(data), len(data), 100 * d.changed_fraction,
                      encode_s)
