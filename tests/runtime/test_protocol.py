@@ -421,9 +421,12 @@ def test_a_worker_that_cannot_reach_the_coordinator_says_so_and_exits_1():
     assert f"cannot reach the coordinator at 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s():
-    """A coordinator that welcomes the worker, then vanishes (closed connection, nothing listening): the
-    worker re-dials for --reconnect-s, says so, and exits 1."""
+@pytest.mark.parametrize("after", ["nothing listens", "a silent listener took the port"])
+def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s(after):
+    """A coordinator that welcomes the worker, then vanishes (closed connection): the worker re-dials for
+    --reconnect-s, says so, and exits 1. Also when something else took the port and accepts without a word
+    (CI saw this once: another test's server got the freed port, and the worker sat in a TLS handshake that
+    only asyncio's 60 s default ended): no single dial may outlast the re-join window."""
 
     async def scenario():
         joined = asyncio.Event()
@@ -449,9 +452,22 @@ def test_a_worker_whose_coordinator_is_gone_for_good_gives_up_after_reconnect_s(
         await asyncio.wait_for(joined.wait(), 30)
         server.close()
         await server.wait_closed()
+        silent, held = None, []
+        if after != "nothing listens":
+            async def hold(reader, writer):  # accepts, reads, never answers
+                held.append(writer)
+                await reader.read()
+
+            silent = await asyncio.start_server(hold, "127.0.0.1", port)
         t0 = time.monotonic()
         out, _ = await asyncio.wait_for(proc.communicate(), 30)
-        return proc.returncode, out.decode(), time.monotonic() - t0
+        waited = time.monotonic() - t0
+        if silent is not None:
+            assert held, "the worker never dialled the silent listener"
+            for w in held:
+                w.close()
+            silent.close()
+        return proc.returncode, out.decode(), waited
 
     rc, out, waited = asyncio.run(scenario())
     assert rc == 1, out

@@ -60,6 +60,13 @@ __all__ = ["RolloutWorker", "Refusal", "run_worker", "parse_address"]
 log = logging.getLogger("echo2sdk.worker")
 
 HANDSHAKE_S = 30.0  # TLS, challenge, hello and the welcome (or refusal) together
+MIN_DIAL_S = 1.0  # the least one dial or handshake is given, even at the very end of a window
+
+
+def _bounded(deadline: float) -> float:
+    """Seconds one dial or handshake may take: HANDSHAKE_S, or what is left before `deadline` (at least
+    MIN_DIAL_S, so that the last attempt of a window is a real one)."""
+    return max(MIN_DIAL_S, min(HANDSHAKE_S, deadline - time.monotonic()))
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -167,13 +174,16 @@ class RolloutWorker:
     def version(self) -> int:
         return self.backend.version if self.backend else self.snapshots.received if self.relay_only else 0
 
-    async def _connect(self, timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        deadline, pause = time.monotonic() + timeout_s, 0.5
+    async def _connect(self, deadline: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Dial until `deadline` (monotonic). One dial, TLS handshake included, never outlasts it: a port taken
+        over by something that accepts and stays silent must not hold the worker past its window."""
+        pause = 0.5
         tls = client_context() if self.tls else None
         while True:
             try:
-                return await asyncio.open_connection(self.host, self.port, ssl=tls,
-                                                     server_hostname=self.host if tls else None)
+                async with asyncio.timeout(_bounded(deadline)):
+                    return await asyncio.open_connection(self.host, self.port, ssl=tls,
+                                                         server_hostname=self.host if tls else None)
             except ssl.SSLError as e:
                 raise ProtocolError(f"TLS handshake with {self.host}:{self.port} failed ({e.reason or e}); "
                                     "a coordinator started with TLS off needs  --plaintext") from None
@@ -191,14 +201,14 @@ class RolloutWorker:
         try:
             while True:
                 if self.joins == 0:
-                    left = self.connect_timeout_s
+                    deadline = first_deadline
                 else:
                     assert lost_at is not None  # a re-dial follows a lost session or a failed re-dial: both set it
-                    left = self.reconnect_s - (time.monotonic() - lost_at)
+                    deadline = lost_at + self.reconnect_s
                 self._joining = True  # until the handshake is done (_session)
                 try:
-                    reader, writer = await self._connect(max(0.0, left))
-                    lost = await self._session(reader, writer)
+                    reader, writer = await self._connect(deadline)
+                    lost = await self._session(reader, writer, deadline if self.joins else None)
                 except ProtocolError as e:  # AuthError included
                     # At a re-join only a refusal sealed by the coordinator is final: a plain refusal, garbage, a
                     # failed TLS handshake or a certificate that is not the pinned one can come from anyone on the
@@ -237,9 +247,11 @@ class RolloutWorker:
             if self.backend is not None:
                 self.backend.close()
 
-    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       rejoin_by: float | None = None) -> bool:
         """One connection's life: handshake, then relay or roll out. True when the connection was lost
-        (re-join), False when the work is over (shutdown, or max_batches done)."""
+        (re-join), False when the work is over (shutdown, or max_batches done). A re-join's handshake ends by
+        `rejoin_by` (the end of the re-join window) at the latest."""
         self.link.reset()
         if self.snapshots.relay is None:  # one relay node for the process: its port stays what the coordinator knows
             local_host = writer.get_extra_info("sockname")[0]  # serve children where we reach the learner
@@ -247,14 +259,15 @@ class RolloutWorker:
                 self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps,
                 tls=self.relay_tls,
             )
+        limit = HANDSHAKE_S if rejoin_by is None else _bounded(rejoin_by)
         try:
-            async with asyncio.timeout(HANDSHAKE_S):  # a peer that accepts and stays silent cannot hold us
+            async with asyncio.timeout(limit):  # a peer that accepts and stays silent cannot hold us
                 keys, welcome = await self._handshake(reader, writer)
         except BaseException as e:
             writer.close()
             if isinstance(e, TimeoutError):
                 raise TimeoutError(f"no answer to the handshake from {self.host}:{self.port} within "
-                                   f"{HANDSHAKE_S:.0f} s") from None
+                                   f"{limit:.1f} s") from None
             raise
         self._joining = False
         self.link.open(reader, writer, keys)
