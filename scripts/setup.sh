@@ -9,7 +9,7 @@ command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored" >&2); }
 pip install torch==2.13.0                      # the CPU wheel; an unpinned torch pulls a CUDA build
-pip install -e ".[hf,test]" -e "contrib/math[parquet]"    # test: pytest, hypothesis, selenium
+pip install -e ".[hf,test]" -e "contrib/math[parquet]"    # test: pytest, hypothesis, selenium, moto
 # The status page's browser test drives Debian's chromium through its chromedriver (never a downloaded browser).
 # Installed only as root with apt-get and when either binary is missing (~20 s; the test skips without them).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then

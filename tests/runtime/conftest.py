@@ -61,3 +61,60 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
         tr.close()
     t.join(5)
     return TinyRun(tr, summary, out, killed["at_step"], token, steps, R)
+
+
+@dataclass
+class S3Server:
+    """A real S3-compatible HTTP server (moto's, in server mode) on loopback, with one bucket."""
+
+    endpoint: str
+    bucket: str
+    env: dict[str, str]  # what a process needs to reach it (credentials, endpoint, region, plain HTTP)
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix}"
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The same as store options (for this process, which must not change its own environment)."""
+        return {"endpoint": self.endpoint, "region": "us-east-1", "access_key_id": "echo2-test",
+                "secret_access_key": "echo2-test-secret", "allow_http": "true"}
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Any:
+    pytest.importorskip("moto.server")
+    pytest.importorskip("obstore")
+    import obstore
+    from moto.server import ThreadedMotoServer
+    from obstore.store import S3Store
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        s3 = S3Server(f"http://{host}:{port}", "echo2-test", {
+            "AWS_ACCESS_KEY_ID": "echo2-test", "AWS_SECRET_ACCESS_KEY": "echo2-test-secret",
+            "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ALLOW_HTTP": "true",
+        })
+        # the bucket: an S3 CreateBucket request (a PUT on the bucket) signed like any other
+        opts = s3.options
+        store = S3Store(s3.bucket, endpoint=opts["endpoint"], region=opts["region"],
+                        access_key_id=opts["access_key_id"], secret_access_key=opts["secret_access_key"],
+                        client_options={"allow_http": True})
+        _create_bucket(s3, store, obstore)
+        yield s3
+    finally:
+        server.stop()
+
+
+def _create_bucket(s3: S3Server, store: Any, obstore: Any) -> None:
+    import urllib.request
+
+    # moto's server accepts an unsigned CreateBucket from loopback; obstore has no bucket operations
+    req = urllib.request.Request(f"{s3.endpoint}/{s3.bucket}", method="PUT")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200, r.status
+    obstore.put(store, "probe", b"ok")
+    assert bytes(obstore.get(store, "probe").bytes()) == b"ok"
+    obstore.delete(store, "probe")

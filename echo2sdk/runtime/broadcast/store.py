@@ -1,0 +1,242 @@
+"""Snapshot storage: the learner's publications in an object store, where a joining or lagging worker takes them
+instead of from the learner (the paper, App. C: a replacement worker fetches the current snapshot from cloud
+storage).
+
+The coordinator writes every publication it makes (a full snapshot, an anchor, or a delta against the previous
+publication) with a manifest signed by the run's key (core/broadcast/manifest.py, the chain broadcast's):
+
+    v000000000012.full              the payload (snapshot bytes, or a core.delta frame)
+    v000000000012.full.manifest     its signed manifest, written after the payload: present means complete
+
+A reader (`SnapshotStore.catch_up`) follows the newest manifest's base back to an anchor, or to the snapshot it
+already holds, checks every manifest's signature and that each delta names the version and BLAKE3 root of the
+one before it, checks each payload chunk against its signed digest, applies the deltas in order and returns the
+rebuilt snapshot only when its root is the signed one. Nothing unverified leaves this module.
+
+Retention keeps whole chains: after an anchor is written, the entries older than the `keep_chains`-th newest
+anchor go (manifest first, so a reader never sees a manifest without its payload). A reader racing a deletion
+reads the listing again.
+
+The store is any URL obstore opens: `s3://bucket/prefix` (credentials, endpoint and region from the AWS_*
+environment, or `options`), `gs://`, `az://`, `file:///path`, or a plain local path (the embedded default: no
+server). obstore is imported on first use only.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from echo2sdk.core import delta
+from echo2sdk.core.broadcast.manifest import Manifest, chunk_digest, verify_manifest
+from echo2sdk.core.records import pack, unpack
+from echo2sdk.errors import ConfigError, ProtocolError
+
+__all__ = ["SnapshotStore", "Caught", "StoreError", "open_object_store", "KEEP_CHAINS", "MAX_MANIFEST_BYTES"]
+
+log = logging.getLogger("echo2sdk.store")
+
+KEEP_CHAINS = 2  # the current anchor-to-tip chain, and the one before it (a reader may still be on it)
+MAX_MANIFEST_BYTES = 64 << 20  # MAX_CHUNKS 32-byte digests and change
+_ENTRY = re.compile(r"(?:^|/)v(\d{12})\.(full|delta)\.manifest$")
+_READ_TRIES = 3  # listings read again when retention removed an entry under a reader
+
+
+class StoreError(ProtocolError):
+    """The store cannot give a verified snapshot: unreachable, empty, a broken chain, or a bad entry."""
+
+
+def open_object_store(url: str, options: dict[str, str] | None = None) -> Any:
+    """An obstore store for `url` (a plain path is a local folder, made if missing). `options`: obstore's
+    config keys (endpoint, region, ...; `allow_http` goes to the HTTP client). ConfigError naming the URL when
+    obstore refuses it."""
+    from obstore.store import from_url
+
+    opts = dict(options or {})
+    client = {k: opts.pop(k) for k in ("allow_http", "timeout", "connect_timeout") if k in opts}
+    if "://" not in url:
+        url = "file://" + _absolute(url)
+        opts["mkdir"] = True  # type: ignore[assignment]
+    elif url.startswith("file://"):
+        opts["mkdir"] = True  # type: ignore[assignment]
+    try:
+        return from_url(url, client_options=client or None, **opts) if client else from_url(url, **opts)
+    except Exception as e:  # noqa: BLE001 - obstore raises its own error types for a bad URL or option
+        raise ConfigError(f"broadcast.store = {url!r}: {e}") from None
+
+
+def _absolute(path: str) -> str:
+    from pathlib import Path
+
+    p = Path(path).expanduser().resolve()
+    p.mkdir(parents=True, exist_ok=True)
+    return str(p)
+
+
+def _key(version: int, kind: str) -> str:
+    return f"v{version:012d}.{kind}"
+
+
+@dataclass
+class Caught:
+    """What `catch_up` rebuilt: the snapshot `version` (bytes `data`, BLAKE3 root `root`) and how: `anchor` (the
+    full snapshot it started from, None when it started from the held one), the deltas applied, the bytes
+    read from the store and the seconds it took."""
+
+    version: int
+    root: bytes
+    data: bytes | bytearray
+    anchor: int | None
+    deltas: list[int] = field(default_factory=list)
+    bytes_read: int = 0
+    seconds: float = 0.0
+
+
+class SnapshotStore:
+    """Anchors and deltas under one store prefix. `put` (the coordinator's writer thread) and `catch_up` (a
+    worker) are blocking: run them off an event loop."""
+
+    def __init__(self, url: str, options: dict[str, str] | None = None, *, keep_chains: int = KEEP_CHAINS):
+        if keep_chains < 1:
+            raise ConfigError(f"keep_chains = {keep_chains} must be at least 1")
+        self.url, self.options, self.keep_chains = url, dict(options or {}), keep_chains
+        self.store = open_object_store(url, options)
+
+    # -- the writer ----------------------------------------------------------------------------------------
+    def put(self, manifest: Manifest, payload: bytes | bytearray | memoryview) -> None:
+        """Write one publication (payload, then its signed manifest), then apply retention after an anchor."""
+        import obstore
+
+        key = _key(manifest.version, manifest.kind)
+        obstore.put(self.store, key, memoryview(payload))
+        obstore.put(self.store, key + ".manifest", pack(manifest.to_wire()))
+        if manifest.kind == "full":
+            self._retain()
+
+    def _retain(self) -> None:
+        import obstore
+
+        entries = self.entries()
+        anchors = [v for v, kind in entries if kind == "full"]
+        if len(anchors) <= self.keep_chains:
+            return
+        oldest_kept = anchors[-self.keep_chains]
+        for v, kind in entries:
+            if v < oldest_kept:
+                for key in (_key(v, kind) + ".manifest", _key(v, kind)):  # the manifest first: never half an entry
+                    try:
+                        obstore.delete(self.store, key)
+                    except FileNotFoundError:
+                        pass
+        log.info("store: kept the %d newest chain(s) from v%d", self.keep_chains, oldest_kept)
+
+    # -- the reader ----------------------------------------------------------------------------------------
+    def entries(self) -> list[tuple[int, str]]:
+        """(version, kind) of every complete entry, oldest first."""
+        import obstore
+
+        out = []
+        for batch in obstore.list(self.store):
+            for obj in batch:
+                m = _ENTRY.search(obj["path"])
+                if m:
+                    out.append((int(m.group(1)), m.group(2)))
+        return sorted(out)
+
+    def manifest(self, version: int, kind: str, public_key: bytes) -> Manifest:
+        """The signed manifest of entry (version, kind), verified against `public_key`."""
+        import obstore
+
+        raw = obstore.get(self.store, _key(version, kind) + ".manifest")
+        if raw.meta["size"] > MAX_MANIFEST_BYTES:
+            raise StoreError(f"store entry v{version}: a {raw.meta['size']}-byte manifest (at most {MAX_MANIFEST_BYTES})")
+        try:
+            wire = unpack(bytes(raw.bytes()))
+        except Exception as e:  # noqa: BLE001 - msgpack's errors: whatever is there is not a manifest
+            raise StoreError(f"store entry v{version}: the manifest does not decode ({e})") from None
+        m = Manifest.from_wire(wire)
+        verify_manifest(m, public_key)
+        if (m.version, m.kind) != (version, kind):
+            raise StoreError(f"store entry v{version}.{kind} holds the manifest of v{m.version}.{m.kind}")
+        return m
+
+    def payload(self, m: Manifest) -> bytes:
+        """The payload of `m`, every chunk checked against its signed digest."""
+        import obstore
+
+        data = bytes(obstore.get(self.store, _key(m.version, m.kind)).bytes())
+        if len(data) != m.total_bytes:
+            raise StoreError(f"store entry v{m.version}: {len(data)} bytes, the manifest says {m.total_bytes}")
+        view = memoryview(data)
+        for i, want in enumerate(m.chunks):
+            start, end = m.span(i)
+            if chunk_digest(view[start:end]) != want:
+                raise StoreError(f"store entry v{m.version}: chunk {i} does not match its signed digest")
+        return data
+
+    def chain(self, public_key: bytes, held: tuple[int, bytes] | None = None) -> list[Manifest]:
+        """The manifests from the newest entry back to an anchor, or to the first delta whose base is `held`
+        (version, root), oldest first; every one verified, each delta naming the version before it."""
+        entries = dict(self.entries())
+        if not entries:
+            raise StoreError(f"the store {self.url} holds no snapshot")
+        v = max(entries)
+        if held is not None and v <= held[0]:
+            return []  # nothing newer than what the reader holds
+        out: list[Manifest] = []
+        while True:
+            m = self.manifest(v, entries[v], public_key)
+            out.append(m)
+            if m.kind == "full" or (held is not None and (m.base_version, m.base_root) == held):
+                break
+            if m.base_version not in entries:
+                raise StoreError(f"store entry v{m.version} is a delta on v{m.base_version}, which the store "
+                                 "does not hold")
+            v = m.base_version
+        out.reverse()
+        for prev, m in zip(out, out[1:]):
+            if m.base_version != prev.version or (prev.root and m.base_root != prev.root):
+                raise StoreError(f"store entry v{m.version} names base v{m.base_version} and a root that "
+                                 f"v{prev.version}'s manifest does not")
+        return out
+
+    def catch_up(self, public_key: bytes, held: tuple[int, bytes, bytes | bytearray] | None = None) -> Caught:
+        """The newest snapshot in the store, rebuilt and verified: from `held` (version, root, bytes) plus the
+        deltas after it when the store's chain passes through it, else from the newest anchor."""
+        t0 = time.perf_counter()
+        for attempt in range(_READ_TRIES):
+            try:
+                return self._catch_up(public_key, held, t0)
+            except FileNotFoundError as e:  # retention removed an entry under us: read the listing again
+                if attempt == _READ_TRIES - 1:
+                    raise StoreError(f"the store {self.url} changed under {_READ_TRIES} reads: {e}") from None
+        raise AssertionError("unreachable")
+
+    def _catch_up(self, public_key: bytes, held: tuple[int, bytes, bytes | bytearray] | None, t0: float) -> Caught:
+        chain = self.chain(public_key, held[:2] if held is not None else None)
+        if not chain:
+            assert held is not None
+            return Caught(held[0], held[1], held[2], anchor=None, seconds=time.perf_counter() - t0)
+        first = chain[0]
+        if first.kind == "full":
+            data: bytes | bytearray = self.payload(first)
+            root = delta.snapshot_root(data)
+            if first.root and root != first.root:
+                raise StoreError(f"store entry v{first.version}: the snapshot's root is not the signed one")
+            caught = Caught(first.version, root, data, anchor=first.version, bytes_read=len(data))
+            rest = chain[1:]
+        else:
+            assert held is not None  # chain() stops at a delta only on the held base
+            caught = Caught(held[0], held[1], held[2], anchor=None)
+            rest = chain
+        for m in rest:
+            payload = self.payload(m)
+            caught.data = delta.apply(caught.data, payload, root=m.root, base_root=caught.root)
+            caught.version, caught.root = m.version, m.root
+            caught.deltas.append(m.version)
+            caught.bytes_read += len(payload)
+        caught.seconds = time.perf_counter() - t0
+        return caught

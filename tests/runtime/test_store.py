@@ -1,0 +1,147 @@
+"""Snapshot storage (runtime/broadcast/store.py): anchors and deltas written with signed manifests, read back as a
+verified snapshot from the newest anchor or from the snapshot a reader holds; retention by whole chains; every
+corrupt, missing or foreign entry refused. On the local filesystem and on a real S3-compatible server (moto's, in
+server mode, on loopback)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+pytest.importorskip("obstore")
+
+from echo2sdk.core import delta  # noqa: E402
+from echo2sdk.core.broadcast.manifest import Signer, build_manifest  # noqa: E402
+from echo2sdk.errors import ConfigError, ProtocolError  # noqa: E402
+from echo2sdk.runtime.broadcast.store import SnapshotStore, StoreError  # noqa: E402
+
+CHUNK = 4096
+
+
+def _versions(n: int, size: int = 64 << 10, seed: int = 0) -> list[bytes]:
+    """n snapshots of one size, each a few hundred words away from the one before."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    snaps = [rng.integers(0, 256, size, dtype=np.uint8).tobytes()]
+    for _ in range(n - 1):
+        b = bytearray(snaps[-1])
+        for i in rng.integers(0, size, 300):
+            b[i] = (b[i] + 1) % 256
+        snaps.append(bytes(b))
+    return snaps
+
+
+def _publish(store: SnapshotStore, signer: Signer, snaps: list[bytes], kinds: str) -> None:
+    """Write snaps[i] as version i + 1, a full anchor ('F') or a delta on the version before ('D')."""
+    for i, (data, kind) in enumerate(zip(snaps, kinds)):
+        root = delta.snapshot_root(data)
+        if kind == "F":
+            store.put(build_manifest(data, i + 1, CHUNK, signer, root=root), data)
+        else:
+            d = delta.encode(snaps[i - 1], data, root=root)
+            store.put(build_manifest(d.payload, i + 1, CHUNK, signer, kind="delta", base_version=i,
+                                     base_root=d.base_root, root=root), d.payload)
+
+
+@pytest.fixture(params=["local", "s3"])
+def where(request, tmp_path):
+    """A store URL and its options: a local folder, or a prefix on the S3 server."""
+    if request.param == "local":
+        return str(tmp_path / "store"), {}
+    s3 = request.getfixturevalue("s3_server")
+    return s3.url(f"{request.node.name}-{os.getpid()}"), s3.options
+
+
+def test_a_joiner_rebuilds_the_newest_snapshot_from_the_newest_anchor_and_a_holder_reads_only_deltas(where):
+    url, opts = where
+    signer, snaps = Signer(), _versions(6)
+    store = SnapshotStore(url, opts)
+    _publish(store, signer, snaps, "FDDFDD")  # chains v1-v3 and v4-v6
+    got = store.catch_up(signer.public_key)  # a joiner: nothing held
+    assert (got.version, got.anchor, got.deltas) == (6, 4, [5, 6]) and bytes(got.data) == snaps[5]
+    assert got.root == delta.snapshot_root(snaps[5]) and got.bytes_read > len(snaps[5])
+    held = (5, delta.snapshot_root(snaps[4]), snaps[4])  # one version behind: one delta, no anchor
+    got = store.catch_up(signer.public_key, held)
+    assert (got.version, got.anchor, got.deltas) == (6, None, [6]) and bytes(got.data) == snaps[5]
+    assert got.bytes_read < len(snaps[5]) / 4
+    old = (2, delta.snapshot_root(snaps[1]), snaps[1])  # on the previous chain: the newest anchor, then deltas
+    got = store.catch_up(signer.public_key, old)
+    assert (got.anchor, got.deltas) == (4, [5, 6]) and bytes(got.data) == snaps[5]
+    tip = (6, got.root, got.data)  # up to date: nothing read
+    assert store.catch_up(signer.public_key, tip).bytes_read == 0
+
+
+def test_retention_keeps_whole_chains(tmp_path):
+    signer, snaps = Signer(), _versions(8)
+    store = SnapshotStore(str(tmp_path / "s"), keep_chains=2)
+    _publish(store, signer, snaps, "FDDFDFDD")  # anchors at v1, v4, v6
+    assert store.entries() == [(4, "full"), (5, "delta"), (6, "full"), (7, "delta"), (8, "delta")]
+    assert sorted(os.listdir(tmp_path / "s")) == sorted(
+        f"v{v:012d}.{k}{ext}" for v, k in store.entries() for ext in ("", ".manifest"))
+    one = SnapshotStore(str(tmp_path / "one"), keep_chains=1)
+    _publish(one, signer, snaps, "FDDFDFDD")
+    assert one.entries() == [(6, "full"), (7, "delta"), (8, "delta")]
+    assert bytes(one.catch_up(signer.public_key).data) == snaps[7]
+    with pytest.raises(ConfigError, match="keep_chains = 0"):
+        SnapshotStore(str(tmp_path / "zero"), keep_chains=0)
+
+
+def _corrupt(path, offset: int = -1) -> None:
+    b = bytearray(path.read_bytes())
+    b[offset] ^= 0x01
+    path.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("fault, says", [
+    ("corrupted delta chunk", "store entry v3: chunk 0 does not match its signed digest"),
+    ("corrupted anchor chunk", "store entry v1: chunk 1 does not match its signed digest"),
+    ("missing delta", "store entry v3 is a delta on v2, which the store does not hold"),
+    ("tampered manifest", "manifest v3: bad signature"),
+    ("another run's key", "manifest v3: bad signature"),
+    ("manifest under another name", "store entry v3.delta holds the manifest of v2.delta"),
+    ("wrong base", "store entry v4 names base v3 and a root that v3's manifest does not"),
+    (r"truncated payload", r"store entry v3: (\d+) bytes, the manifest says (\d+)"),
+])
+def test_a_store_entry_that_does_not_verify_gives_nothing(tmp_path, fault, says):
+    signer, snaps = Signer(), _versions(3)
+    d = tmp_path / "s"
+    store = SnapshotStore(str(d))
+    _publish(store, signer, snaps, "FDD")
+    key = signer.public_key
+    if fault == "corrupted delta chunk":
+        _corrupt(d / f"v{3:012d}.delta", 20)
+    elif fault == "corrupted anchor chunk":
+        _corrupt(d / f"v{1:012d}.full", 5000)
+    elif fault == "missing delta":
+        (d / f"v{2:012d}.delta.manifest").unlink()
+    elif fault == "tampered manifest":
+        _corrupt(d / f"v{3:012d}.delta.manifest", -40)
+    elif fault == "another run's key":
+        key = Signer().public_key
+    elif fault == "manifest under another name":
+        os.replace(d / f"v{2:012d}.delta.manifest", d / f"v{3:012d}.delta.manifest")
+    elif fault == "wrong base":  # a delta signed by this run, but on a base the chain does not have
+        dd = delta.encode(snaps[0], snaps[2])
+        m = build_manifest(dd.payload, 4, CHUNK, signer, kind="delta", base_version=3, base_root=dd.base_root,
+                           root=dd.root)
+        store.put(m, dd.payload)
+    elif fault == "truncated payload":
+        p = d / f"v{3:012d}.delta"
+        p.write_bytes(p.read_bytes()[:-1])
+    with pytest.raises(ProtocolError) as e:
+        store.catch_up(key)
+    assert re.search(says, str(e.value)), e.value
+    # a holder of v2 is refused as well when the entry it needs is bad (no state is ever half-applied)
+    if fault in ("corrupted delta chunk", "tampered manifest", "truncated payload"):
+        with pytest.raises(ProtocolError):
+            store.catch_up(key, (2, delta.snapshot_root(snaps[1]), snaps[1]))
+
+
+def test_an_empty_store_and_a_bad_url_are_clear_errors(tmp_path):
+    with pytest.raises(StoreError, match="holds no snapshot"):
+        SnapshotStore(str(tmp_path / "empty")).catch_up(Signer().public_key)
+    with pytest.raises(ConfigError, match="broadcast.store = 'nope://x'"):
+        SnapshotStore("nope://x")
