@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -212,12 +213,29 @@ class BroadcastConfig(_Section):
     )
     anchor_every: int = Field(10, ge=0, description="with delta: a full snapshot every this many publications "
                               "(0: only the first and when needed)")
+    store: str = Field(
+        "", description="snapshot store (runtime/broadcast/store.py): every publication is also written there with "
+        "its signed manifest, and a joining or lagging worker rebuilds the newest snapshot from it instead of taking "
+        "it from the learner: s3://bucket/prefix, gs://, az://, file:///path or a local folder; '' = none"
+    )
+    store_options: dict[str, str] = Field(
+        default_factory=dict, description="non-secret store options, sent to workers too (endpoint, region, "
+        "allow_http, ...); credentials come from each machine's environment (AWS_ACCESS_KEY_ID, ...)"
+    )
+    store_keep: int = Field(2, ge=1, description="anchor-to-tip chains the store keeps (the newest first)")
 
     @model_validator(mode="after")
     def _check_delta(self) -> BroadcastConfig:
         if self.delta and self.topology == "direct":
             raise ValueError("broadcast.delta = true needs broadcast.topology 'chain' or 'star' (the direct push "
                              "sends full snapshots)")
+        if self.store and self.topology == "direct":
+            raise ValueError(f"broadcast.store = {self.store!r} needs broadcast.topology 'chain' or 'star' (the "
+                             "store's manifests are signed with the chain broadcast's key)")
+        secret = sorted(k for k in self.store_options if re.search(r"secret|password|token|key_id|sas", k, re.I))
+        if secret:
+            raise ValueError(f"broadcast.store_options {secret} look like credentials: these options are sent to "
+                             "every worker; give each machine its credentials in its environment instead")
         return self
 
     def chains(self) -> int:

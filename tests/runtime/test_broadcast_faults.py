@@ -170,10 +170,13 @@ class _ForgingBroadcast(ChainBroadcast):
 def test_a_forged_manifest_is_refused_and_nothing_is_installed(fleet, caplog):
     start, state = fleet
     c = start(_ForgingBroadcast(TOKEN, chunk_bytes=CHUNK), ["a", "b"])
-    c.publish(1, os.urandom(SIZE))
-    time.sleep(2.0)
-    assert c.snapshots.bcast[1]["received"] == {} and c.snapshots.bcast[1]["installed"] == {}
-    assert all(w.version == 0 for w in c.workers.values())
+    data = os.urandom(SIZE)
+    c.publish(1, data)
+    # each worker refuses the forged plan (nothing of it is fetched), says so, and is sent the learner's own
+    # snapshot whole over its authenticated connection, once (Snapshots.on_rejected)
+    assert _wait(lambda: all(w.version == 1 for w in c.workers.values()), 20)
+    assert c.snapshots.bcast[1]["received"] == {} and set(c.snapshots.bcast[1]["installed"]) == {"a", "b"}
+    assert c.snapshots.sent["full_pushed"] == 2
     assert "bad signature" in caplog.text  # the coordinator logs every worker's refusal
 
 

@@ -145,3 +145,16 @@ def test_an_empty_store_and_a_bad_url_are_clear_errors(tmp_path):
         SnapshotStore(str(tmp_path / "empty")).catch_up(Signer().public_key)
     with pytest.raises(ConfigError, match="broadcast.store = 'nope://x'"):
         SnapshotStore("nope://x")
+
+
+def test_the_store_config_is_checked_where_it_is_written():
+    from echo2sdk.config import load_config
+
+    with pytest.raises(ConfigError, match=r"broadcast.store = 's3://b/r' needs broadcast.topology 'chain' or 'star'"):
+        load_config(None, ['broadcast.store="s3://b/r"', 'broadcast.topology="direct"'])
+    with pytest.raises(ConfigError, match=r"\['secret_access_key'\] look like credentials"):
+        load_config(None, ['broadcast.store="s3://b/r"', 'broadcast.store_options={secret_access_key="x"}'])
+    with pytest.raises(ConfigError, match="store_keep"):
+        load_config(None, ["broadcast.store_keep=0"])
+    cfg = load_config(None, ['broadcast.store="s3://b/r"', 'broadcast.store_options={region="eu-west-1"}'])
+    assert cfg.broadcast.store_options == {"region": "eu-west-1"} and cfg.broadcast.store_keep == 2

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from datetime import timedelta
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ log = logging.getLogger("echo2sdk.store")
 KEEP_CHAINS = 2  # the current anchor-to-tip chain, and the one before it (a reader may still be on it)
 MAX_MANIFEST_BYTES = 64 << 20  # MAX_CHUNKS 32-byte digests and change
 _ENTRY = re.compile(r"(?:^|/)v(\d{12})\.(full|delta)\.manifest$")
+RETRY_S = 60.0  # the longest a remote store request is retried before the reader falls back (a full push)
 _READ_TRIES = 3  # listings read again when retention removed an entry under a reader
 
 
@@ -55,15 +57,16 @@ def open_object_store(url: str, options: dict[str, str] | None = None) -> Any:
     obstore refuses it."""
     from obstore.store import from_url
 
-    opts = dict(options or {})
-    client = {k: opts.pop(k) for k in ("allow_http", "timeout", "connect_timeout") if k in opts}
+    opts: dict[str, Any] = dict(options or {})
     if "://" not in url:
         url = "file://" + _absolute(url)
-        opts["mkdir"] = True  # type: ignore[assignment]
-    elif url.startswith("file://"):
-        opts["mkdir"] = True  # type: ignore[assignment]
+    if url.startswith("file://"):
+        opts["mkdir"] = True
+    else:  # a remote store: its HTTP client's options, and a bound on retries (obstore's default retries for 3 min)
+        opts["client_options"] = {k: opts.pop(k) for k in ("allow_http", "timeout", "connect_timeout") if k in opts}
+        opts["retry_config"] = {"max_retries": 4, "retry_timeout": timedelta(seconds=RETRY_S)}
     try:
-        return from_url(url, client_options=client or None, **opts) if client else from_url(url, **opts)
+        return from_url(url, **opts)
     except Exception as e:  # noqa: BLE001 - obstore raises its own error types for a bad URL or option
         raise ConfigError(f"broadcast.store = {url!r}: {e}") from None
 

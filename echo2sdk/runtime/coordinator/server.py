@@ -122,6 +122,7 @@ class Server:
         for conn in conns:
             conn.close()
         self.delivery.close()
+        self.snapshots.close()
 
     # -- the connection handler -------------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -157,8 +158,11 @@ class Server:
     async def _welcome(self, conn: Conn) -> None:
         """The sealed welcome (it proves the coordinator knows the token), then the latest snapshot."""
         latest_version = self.snapshots.latest[0] if self.snapshots.latest else 0
+        bcast = self.delivery.welcome_info()
+        if bcast is not None and (store := self.snapshots.store_info()) is not None:
+            bcast = bcast.model_copy(update={"store": store})
         await conn.send(Welcome(worker_id=conn.worker_id, config=self.worker_config, version=latest_version,
-                                broadcast=self.delivery.welcome_info()))
+                                broadcast=bcast))
         await self.snapshots.send_latest(conn)
 
     async def _dispatch(self, conn: Conn, msg: WireMessage) -> None:
@@ -181,6 +185,7 @@ class Server:
                 conn.base_task = asyncio.get_running_loop().create_task(self.snapshots.send_base(conn))
         elif isinstance(msg, SnapshotRejected):
             log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, shown(msg.reason, 200))
+            await self.snapshots.on_rejected(conn, msg)
 
     def _next_tasks(self, n: int) -> list[WireTask]:
         with self._task_lock:

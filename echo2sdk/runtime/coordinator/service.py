@@ -12,6 +12,7 @@ from echo2sdk.core.contracts import Task
 from echo2sdk.errors import ConfigError
 from echo2sdk.runtime.broadcast.bootstrap import ModelFolder
 from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery, check_delivery
+from echo2sdk.runtime.broadcast.store import SnapshotStore
 from echo2sdk.runtime.coordinator.connection import WRITE_TIMEOUT_S, WriteLimit
 from echo2sdk.runtime.coordinator.handshake import HANDSHAKE_S, Handshake
 from echo2sdk.runtime.coordinator.intake import Intake
@@ -54,6 +55,7 @@ class Coordinator:
         write_timeout_s: float = WRITE_TIMEOUT_S,
         base: ModelFolder | None = None,
         revoked: Revocations | None = None,
+        store: SnapshotStore | None = None,
     ):
         """`worker_config`: a complete WorkerConfig (its staleness and heartbeat_s must be the buffer's S and
         `heartbeat_s`), or a mapping, validated and completed with them. `tls`: True (a certificate made for
@@ -63,7 +65,8 @@ class Coordinator:
         of what is sent to it before it is dropped. `base`: the model folder served to a worker that asks for
         the base (runtime/broadcast/bootstrap.py). `revoked`: worker names refused and dropped
         (runtime/trust/worker_keys.py; its file re-read when it changes). gamma: T_bcast counts q = 1/gamma of
-        the workers."""
+        the workers. `store`: the run's snapshot store (runtime/broadcast/store.py; needs the chain broadcast):
+        every publication is written there, and joiners and workers without a delta's base take it from there."""
         self.buffer = buffer
         self.worker_config = checked_worker_config(worker_config, heartbeat_s=heartbeat_s, staleness=buffer.staleness)
         self.token = token or new_token()
@@ -74,7 +77,7 @@ class Coordinator:
         self.write_limit = WriteLimit(write_timeout_s)
         self.registry = Registry(buffer, revoked or Revocations())
         self.intake = Intake(buffer, self.registry, vocab_size=vocab_size, max_len=max_len)
-        self.snapshots = Snapshots(self.delivery, self.registry, base=base, q=1.0 / gamma)
+        self.snapshots = Snapshots(self.delivery, self.registry, base=base, q=1.0 / gamma, store=store)
         self.handshake = Handshake(self.registry, self.snapshots, self.admission, token=self.token,
                                    identity=self.identity, timeout_s=handshake_s, write_limit=self.write_limit)
         self.server = Server(registry=self.registry, handshake=self.handshake, intake=self.intake,

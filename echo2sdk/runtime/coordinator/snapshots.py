@@ -1,6 +1,12 @@
 """What the coordinator published and who has it: the latest snapshot (a late joiner gets it), each version's
 broadcast timings (T_bcast), the versions each worker reported installed (what the audit lets its records
 claim), the repairs workers reported, and the base model a worker without it bootstraps from.
+
+With a snapshot store (broadcast.store: runtime/broadcast/store.py) every publication is also written there, with
+its signed manifest, on a writer thread; a late joiner, and a worker without a delta's base, is then told to take
+the snapshot from the store (`SnapshotInStore`) once it is written, instead of getting it from the learner. A
+worker that cannot (no credentials, an unreachable store, an entry that does not verify) says so, and gets the
+full snapshot pushed; so does everyone waiting when a write fails.
 """
 
 from __future__ import annotations
@@ -9,14 +15,16 @@ import asyncio
 import logging
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from echo2sdk.core import capacity
 from echo2sdk.runtime.broadcast.bootstrap import ModelFolder
 from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery, SnapshotMeta
-from echo2sdk.runtime.protocol.messages import BaseFiles, Received
+from echo2sdk.runtime.protocol.messages import BaseFiles, Received, SnapshotInStore, SnapshotRejected, StoreInfo
 
 if TYPE_CHECKING:
+    from echo2sdk.runtime.broadcast.store import SnapshotStore
     from echo2sdk.runtime.coordinator.connection import Conn
     from echo2sdk.runtime.coordinator.registry import Registry
 
@@ -32,8 +40,17 @@ class Snapshots:
     `q` = 1/gamma: the share of the active workers T_bcast counts; `base`: the model folder served to a
     worker that asks for the base (runtime/broadcast/bootstrap.py). All on the server's loop but `t_bcast`."""
 
-    def __init__(self, delivery: SnapshotDelivery, registry: Registry, *, base: ModelFolder | None, q: float):
-        self.delivery, self.registry, self.base, self.q = delivery, registry, base, q
+    def __init__(self, delivery: SnapshotDelivery, registry: Registry, *, base: ModelFolder | None, q: float,
+                 store: SnapshotStore | None = None):
+        self.delivery, self.registry, self.base, self.q, self.store = delivery, registry, base, q, store
+        if store is not None and getattr(delivery, "signer", None) is None:
+            raise ValueError("a snapshot store needs the chain broadcast (its manifests are signed with its key)")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="echo2-store") if store is not None else None
+        self.stored = 0  # the newest version written to the store
+        self.awaiting_store: dict[str, int] = {}  # worker id -> the version it will be told to take from the store
+        self._fell_back: set[tuple[str, int]] = set()  # (worker, version) pushed whole after a refusal
+        # store writes made and failed; SnapshotInStore sent; workers that could not take it from the store
+        self.store_counts = {"written": 0, "write_failed": 0, "hints": 0, "refused": 0}
         self.latest: tuple[int, bytes] | None = None  # the newest full snapshot (what a late joiner gets)
         self.latest_kind = "full"  # how the newest publication went out over the delivery: "full" or "delta"
         self._full_push = DirectPush()  # full snapshots to workers without a delta's base, and to late joiners
@@ -68,8 +85,9 @@ class Snapshots:
         self.latest_kind = "delta" if delta is not None else "full"
         self.sent[self.latest_kind] += 1
         if delta is None:
-            meta = (SnapshotMeta(root=root),) if root else ()  # the root names it as a delta's base later
-            loop.create_task(self.delivery.deliver(version, weights, peers, *meta))
+            meta = SnapshotMeta(root=root)  # the root names it as a delta's base later
+            loop.create_task(self.delivery.deliver(version, weights, peers, *((meta,) if root else ())))
+            self._write(version, weights, meta)
             return
         d, base = delta
         holders = [p for p in peers if p.info.version == base]
@@ -77,18 +95,29 @@ class Snapshots:
         meta = SnapshotMeta("delta", base, d.base_root, d.root)
         if holders:
             loop.create_task(self.delivery.deliver(version, d.payload, holders, meta))  # type: ignore[call-arg]
-        if others:
+        self._write(version, d.payload, meta)
+        if others and self.store is not None:  # they catch up from the store once this version is written
+            log.info("snapshot v%d: %d worker(s) without v%d take it from the store: %s", version, len(others), base,
+                     ", ".join(sorted(p.worker_id for p in others))[:300])
+            for p in others:
+                self.awaiting_store[p.worker_id] = version
+        elif others:
             self.sent["full_pushed"] += len(others)
             log.info("snapshot v%d: the full snapshot to %d worker(s) without v%d: %s", version, len(others), base,
                      ", ".join(sorted(p.worker_id for p in others))[:300])
             loop.create_task(self._full_push.deliver(version, weights, others))
 
     async def send_latest(self, conn: Conn) -> None:
-        """A late joiner gets the current policy at once (nothing before the first publication): over the
-        delivery, or whole over its control connection when the newest publication went out as a delta."""
+        """A late joiner gets the current policy at once (nothing before the first publication): from the store
+        (told so once the version is written), over the delivery, or whole over its control connection when the
+        newest publication went out as a delta."""
         if self.latest is None:
             return
-        if self.latest_kind == "delta":
+        if self.store is not None:
+            self.awaiting_store[conn.worker_id] = self.latest[0]
+            if self.stored >= self.latest[0]:
+                await self._hint_awaiting()
+        elif self.latest_kind == "delta":
             self.sent["full_pushed"] += 1
             await self._full_push.deliver(self.latest[0], self.latest[1], [conn])
         else:
@@ -104,7 +133,93 @@ class Snapshots:
         t_all = max(times) if len(times) == len(b["expected"]) else None
         return t_q, t_all
 
+    # -- the snapshot store -----------------------------------------------------------------------------------
+    def store_info(self) -> StoreInfo | None:
+        """What a worker needs to read the store (the welcome carries it): its URL and non-secret options."""
+        return StoreInfo(url=self.store.url, options=self.store.options) if self.store is not None else None
+
+    def _write(self, version: int, payload: bytes, meta: SnapshotMeta) -> None:
+        """Write publication `version` to the store on the writer thread (in order); tell the waiting workers."""
+        if self.store is None:
+            return
+        asyncio.get_running_loop().create_task(self._written(version, payload, meta))
+
+    async def _written(self, version: int, payload: bytes, meta: SnapshotMeta) -> None:
+        from echo2sdk.core.broadcast.manifest import build_manifest
+
+        assert self.store is not None and self._writer is not None
+        store, signer, chunk = self.store, self.delivery.signer, self.delivery.chunk_bytes  # type: ignore[attr-defined]
+
+        def put() -> float:
+            t0 = time.perf_counter()
+            m = build_manifest(payload, version, chunk, signer, **meta.fields())
+            store.put(m, payload)
+            return time.perf_counter() - t0
+
+        try:
+            seconds = await asyncio.get_running_loop().run_in_executor(self._writer, put)
+        except Exception as e:  # noqa: BLE001 - the run goes on; whoever waits for the store gets a full push
+            self.store_counts["write_failed"] += 1
+            log.warning("snapshot v%d: writing it to the store %s failed: %s", version, store.url, e)
+            await self._push_awaiting(upto=version)
+            return
+        self.store_counts["written"] += 1
+        self.stored = max(self.stored, version)
+        log.info("snapshot v%d: %s (%d bytes) written to the store in %.2f s", version, meta.kind, len(payload), seconds)
+        await self._hint_awaiting()
+
+    async def _hint_awaiting(self) -> None:
+        """Tell every worker waiting for a version now in the store to take the newest one from there."""
+        ready = [w for w, v in self.awaiting_store.items() if v <= self.stored]
+        for w in ready:
+            del self.awaiting_store[w]
+            conn = self.registry.conns.get(w)
+            if conn is None or not conn.info.alive or conn.info.version >= self.stored:
+                continue
+            self.store_counts["hints"] += 1
+            try:
+                await conn.send(SnapshotInStore(version=self.stored))
+            except (ConnectionError, OSError):
+                pass  # gone: the handler drops it
+
+    async def _push_awaiting(self, upto: int) -> None:
+        """A failed write: the workers waiting for a version up to `upto` get the latest snapshot whole."""
+        waiting = [w for w, v in self.awaiting_store.items() if v <= upto]
+        for w in waiting:
+            del self.awaiting_store[w]
+            if (conn := self.registry.conns.get(w)) is not None and conn.info.alive:
+                await self._push_latest(conn)
+
+    async def _push_latest(self, conn: Conn) -> None:
+        if self.latest is not None:
+            self.sent["full_pushed"] += 1
+            await self._full_push.deliver(self.latest[0], self.latest[1], [conn])
+
+    def close(self) -> None:
+        """Stop the store writer (a write under way finishes on its thread; none is started)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=False, cancel_futures=True)
+
     # -- what workers report -------------------------------------------------------------------------------
+    async def on_rejected(self, conn: Conn, msg: SnapshotRejected) -> None:
+        """A worker refused a snapshot (a delta it could not apply, one it could not take from the store, one its
+        backend refused). Behind the newest version, it gets it once more, never an unverified state: from the
+        store when it did not just fail there, else whole over its connection; once per version and worker."""
+        if msg.from_store:
+            self.store_counts["refused"] += 1
+        if self.latest is None or conn.info.version >= self.latest[0]:
+            return
+        key = (conn.worker_id, self.latest[0])
+        if key in self._fell_back:
+            return
+        self._fell_back.add(key)
+        if self.store is not None and not msg.from_store and self.stored >= self.latest[0]:
+            self.awaiting_store[conn.worker_id] = self.latest[0]
+            await self._hint_awaiting()
+        else:
+            log.info("snapshot v%d: pushed whole to worker %s after its refusal", self.latest[0], conn.worker_id)
+            await self._push_latest(conn)
+
     def on_installed(self, conn: Conn, version: int) -> None:
         conn.info.version = version
         self.note_installed(conn, version)

@@ -8,6 +8,7 @@ from typing import Any
 from echo2sdk.config import Config
 from echo2sdk.core import lr_schedule
 from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery
+from echo2sdk.runtime.broadcast.store import SnapshotStore
 from echo2sdk.runtime.protocol.messages import WorkerConfig
 from echo2sdk.runtime.trust.credentials import check_token, given_token
 from echo2sdk.runtime.trust.worker_keys import Revocations
@@ -95,7 +96,16 @@ def coordinator_args(cfg: Config, token: str, signing_key: Any = None) -> dict[s
         worker_timeout_s=run.worker_timeout_s,
         delivery=delivery(cfg, token, signing_key),
         revoked=Revocations(run.revoked_workers, run.revoked_file),
+        store=snapshot_store(cfg),
     )
+
+
+def snapshot_store(cfg: Config) -> SnapshotStore | None:
+    """The run's snapshot store (broadcast.store), opened; None without one."""
+    b = cfg.broadcast
+    if not b.store:
+        return None
+    return SnapshotStore(b.store, b.store_options, keep_chains=b.store_keep)
 
 
 def delivery(cfg: Config, token: str, signing_key: Any = None) -> SnapshotDelivery:

@@ -7,8 +7,9 @@ type, the field and the value. Bulk bytes (snapshots, chunks) travel in the fram
 header (frames: `wire.py`).
 
 Coordinator <-> worker: Challenge, Hello, Refused, Welcome (carries WorkerConfig and BroadcastInfo),
-GetTasks, Tasks, Trajectories, Ack, Heartbeat, Snapshot, SnapshotPlan, Received, Installed,
-SnapshotRejected, Shutdown, GetBase, BaseFiles (a worker without the model: runtime/broadcast/bootstrap.py).
+GetTasks, Tasks, Trajectories, Ack, Heartbeat, Snapshot, SnapshotPlan, SnapshotInStore (take it from the run's
+snapshot store: runtime/broadcast/store.py), Received, Installed, SnapshotRejected, Shutdown, GetBase, BaseFiles
+(a worker without the model: runtime/broadcast/bootstrap.py).
 Relay <-> fetcher: Challenge, Fetch, Refused, Unavailable, Wait, Chunk.
 
 Models are strict: no coercion ("3" is not an int, True is not a count, a str is not bytes; an int is
@@ -30,9 +31,9 @@ from echo2sdk.errors import ConfigError, ProtocolError
 from echo2sdk.runtime.protocol.wire import DEFAULT_MAX_PAYLOAD
 
 __all__ = [
-    "WireMessage", "WorkerConfig", "Sampling", "BroadcastInfo", "WireTask", "WireManifest", "Repair",
+    "WireMessage", "WorkerConfig", "Sampling", "BroadcastInfo", "StoreInfo", "WireTask", "WireManifest", "Repair",
     "Challenge", "Hello", "Refused", "Welcome", "GetTasks", "Tasks", "Trajectories", "Ack", "Heartbeat",
-    "Snapshot", "SnapshotPlan", "Received", "Installed", "SnapshotRejected", "Shutdown", "GetBase", "BaseFile",
+    "Snapshot", "SnapshotPlan", "SnapshotInStore", "Received", "Installed", "SnapshotRejected", "Shutdown", "GetBase", "BaseFile",
     "BaseFiles",
     "Fetch", "Unavailable", "Wait", "Chunk",
     "parse", "to_header", "clip", "shown", "MAX_ID", "MAX_REASON", "MAX_REASONS", "MAX_RELAY_KEYS",
@@ -141,6 +142,15 @@ class WorkerConfig(_Model):
             raise ConfigError(f"worker config: {_first_error(e)}") from None
 
 
+class StoreInfo(_Model):
+    """Where the run's snapshot store is (runtime/broadcast/store.py): its URL and non-secret options (endpoint,
+    region, ...). Credentials never travel: a worker reads with its own (the AWS_* environment, an instance role)."""
+
+    url: Annotated[str, Field(min_length=1, max_length=MAX_PATH)]
+    options: Annotated[dict[Id, Annotated[str, Field(max_length=MAX_PATH)]], Field(max_length=64)] = Field(
+        default_factory=dict)
+
+
 class BroadcastInfo(_Model):
     """Chain broadcast at join time: the key that signs every manifest, and when a fetcher repairs."""
 
@@ -149,6 +159,7 @@ class BroadcastInfo(_Model):
     min_relay_bps: float | None = Field(None, gt=0.0, le=1e12)  # the slowest parent a fetcher waits for
     relay_keys: RelayKeys = ()  # the relay keys of the newest published version and of the next publication
     deltas: bool = False  # publications may be delta snapshots: keep the installed snapshot as the next base
+    store: StoreInfo | None = None  # the run's snapshot store: SnapshotInStore points there
 
 
 class WireTask(_Model):
@@ -265,6 +276,14 @@ class Snapshot(WireMessage):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+class SnapshotInStore(WireMessage):
+    """Snapshot `version` (or a newer one) is in the run's snapshot store: rebuild it from there, from the newest
+    anchor or from the snapshot this worker holds (a joiner, or a worker that lacks a delta's base)."""
+
+    type: Literal["snapshot_in_store"] = "snapshot_in_store"
+    version: Count
+
+
 class SnapshotPlan(WireMessage):
     """Chain broadcast: the signed manifest and where to fetch the chunks, parent first, learner last."""
 
@@ -297,6 +316,7 @@ class SnapshotRejected(WireMessage):
     type: Literal["snapshot_rejected"] = "snapshot_rejected"
     version: Count | None = None
     reason: Reason
+    from_store: bool = False  # it could not be taken from the run's snapshot store (SnapshotInStore)
 
 
 class Shutdown(WireMessage):

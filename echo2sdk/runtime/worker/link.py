@@ -22,6 +22,7 @@ from echo2sdk.runtime.protocol.messages import (
     BaseFiles,
     Shutdown,
     Snapshot,
+    SnapshotInStore,
     SnapshotPlan,
     Tasks,
     WireMessage,
@@ -32,7 +33,7 @@ __all__ = ["CoordinatorLink", "FROM_COORDINATOR", "WITH_PAYLOAD"]
 
 log = logging.getLogger("echo2sdk.worker")
 
-FROM_COORDINATOR = (Tasks, Ack, Snapshot, SnapshotPlan, Shutdown, BaseFiles)
+FROM_COORDINATOR = (Tasks, Ack, Snapshot, SnapshotPlan, SnapshotInStore, Shutdown, BaseFiles)
 WITH_PAYLOAD = (Snapshot, BaseFiles)  # the only messages from the coordinator that carry a payload
 R = TypeVar("R", Tasks, Ack)
 
@@ -91,7 +92,7 @@ class CoordinatorLink:
                 assert self.channel is not None
                 msg, payload = await self.channel.recv(FROM_COORDINATOR, max_payload=DEFAULT_MAX_PAYLOAD,
                                                        payload_types=WITH_PAYLOAD)
-                if isinstance(msg, (Snapshot, SnapshotPlan, BaseFiles)):
+                if isinstance(msg, (Snapshot, SnapshotPlan, SnapshotInStore, BaseFiles)):
                     await on_message(msg, payload)
                 elif isinstance(msg, Shutdown):
                     self.shutdown = True

@@ -38,6 +38,7 @@ from echo2sdk.runtime.protocol.messages import (
     Hello,
     Refused,
     Snapshot,
+    SnapshotInStore,
     SnapshotPlan,
     Welcome,
     WireMessage,
@@ -350,6 +351,8 @@ class RolloutWorker:
             await self.snapshots.on_push(msg, payload)
         elif isinstance(msg, SnapshotPlan):
             self.snapshots.on_plan(msg)
+        elif isinstance(msg, SnapshotInStore):
+            self.snapshots.on_store_hint(msg)
         elif isinstance(msg, BaseFiles):
             self.boot.base = (msg, payload)
 

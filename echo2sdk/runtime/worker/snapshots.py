@@ -8,7 +8,12 @@ and reports it as installed.
 With delta snapshots (the welcome says so: broadcast.delta), the worker keeps the snapshot it installed last, with
 its BLAKE3 root, as the base of the next delta. A delta is applied to it (core/delta.py) off the event loop, and
 the rebuilt snapshot is queued only when its root is the one in the signed manifest; a delta for another base, or
-one that does not rebuild, is refused and reported (the coordinator sends the next publication whole then).
+one that does not rebuild, is refused and reported (the coordinator then sends it again: from the store, or whole).
+
+With a snapshot store (the welcome names it: broadcast.store), the coordinator may say `SnapshotInStore` instead
+(this worker just joined, or lacks a delta's base): the worker rebuilds the newest snapshot from the store
+(runtime/broadcast/store.py: from the snapshot it holds plus the later deltas, or from the newest anchor), every
+manifest, chunk and root verified, with its own credentials; when it cannot, it says so and is sent it whole.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from echo2sdk.core import delta
 from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
@@ -28,12 +34,17 @@ from echo2sdk.runtime.protocol.messages import (
     Installed,
     Received,
     Snapshot,
+    SnapshotInStore,
     SnapshotPlan,
     SnapshotRejected,
+    StoreInfo,
     clip,
     shown,
 )
 from echo2sdk.runtime.worker.link import CoordinatorLink
+
+if TYPE_CHECKING:
+    from echo2sdk.runtime.broadcast.store import SnapshotStore
 
 __all__ = ["SnapshotInbox"]
 
@@ -59,6 +70,10 @@ class SnapshotInbox:
         self.held: tuple[int, bytes, bytes | bytearray] | None = None  # (version, root, bytes) installed: a delta's base
         self.roots: dict[int, bytes] = {}  # signed roots of the snapshots received, by version (pending ones)
         self.applied = 0  # deltas applied and verified
+        self.store_info: StoreInfo | None = None  # the run's snapshot store (its welcome said where)
+        self._store: SnapshotStore | None = None  # opened at the first SnapshotInStore
+        self._store_busy, self._store_again = False, False  # one catch-up at a time; another after it when asked
+        self.from_store: list[dict] = []  # each catch-up from the store: version, anchor, deltas, bytes, seconds
 
     def heard_of(self, version: int) -> None:
         self.newest = max(self.newest, version)
@@ -73,6 +88,7 @@ class SnapshotInbox:
         if bcast is not None and bcast.min_relay_bps is not None:
             self.relay.min_relay_bps = bcast.min_relay_bps
         self.deltas = bcast is not None and bcast.deltas
+        self.store_info = bcast.store if bcast is not None else None
 
     async def on_push(self, msg: Snapshot, payload: bytes) -> None:
         """A snapshot pushed whole: kept as pending when well-formed and newer than the pending one."""
@@ -149,6 +165,57 @@ class SnapshotInbox:
         if self.pending is None or v > self.pending[0]:
             self.roots[v] = manifest.root
             self.set_pending(v, full)
+
+    def on_store_hint(self, msg: SnapshotInStore) -> None:
+        """The coordinator says the snapshot is in the store: rebuild it from there in the background (one
+        catch-up at a time: a hint during one starts another after it, which reads the then newest)."""
+        self.heard_of(msg.version)
+        if self.relay_only:
+            return  # installs nothing: it relays what the chain brings
+        if self._store_busy:
+            self._store_again = True
+            return
+        asyncio.get_running_loop().create_task(self._catch_up(msg.version))
+
+    async def _catch_up(self, version: int) -> None:
+        self._store_busy = True
+        try:
+            while True:
+                self._store_again = False
+                await self._from_store(version)
+                if not self._store_again:
+                    return
+                version = self.newest
+        finally:
+            self._store_busy = False
+
+    async def _from_store(self, version: int) -> None:
+        """Rebuild snapshot `version` (or newer) from the store and queue it; refuse (and report, so that the
+        coordinator pushes it whole) when that cannot be done."""
+        from echo2sdk.runtime.broadcast.store import SnapshotStore
+
+        try:
+            if self.store_info is None or self.public_key is None:
+                raise ProtocolError("this run's welcome named no snapshot store or no signing key")
+            if self._store is None or self._store.url != self.store_info.url:
+                info = self.store_info
+                self._store = await asyncio.to_thread(SnapshotStore, info.url, dict(info.options))
+            held = self.held if self.deltas else None
+            caught = await asyncio.to_thread(self._store.catch_up, self.public_key, held)
+            if caught.version < version:
+                raise ProtocolError(f"the store's newest snapshot is v{caught.version}, v{version} was announced")
+        except Exception as e:  # noqa: BLE001 - a store error of any kind (obstore's own, a bad entry): fall back
+            log.warning("snapshot v%d: cannot take it from the store: %s", version, shown(str(e), 300))
+            await self.link.notify(SnapshotRejected(version=version, reason=clip(f"store: {e}"), from_store=True))
+            return
+        self.from_store.append({"version": caught.version, "anchor": caught.anchor, "deltas": len(caught.deltas),
+                                "bytes": caught.bytes_read, "seconds": round(caught.seconds, 3)})
+        log.info("snapshot v%d from the store in %.2f s: %s + %d delta(s), %d bytes read", caught.version,
+                 caught.seconds, f"anchor v{caught.anchor}" if caught.anchor is not None else f"held v{held[0]}",
+                 len(caught.deltas), caught.bytes_read)
+        if self.pending is None or caught.version > self.pending[0]:
+            self.roots[caught.version] = caught.root
+            self.set_pending(caught.version, caught.data)
 
     def set_pending(self, version: int, payload: bytes | bytearray | Assembly) -> None:
         if self.pending is not None and isinstance(self.pending[1], Assembly):

@@ -1,0 +1,93 @@
+"""The snapshot store in a real run (broadcast.store on moto's S3 server, on loopback): every publication written
+with its signed manifest; a worker that joins late rebuilds the newest snapshot from the store (anchor + deltas),
+not from the learner; one that cannot read the store (no credentials) says so and is sent the snapshot whole."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("echo2_math")
+pytest.importorskip("obstore")
+
+from echo2sdk.config import load_config  # noqa: E402
+from echo2sdk.runtime.learner.recipe import Trainer  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _wait_for(tr: Trainer, names: list[str], timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        infos = [tr.coordinator.workers.get(n) for n in names]
+        if all(i is not None and i.version == tr.version for i in infos):
+            return
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, s3_server):
+    """2 local workers, deltas (an anchor every 3 publications), 6 steps, the store on S3 (endpoint and region as
+    store options, the credentials in the environment, as on a real machine). After the last step a worker with
+    the credentials joins, then one without."""
+    out = tmp_path_factory.mktemp("store-run")
+    opts = {k: v for k, v in s3_server.options.items() if k in ("endpoint", "region", "allow_http")}
+    cfg = load_config(None, [
+        'model.policy="tiny-random"', "rollout.workers=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
+        "rollout.nice=0", "learner.steps=6", "learner.trajectories_per_step=8", "learner.staleness=2",
+        "learner.lr=1e-3", "learner.weight_decay=1.0", "learner.filter_zero_variance=false",
+        "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5",
+        "broadcast.delta=true", "broadcast.anchor_every=3", f'run.out="{out}"',
+        f'broadcast.store="{s3_server.url("run")}"', "broadcast.store_keep=1",
+        "broadcast.store_options={" + ", ".join(f'{k}="{v}"' for k, v in opts.items()) + "}",
+    ])
+    creds = {k: s3_server.env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in creds.items():
+            mp.setenv(k, v)
+        tr = Trainer(cfg)
+        try:
+            summary = tr.run()
+            tr.local.start("late")  # its environment is copied now
+            for k in creds:
+                mp.delenv(k)
+            tr.local.start("nocreds")
+            _wait_for(tr, ["late", "nocreds"])
+            counts = dict(tr.coordinator.snapshots.store_counts)
+            entries = tr.coordinator.snapshots.store.entries()
+        finally:
+            tr.close()
+    logs = {p.stem: p.read_text() for p in (out / "workers").glob("*.log")}
+    return tr, summary, logs, counts, entries
+
+
+def test_every_publication_is_written_and_retention_keeps_the_newest_chain(run):
+    tr, _, _, counts, entries = run
+    assert counts["written"] == 6 and counts["write_failed"] == 0, counts
+    assert run[1]["store"]["written"] == 6 and run[1]["store"]["url"].startswith("s3://")  # summary.json
+    kinds = [s["kind"] for s in tr.publication.sent]
+    assert kinds == ["full", "delta", "delta", "full", "delta", "delta"]
+    assert entries == [(4, "full"), (5, "delta"), (6, "delta")]  # store_keep = 1: the chain v4-v6
+
+
+def test_a_late_joiner_rebuilds_the_snapshot_from_the_store_not_from_the_learner(run):
+    tr, _, logs, counts, _ = run
+    late = tr.coordinator.workers["late"]
+    assert late.version == tr.version == 6 and 6 in late.installed, late
+    m = re.search(r"snapshot v6 from the store in [\d.]+ s: anchor v4 \+ 2 delta\(s\), (\d+) bytes read", logs["late"])
+    assert m, logs["late"][-2000:]
+    assert "cannot take it from the store" not in logs["late"] and "refusing snapshot" not in logs["late"]
+    assert counts["hints"] >= 2  # late and nocreds were each told
+
+
+def test_a_worker_that_cannot_read_the_store_says_so_and_gets_the_snapshot_whole(run):
+    tr, _, logs, counts, _ = run
+    assert "cannot take it from the store" in logs["nocreds"], logs["nocreds"][-2000:]
+    assert counts["refused"] == 1
+    nocreds = tr.coordinator.workers["nocreds"]
+    assert nocreds.version == 6 and 6 in nocreds.installed
+    assert tr.coordinator.snapshots.sent["full_pushed"] >= 1
