@@ -91,3 +91,61 @@ def test_a_worker_that_cannot_read_the_store_says_so_and_gets_the_snapshot_whole
     nocreds = tr.coordinator.workers["nocreds"]
     assert nocreds.version == 6 and 6 in nocreds.installed
     assert tr.coordinator.snapshots.sent["full_pushed"] >= 1
+
+
+@pytest.fixture(scope="module")
+def replaced(tmp_path_factory, s3_server):
+    """One local worker and one standby machine (scheduler.standby = 1, the `local` provider), the store on S3.
+    local-0 is killed once 2 steps are done; the scheduler marks it failed and starts standby-0 in its place,
+    which rebuilds the current snapshot from the store and takes over the rollouts."""
+    import threading
+
+    out = tmp_path_factory.mktemp("replaced")
+    opts = {k: v for k, v in s3_server.options.items() if k in ("endpoint", "region", "allow_http")}
+    cfg = load_config(None, [
+        'model.policy="tiny-random"', "rollout.workers=1", "rollout.group_size=4", "rollout.max_new_tokens=8",
+        "rollout.nice=0", "learner.steps=6", "learner.trajectories_per_step=8", "learner.staleness=2",
+        "learner.lr=1e-3", "learner.weight_decay=1.0", "learner.filter_zero_variance=false",
+        "learner.data_timeout_s=180", "run.progress=false", "run.heartbeat_s=0.5", "run.worker_timeout_s=3",
+        "broadcast.delta=true", "broadcast.anchor_every=3", f'run.out="{out}"',
+        f'broadcast.store="{s3_server.url("replaced")}"',
+        "broadcast.store_options={" + ", ".join(f'{k}="{v}"' for k, v in opts.items()) + "}",
+        "scheduler.enabled=true", "scheduler.standby=1", "scheduler.standby_price=0.5",
+        'scheduler.prices={"local-0" = 0.3}', "scheduler.sustain_s=0",
+    ])
+    with pytest.MonkeyPatch.context() as mp:
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            mp.setenv(k, s3_server.env[k])
+        tr = Trainer(cfg)
+        killed: dict[str, int] = {}
+
+        def killer() -> None:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and len(tr.rows) < 2:
+                time.sleep(0.1)
+            tr.procs[0].kill()
+            killed["at_step"] = len(tr.rows)
+
+        try:
+            cal = tr.calibrate(steps=1)
+            t = threading.Thread(target=killer, daemon=True)
+            t.start()
+            summary = tr.run()
+            t.join(5)
+        finally:
+            tr.close()
+    logs = {p.stem: p.read_text() for p in (out / "workers").glob("*.log")}
+    events = [__import__("json").loads(line) for line in (out / "scheduler.jsonl").read_text().splitlines()]
+    return tr, cal, summary, logs, events, killed
+
+
+def test_a_killed_worker_is_replaced_by_a_standby_machine_that_takes_the_snapshot_from_the_store(replaced):
+    tr, cal, summary, logs, events, killed = replaced
+    assert killed["at_step"] >= 2 and len(tr.rows) == 6
+    kinds = [(e["event"], e.get("worker")) for e in events]
+    assert ("failed", "local-0") in kinds and ("activate", "standby-0") in kinds, kinds
+    assert re.search(r"snapshot v\d+ from the store in [\d.]+ s: anchor v\d+ \+ \d+ delta\(s\)", logs["standby-0"]), \
+        logs["standby-0"][-3000:]
+    row = {w["worker_id"]: w for w in summary["workers"]}["standby-0"]
+    assert row["trajectories"] > 0, row
+    assert summary["store"]["hints"] >= 1 and summary["store"]["refused"] == 0
