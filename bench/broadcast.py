@@ -9,6 +9,14 @@ Where namespaces are not available (not root, no `ip`), sender-side token bucket
 
     sudo python bench/broadcast.py --mode sweep --out runs/bench_broadcast
     python bench/broadcast.py --mode ceiling            # unshaped 8-hop relay vs a plain socket relay
+    # a real update (bench/delta.py --save DIR), chains only: the full snapshot, then the same update as a delta
+    sudo python bench/broadcast.py --n 8 --b0 400 --snapshots runs/bench-delta/update [--tls off]
+
+With `--snapshots DIR` (base.bin and new.bin: two consecutive publications of a real run) each chain point is
+timed twice on the same shaped network: `payload: "full"`, base.bin published whole, then `payload: "delta"`,
+new.bin published as core/delta.py's delta on it (the workers hold the base: the coordinator routes the delta to
+them over the chains). Workers are relay-only: T_bcast is the delivery of the payload; applying a delta is
+measured by bench/delta.py (`apply_s`). `--tls off` runs the relay path in plaintext (`run.tls = false`).
 
 One JSON line per run with its parameters. `ideal_s` is the line-rate model for the q-th worker:
 snapshot / goodput(Bw) plus the pipeline fill (depth - 1) * chunk / goodput(Bw) along its chain; for a
@@ -137,17 +145,20 @@ def run_point(args) -> None:
     tc = args.shaping == "tc"
     n, bw, size, chunk = args.n[0], args.bw, args.size_mib << 20, args.chunk_kib << 10
     host = _ip(-1) if tc else "127.0.0.1"
-    delivery = ChainBroadcast(TOKEN, chunk_bytes=chunk, host=host, stall_timeout_s=30.0)
+    tls = args.tls == "on"
+    update = _update(args.snapshots) if args.snapshots else None
+    delivery = ChainBroadcast(TOKEN, chunk_bytes=chunk, host=host, stall_timeout_s=30.0, tls=tls,
+                              deltas=update is not None)
     coord = Coordinator(buffer=StalenessBuffer(staleness=2, group_size=2), tasks=ToyAdapter().tasks(0),
                         worker_config={}, vocab_size=256, max_len=64, token=TOKEN, host=host,
-                        heartbeat_s=1.0, worker_timeout_s=120.0, gamma=1 / Q, delivery=delivery)
+                        heartbeat_s=1.0, worker_timeout_s=120.0, gamma=1 / Q, delivery=delivery, tls=tls)
     coord.start()
     procs = []
     env = dict(os.environ, ECHO2_TOKEN=TOKEN, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     try:
         for i in range(n):
             cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"{host}:{coord.port}",
-                   "--id", f"w{i:02d}", "--relay-only"]
+                   "--id", f"w{i:02d}", "--relay-only", *(() if tls else ("--plaintext",))]
             if tc:
                 cmd = ["ip", "netns", "exec", _ns_name(i), *cmd]
             else:
@@ -159,9 +170,12 @@ def run_point(args) -> None:
                 raise SystemExit(f"only {len(coord.alive_workers())}/{n} workers joined")
             time.sleep(0.2)
         version = 0
-        runs = [("star-unlimited", None)] + [(t, b0) for b0 in args.b0 for t in ("chain", "star")]
-        payload = os.urandom(size)
-        for topology, b0 in runs:
+        if update is None:
+            runs = [("star-unlimited", None, "full")] + [(t, b0, "full") for b0 in args.b0 for t in ("chain", "star")]
+            payload = os.urandom(size)
+        else:  # the same update, full then as a delta, per uplink
+            runs = [("chain", b0, kind) for b0 in args.b0 for kind in ("full", "delta")]
+        for topology, b0, kind in runs:
             version += 1
             n_ch = num_chains(b0, bw) if topology == "chain" else n
             delivery.topology = "chain" if topology == "chain" else "star"
@@ -178,7 +192,16 @@ def run_point(args) -> None:
                 delivery.source.uplink = TokenBucket(b0 * 1e6 / 8 * GOODPUT) if b0 and topology != "star-unlimited" else None
             time.sleep(0.5)
             coord.buffer.set_version(version)
-            coord.publish(version, payload)
+            if update is None:
+                coord.publish(version, payload)
+            elif kind == "full":
+                payload = update["base"]
+                coord.publish(version, payload, root=update["delta"].base_root)
+            else:  # every worker reported the base installed (relay-only: fetched), so all hold it
+                _wait_versions(coord, version - 1, n)
+                payload = update["delta"].payload
+                coord.publish(version, update["new"], root=update["delta"].root, delta=(update["delta"], version - 1))
+            size = len(payload)
             limit = time.monotonic() + args.timeout_s
             while coord.t_bcast(version, "received")[1] is None and time.monotonic() < limit:
                 time.sleep(0.05)
@@ -186,6 +209,8 @@ def run_point(args) -> None:
             reports = delivery.reports.get(version, {})
             print(json.dumps({
                 "topology": topology,
+                "payload": kind,
+                "tls": args.tls,
                 "n_workers": n,
                 "snapshot_bytes": size,
                 "chunk_bytes": chunk,
@@ -200,6 +225,7 @@ def run_point(args) -> None:
                 "fetch_s_max": round(max((r.get("seconds", 0) for r in reports.values()), default=0), 3),
                 "shaping": args.shaping,
                 "tbf_burst_bytes": tbf_burst(bw) if tc else None,
+                **({"update": update["params"], "full_bytes": len(update["new"])} if update else {}),
             }), flush=True)
     finally:
         coord.stop()
@@ -210,6 +236,21 @@ def run_point(args) -> None:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _update(folder: Path) -> dict:
+    """A real update saved by bench/delta.py --save: the base, the new snapshot and the delta between them."""
+    from echo2sdk.core import delta
+
+    base, new = (Path(folder) / "base.bin").read_bytes(), (Path(folder) / "new.bin").read_bytes()
+    params = json.loads((Path(folder) / "params.json").read_text())
+    return {"base": base, "new": new, "delta": delta.encode(base, new), "params": params}
+
+
+def _wait_versions(coord, version: int, n: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(w.version == version for w in coord.alive_workers()) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def sweep(args) -> list[dict]:
@@ -226,9 +267,13 @@ def sweep(args) -> list[dict]:
                 setup_network(n)
                 for i in range(n):
                     shape(i, bw, both=True)
+            if args.snapshots and scale != 1.0:
+                raise SystemExit(f"--snapshots: N * Bw = {n * args.bw} Mbit/s is over --max-aggregate-mbps, and a "
+                                 "real snapshot cannot be scaled down")
             inner = [sys.executable, __file__, "--mode", "point", "--n", str(n), "--bw", str(bw),
                      "--size-mib", str(size), "--chunk-kib", str(chunk), "--shaping", args.shaping,
-                     "--timeout-s", str(args.timeout_s), "--b0", *map(str, b0s)]
+                     "--timeout-s", str(args.timeout_s), "--tls", args.tls, "--b0", *map(str, b0s),
+                     *(("--snapshots", str(args.snapshots)) if args.snapshots else ())]
             if tc:
                 inner = ["ip", "netns", "exec", LEARNER, *inner]
             out = subprocess.run(inner, capture_output=True, text=True, timeout=args.timeout_s * 8 + 300)
@@ -253,13 +298,14 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    keys = sorted({(r["topology"], r["uplink_mbps"] and r["uplink_mbps"] / r["bw_scale"]) for r in rows},
-                  key=lambda k: (k[0], k[1] or 0))
-    for topology, b0 in keys:
+    def key(r: dict) -> tuple:
+        return r["topology"], r["uplink_mbps"] and r["uplink_mbps"] / r["bw_scale"], r.get("payload", "full")
+
+    for topology, b0, payload in sorted({key(r) for r in rows}, key=lambda k: (k[0], k[1] or 0, k[2])):
         # Bw, B0, snapshot and chunk scale together, so times compare across the scaled points as they are
-        pts = sorted((r["n_workers"], r["t_bcast_q_s"]) for r in rows
-                     if r["topology"] == topology and (r["uplink_mbps"] and r["uplink_mbps"] / r["bw_scale"]) == b0)
+        pts = sorted((r["n_workers"], r["t_bcast_q_s"]) for r in rows if key(r) == (topology, b0, payload))
         label = topology if topology == "star-unlimited" else f"{topology} B0={b0:g} Mbit/s"
+        label += " (delta)" if payload == "delta" else ""
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rollout workers N")
@@ -465,6 +511,9 @@ def main() -> None:
     p.add_argument("--timeout-s", type=float, default=240.0)
     p.add_argument("--repeats", type=int, default=5, help="ceiling mode: interleaved measurements of each")
     p.add_argument("--out", type=Path, default=None, help="folder for broadcast.jsonl and figure4.png")
+    p.add_argument("--snapshots", type=Path, default=None,
+                   help="base.bin/new.bin of a real update (bench/delta.py --save): time it full and as a delta")
+    p.add_argument("--tls", choices=["on", "off"], default="on", help="TLS on the relay path (run.tls)")
     args = p.parse_args()
     if args.mode == "ceiling":
         args.size_mib, args.chunk_kib = args.size_mib or 512, args.chunk_kib or 4096

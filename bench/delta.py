@@ -10,6 +10,7 @@ apply time (verified rebuild). For a worker `--behind` publications back: one de
 the chain of deltas it would otherwise apply, with their bytes.
 
     .venv/bin/python bench/delta.py [--lrs 1e-6,3e-6,1e-5] [--steps 10] [--behind 2,4] [--out runs/bench-delta]
+                                    [--save runs/bench-delta/update]   # the last update, for bench/broadcast.py
 
 One JSON line per publication (`"kind": "publication"`) and per worker behind (`"kind": "behind"`), then a summary
 line per learning rate (medians). Parameters on every line. Encode/apply run here after training (one core busy),
@@ -80,6 +81,9 @@ def main() -> None:
     ap.add_argument("--behind", default="2,4", help="publications a late worker missed")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-delta")
     ap.add_argument("--set", action="append", default=[], dest="sets", help="more config overrides (KEY=VALUE)")
+    ap.add_argument("--save", type=Path, default=None,
+                    help="write the last two publications of the first lr there (base.bin, new.bin): the real "
+                    "update bench/broadcast.py --snapshots broadcasts full and as a delta")
     args = ap.parse_args()
     import zstandard
 
@@ -89,6 +93,13 @@ def main() -> None:
     for lr in [float(x) for x in args.lrs.split(",")]:
         run, pubs = _publications(lr, args.steps, args.out / f"lr{lr:g}", args.sets)
         params = {"lr": lr, "steps": args.steps, **run, "zstd_level": delta.ZSTD_LEVEL, "overrides": args.sets}
+        if args.save is not None and len(pubs) >= 2:
+            args.save.mkdir(parents=True, exist_ok=True)
+            (args.save / "base.bin").write_bytes(pubs[-2][1])
+            (args.save / "new.bin").write_bytes(pubs[-1][1])
+            (args.save / "params.json").write_text(json.dumps({**params, "base_version": pubs[-2][0],
+                                                               "version": pubs[-1][0]}))
+            args.save = None
         rows = []
         for (v0, a), (v1, b) in zip(pubs, pubs[1:]):
             t0 = time.perf_counter()

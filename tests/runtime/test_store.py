@@ -158,3 +158,70 @@ def test_the_store_config_is_checked_where_it_is_written():
         load_config(None, ["broadcast.store_keep=0"])
     cfg = load_config(None, ['broadcast.store="s3://b/r"', 'broadcast.store_options={region="eu-west-1"}'])
     assert cfg.broadcast.store_options == {"region": "eu-west-1"} and cfg.broadcast.store_keep == 2
+
+
+# -- the coordinator's routing, on its own (the real path: test_store_run.py) ------------------------------
+class _Conn:
+    def __init__(self, wid: str, version: int):
+        from echo2sdk.runtime.coordinator.worker_info import WorkerInfo
+
+        self.info = WorkerInfo(wid, "127.0.0.1:1", version=version)
+        self.sent: list = []
+
+    @property
+    def worker_id(self) -> str:
+        return self.info.worker_id
+
+    async def send(self, msg, payload: bytes = b"") -> None:
+        self.sent.append((msg, len(payload)))
+
+
+class _Delivery:
+    def __init__(self):
+        self.signer, self.chunk_bytes, self.delivered = Signer(), CHUNK, []
+
+    async def deliver(self, version, payload, peers, meta=None):
+        self.delivered.append((version, meta.kind if meta else "full", sorted(p.worker_id for p in peers)))
+
+
+def test_a_worker_without_the_deltas_base_is_told_to_take_it_from_the_store_once_written(tmp_path):
+    """At a delta publication the holders of the base get the delta over the delivery; a worker on an older
+    version gets no full push but SnapshotInStore once the write is done, and what it then reads rebuilds the
+    snapshot; a refusal from the store falls back to a push of the snapshot whole, once."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from echo2sdk.runtime.coordinator.snapshots import Snapshots
+    from echo2sdk.runtime.protocol.messages import Snapshot, SnapshotInStore, SnapshotRejected
+
+    snaps = _versions(2)
+    d = delta.encode(snaps[0], snaps[1])
+    holder, behind = _Conn("holder", 1), _Conn("behind", 0)
+    registry = SimpleNamespace(conns={"holder": holder, "behind": behind})
+    delivery = _Delivery()
+    snapshots = Snapshots(delivery, registry, base=None, q=1.0, store=SnapshotStore(str(tmp_path / "s")))
+
+    async def scenario():
+        snapshots.publish(1, snaps[0], d.base_root)
+        await asyncio.sleep(0.5)
+        holder.info.version = 1
+        snapshots.publish(2, snaps[1], d.root, (d, 1))
+        for _ in range(100):
+            if behind.sent:
+                break
+            await asyncio.sleep(0.05)
+        await snapshots.on_rejected(behind, SnapshotRejected(version=2, reason="store: no credentials",
+                                                             from_store=True))
+        await snapshots.on_rejected(behind, SnapshotRejected(version=2, reason="again", from_store=True))
+        await asyncio.sleep(0.2)
+
+    asyncio.run(scenario())
+    snapshots.close()
+    assert delivery.delivered == [(1, "full", ["behind", "holder"]), (2, "delta", ["holder"])]
+    assert snapshots.stored == 2 and snapshots.store_counts["written"] == 2
+    (hint, _), (push, nbytes) = behind.sent
+    assert isinstance(hint, SnapshotInStore) and hint.version == 2
+    assert isinstance(push, Snapshot) and push.version == 2 and nbytes == len(snaps[1])  # once, not twice
+    assert snapshots.sent["full_pushed"] == 1 and snapshots.store_counts["refused"] == 2
+    got = snapshots.store.catch_up(delivery.signer.public_key, (1, d.base_root, snaps[0]))
+    assert got.deltas == [2] and bytes(got.data) == snaps[1]

@@ -196,3 +196,21 @@ def test_a_tiny_run_logs_config_steps_samples_and_staleness_to_its_sinks(tiny_ru
     acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
     assert [e.step for e in acc.Scalars("reward_mean")] == steps and "task/correct" in acc.Tags()["scalars"]
+
+
+def test_a_runs_log_file_stops_at_its_close(tmp_path):
+    """Two runs in one process (a bench, a notebook): the first run's run.log gets none of the second's lines
+    (seen in bench/joiner.py before the handler was removed at close)."""
+    import logging
+
+    from echo2sdk.runtime.learner import console
+
+    first = console.log_to(tmp_path / "a.log")
+    assert console.log_to(tmp_path / "a.log") is None  # one handler per file
+    logging.getLogger("echo2sdk.trainer").info("first run")
+    console.stop_logging_to(first)
+    second = console.log_to(tmp_path / "b.log")
+    logging.getLogger("echo2sdk.trainer").info("second run")
+    console.stop_logging_to(second)
+    assert "first run" in (tmp_path / "a.log").read_text() and "second run" not in (tmp_path / "a.log").read_text()
+    assert "second run" in (tmp_path / "b.log").read_text()

@@ -103,13 +103,23 @@ def signals(on_signal: Any) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def log_to(path: Path) -> None:
+def log_to(path: Path) -> logging.Handler | None:
+    """echo2sdk's INFO lines into `path` as well. Returns the handler added (None when one writes there already):
+    the run removes it at its close, so that a later run in the same process does not write into this file."""
     root = logging.getLogger("echo2sdk")
-    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in root.handlers):
-        fh = logging.FileHandler(path)
-        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(fh)
     root.setLevel(logging.INFO)
+    if any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path.resolve()) for h in root.handlers):
+        return None
+    fh = logging.FileHandler(path)
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(fh)
+    return fh
+
+
+def stop_logging_to(handler: logging.Handler | None) -> None:
+    if handler is not None:
+        logging.getLogger("echo2sdk").removeHandler(handler)
+        handler.close()
 
 
 def event_log(path: Path) -> tuple[IO[str], Any]:

@@ -71,6 +71,7 @@ class Trainer:
         self.learner: Any = None
         self.ops: distributed.Lockstep | None = None  # the learner calls that are collectives under torchrun
         self.coordinator: Coordinator | None = None
+        self._run_log: Any = None  # the handler writing run.log, removed at close
         self.metrics = RunMetrics(self.out, None, cfg.learner.trajectories_per_step, cfg.kappa)
         self.last_checkpoint: dict[str, Any] | None = None
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
@@ -121,7 +122,7 @@ class Trainer:
         ckpt = checkpoint.to_resume(self.out, self.resume, self.topo.leader)
         if self.topo.leader:
             self.out.mkdir(parents=True, exist_ok=True)
-            console.log_to(self.out / "run.log")
+            self._run_log = console.log_to(self.out / "run.log")
             if ckpt is None:  # a fresh run starts metrics.jsonl (and the jsonl sink's other files) empty
                 reset_run_files(self.out)
             # opened before the model loads so that config.json exists if anything fails
@@ -443,5 +444,7 @@ class Trainer:
             self.coordinator.stop()
         if getattr(self, "local", None) is not None:
             self.local.close()  # they leave on the coordinator's shutdown; the rest are terminated
+        console.stop_logging_to(self._run_log)  # a later run in this process logs elsewhere
+        self._run_log = None
         if self.topo.world > 1:  # a follower meets the others at the barrier only if rank 0 finished cleanly too
             distributed.shutdown(clean and (self.topo.leader or self._leader_clean))
