@@ -207,6 +207,7 @@ def run_point(args) -> None:
                 time.sleep(0.05)
             t_q, t_all = coord.t_bcast(version, "received")
             reports = delivery.reports.get(version, {})
+            by_depth = _by_depth(coord, delivery, version, reports) if topology == "chain" else None
             print(json.dumps({
                 "topology": topology,
                 "payload": kind,
@@ -226,6 +227,7 @@ def run_point(args) -> None:
                 "shaping": args.shaping,
                 "tbf_burst_bytes": tbf_burst(bw) if tc else None,
                 **({"update": update["params"], "full_bytes": len(update["new"])} if update else {}),
+                **({"by_depth": by_depth} if by_depth else {}),
             }), flush=True)
     finally:
         coord.stop()
@@ -236,6 +238,21 @@ def run_point(args) -> None:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _by_depth(coord, delivery, version: int, reports: dict) -> dict:
+    """Where the time goes along the chains: per hop count from the learner, the workers' received times (s after
+    the publication: the last) and their own fetch times (plan to verified copy: the longest); and per chain."""
+    plan, b = delivery.plans[version], coord.snapshots.bcast[version]
+    rows: dict[int, list] = {}
+    for w, t in b["received"].items():
+        rows.setdefault(len(plan.upstream(w)), []).append((t - b["t0"], reports.get(w, {}).get("seconds", 0.0)))
+    out = {d: {"workers": len(v), "received_s_max": round(max(r for r, _ in v), 3),
+               "fetch_s_max": round(max(f for _, f in v), 3)} for d, v in sorted(rows.items())}
+    # each chain's received times, seed first (-1: not received): a slow hop shows as a step inside a chain
+    out["chains"] = [[round(b["received"][w] - b["t0"], 2) if w in b["received"] else -1 for w in chain]
+                     for chain in plan.chains]
+    return out
 
 
 def _update(folder: Path) -> dict:
@@ -519,7 +536,7 @@ def main() -> None:
         args.size_mib, args.chunk_kib = args.size_mib or 512, args.chunk_kib or 4096
         ceiling(args)
         return
-    args.size_mib, args.chunk_kib = args.size_mib or 32, args.chunk_kib or 1024
+    args.size_mib, args.chunk_kib = args.size_mib or 32, args.chunk_kib or 512
     if args.shaping == "auto":
         args.shaping = "tc" if namespaces_available() else "token-bucket"
     if args.mode == "point":

@@ -25,7 +25,7 @@ from echo2sdk.errors import ProtocolError
 __all__ = ["DEFAULT_CHUNK_BYTES", "KINDS", "Manifest", "Signer", "build_manifest", "chunk_digest", "chunk_hasher",
            "verify_manifest"]
 
-DEFAULT_CHUNK_BYTES = 4 << 20
+DEFAULT_CHUNK_BYTES = 512 << 10  # broadcast.chunk_mib's default (docs/broadcast.md, "Chunk size")
 ALGO = "blake3"
 MIN_CHUNK_BYTES = 4 << 10
 MAX_CHUNKS = 1 << 20
