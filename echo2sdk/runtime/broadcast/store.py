@@ -170,7 +170,10 @@ class SnapshotStore:
         """The payload of `m`, every chunk checked against its signed digest."""
         import obstore
 
-        data = bytes(obstore.get(self.store, _key(m.version, m.kind)).bytes())
+        got = obstore.get(self.store, _key(m.version, m.kind))
+        if got.meta["size"] != m.total_bytes:  # before reading it: a store cannot make a reader hold more
+            raise StoreError(f"store entry v{m.version}: {got.meta['size']} bytes, the manifest says {m.total_bytes}")
+        data = bytes(got.bytes())
         if len(data) != m.total_bytes:
             raise StoreError(f"store entry v{m.version}: {len(data)} bytes, the manifest says {m.total_bytes}")
         view = memoryview(data)
