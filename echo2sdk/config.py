@@ -186,6 +186,16 @@ class LearnerConfig(_Section):
         return self.scale_rewards if self.scale_rewards is not None else self.loss_type != "dr_grpo"
 
 
+#: broadcast.store_options that name where and how to connect, never a secret: the only ones a run sends its
+#: workers (obstore's config keys; credentials stay in each machine's environment)
+SAFE_STORE_OPTIONS = frozenset({
+    "endpoint", "aws_endpoint", "region", "aws_region", "default_region", "allow_http", "timeout",
+    "connect_timeout", "virtual_hosted_style_request", "aws_virtual_hosted_style_request", "s3_express",
+    "skip_signature", "unsigned_payload", "checksum_algorithm", "account_name", "azure_storage_account_name",
+    "use_emulator", "azure_storage_use_emulator", "use_fabric_endpoint", "project_id",
+})
+
+
 class BroadcastConfig(_Section):
     """How snapshots reach the workers (paper §4.2): peer-assisted chains, a star, or a direct push."""
 
@@ -235,10 +245,16 @@ class BroadcastConfig(_Section):
         if self.store and self.topology == "direct":
             raise ValueError(f"broadcast.store = {self.store!r} needs broadcast.topology 'chain' or 'star' (the "
                              "store's manifests are signed with the chain broadcast's key)")
-        secret = sorted(k for k in self.store_options if re.search(r"secret|password|token|key_id|sas", k, re.I))
-        if secret:
-            raise ValueError(f"broadcast.store_options {secret} look like credentials: these options are sent to "
-                             "every worker; give each machine its credentials in its environment instead")
+        unsafe = sorted(set(self.store_options) - SAFE_STORE_OPTIONS)
+        if unsafe:
+            raise ValueError(f"broadcast.store_options {unsafe}: these options are sent to every worker, so only "
+                             f"where and how to connect may be set here ({', '.join(sorted(SAFE_STORE_OPTIONS))}); give "
+                             "each machine its credentials in its environment (AWS_ACCESS_KEY_ID, ...)")
+        if re.match(r"^\w+://[^/]*@", self.store) or "?" in self.store or "#" in self.store:
+            raise ValueError(f"broadcast.store = {self.store!r}: no user, password or query in the URL (it is sent "
+                             "to every worker and written to summary.json); credentials go in the environment")
+        if len(self.store) > 1024 or len(self.store_options) > 32:
+            raise ValueError("broadcast.store: at most 1024 characters, and at most 32 store_options")
         return self
 
     def chains(self) -> int:

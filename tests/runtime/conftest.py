@@ -44,23 +44,49 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
         f'run.out="{out}"',
     ])
     tr = Trainer(cfg)
-    killed: dict[str, int] = {}
-
-    def killer() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and len(tr.rows) < 2:
-            time.sleep(0.1)
-        tr.procs[0].kill()
-        killed["at_step"] = len(tr.rows)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+    t, killed = kill_first_worker_after(tr, rows=2)
     try:
         summary = tr.run()
     finally:
         tr.close()
     t.join(5)
     return TinyRun(tr, summary, out, killed["at_step"], token, steps, R)
+
+
+def kill_first_worker_after(tr: Any, rows: int) -> tuple[threading.Thread, dict[str, int]]:
+    """A started thread that SIGKILLs the run's first local worker once `rows` steps are done; the dict gets the
+    steps done at the kill ("at_step")."""
+    killed: dict[str, int] = {}
+
+    def killer() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(tr.rows) < rows:
+            time.sleep(0.1)
+        tr.procs[0].kill()
+        killed["at_step"] = len(tr.rows)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    return t, killed
+
+
+@pytest.fixture(scope="session")
+def delta_run() -> list[str]:
+    """The overrides of a short real run whose weights move at every update (tiny-random's rewards are all 0: no
+    policy gradient, but weight decay), a publication every step (S = 2), delta snapshots with an anchor every 3
+    publications."""
+    return [
+        'model.policy="tiny-random"', "rollout.group_size=4", "rollout.max_new_tokens=8", "rollout.nice=0",
+        "learner.steps=6", "learner.trajectories_per_step=8", "learner.staleness=2", "learner.lr=1e-3",
+        "learner.weight_decay=1.0", "learner.filter_zero_variance=false", "run.progress=false",
+        "run.heartbeat_s=0.5", "broadcast.delta=true", "broadcast.anchor_every=3",
+    ]
+
+
+@pytest.fixture(scope="session")
+def killer() -> Any:
+    """kill_first_worker_after, for the test modules."""
+    return kill_first_worker_after
 
 
 @dataclass

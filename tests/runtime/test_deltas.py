@@ -19,18 +19,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, delta_run):
     """2 local workers, a publication every step (S = 2), an anchor every 3, 6 steps (the last publication is a
     delta); weight decay moves the weights at every update (tiny-random's rewards are all 0: no policy gradient).
     After the last step, with the coordinator still up, a third worker joins and installs the newest version."""
     out = tmp_path_factory.mktemp("deltas")
-    cfg = load_config(None, [
-        'model.policy="tiny-random"', "rollout.workers=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
-        "rollout.nice=0", "learner.steps=6", "learner.trajectories_per_step=8", "learner.staleness=2",
-        "learner.lr=1e-3", "learner.weight_decay=1.0", "learner.filter_zero_variance=false",
-        "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5",
-        "broadcast.delta=true", "broadcast.anchor_every=3", f'run.out="{out}"',
-    ])
+    cfg = load_config(None, [*delta_run, "rollout.workers=2", "learner.data_timeout_s=120", f'run.out="{out}"'])
     tr = Trainer(cfg)
     try:
         summary = tr.run()

@@ -20,6 +20,14 @@ from echo2sdk.runtime.learner.recipe import Trainer  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+def _config(base: list[str], out, s3, prefix: str, *extra: str):
+    """`base` (the delta_run fixture) with the store on the S3 server: endpoint and region as store options (sent to the workers), the
+    credentials left to the environment, as on a real machine."""
+    opts = ", ".join(f'{k}="{v}"' for k, v in s3.options.items() if k in ("endpoint", "region", "allow_http"))
+    return load_config(None, [*base, *extra, f'run.out="{out}"', f'broadcast.store="{s3.url(prefix)}"',
+                              f"broadcast.store_options={{{opts}}}"])
+
+
 def _wait_for(tr: Trainer, names: list[str], timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -30,21 +38,13 @@ def _wait_for(tr: Trainer, names: list[str], timeout_s: float = 120) -> None:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, s3_server):
+def run(tmp_path_factory, s3_server, delta_run):
     """2 local workers, deltas (an anchor every 3 publications), 6 steps, the store on S3 (endpoint and region as
     store options, the credentials in the environment, as on a real machine). After the last step a worker with
     the credentials joins, then one without."""
     out = tmp_path_factory.mktemp("store-run")
-    opts = {k: v for k, v in s3_server.options.items() if k in ("endpoint", "region", "allow_http")}
-    cfg = load_config(None, [
-        'model.policy="tiny-random"', "rollout.workers=2", "rollout.group_size=4", "rollout.max_new_tokens=8",
-        "rollout.nice=0", "learner.steps=6", "learner.trajectories_per_step=8", "learner.staleness=2",
-        "learner.lr=1e-3", "learner.weight_decay=1.0", "learner.filter_zero_variance=false",
-        "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5",
-        "broadcast.delta=true", "broadcast.anchor_every=3", f'run.out="{out}"',
-        f'broadcast.store="{s3_server.url("run")}"', "broadcast.store_keep=1",
-        "broadcast.store_options={" + ", ".join(f'{k}="{v}"' for k, v in opts.items()) + "}",
-    ])
+    cfg = _config(delta_run, out, s3_server, "run", "rollout.workers=2", "learner.data_timeout_s=120",
+                  "broadcast.store_keep=1")
     creds = {k: s3_server.env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in creds.items():
@@ -94,42 +94,21 @@ def test_a_worker_that_cannot_read_the_store_says_so_and_gets_the_snapshot_whole
 
 
 @pytest.fixture(scope="module")
-def replaced(tmp_path_factory, s3_server):
+def replaced(tmp_path_factory, s3_server, delta_run, killer):
     """One local worker and one standby machine (scheduler.standby = 1, the `local` provider), the store on S3.
     local-0 is killed once 2 steps are done; the scheduler marks it failed and starts standby-0 in its place,
     which rebuilds the current snapshot from the store and takes over the rollouts."""
-    import threading
-
     out = tmp_path_factory.mktemp("replaced")
-    opts = {k: v for k, v in s3_server.options.items() if k in ("endpoint", "region", "allow_http")}
-    cfg = load_config(None, [
-        'model.policy="tiny-random"', "rollout.workers=1", "rollout.group_size=4", "rollout.max_new_tokens=8",
-        "rollout.nice=0", "learner.steps=6", "learner.trajectories_per_step=8", "learner.staleness=2",
-        "learner.lr=1e-3", "learner.weight_decay=1.0", "learner.filter_zero_variance=false",
-        "learner.data_timeout_s=180", "run.progress=false", "run.heartbeat_s=0.5", "run.worker_timeout_s=3",
-        "broadcast.delta=true", "broadcast.anchor_every=3", f'run.out="{out}"',
-        f'broadcast.store="{s3_server.url("replaced")}"',
-        "broadcast.store_options={" + ", ".join(f'{k}="{v}"' for k, v in opts.items()) + "}",
-        "scheduler.enabled=true", "scheduler.standby=1", "scheduler.standby_price=0.5",
-        'scheduler.prices={"local-0" = 0.3}', "scheduler.sustain_s=0",
-    ])
+    cfg = _config(delta_run, out, s3_server, "replaced", "rollout.workers=1", "learner.data_timeout_s=180",
+                  "run.worker_timeout_s=3", "scheduler.enabled=true", "scheduler.standby=1",
+                  "scheduler.standby_price=0.5", 'scheduler.prices={"local-0" = 0.3}', "scheduler.sustain_s=0")
     with pytest.MonkeyPatch.context() as mp:
         for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             mp.setenv(k, s3_server.env[k])
         tr = Trainer(cfg)
-        killed: dict[str, int] = {}
-
-        def killer() -> None:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and len(tr.rows) < 2:
-                time.sleep(0.1)
-            tr.procs[0].kill()
-            killed["at_step"] = len(tr.rows)
-
         try:
             cal = tr.calibrate(steps=1)
-            t = threading.Thread(target=killer, daemon=True)
-            t.start()
+            t, killed = killer(tr, rows=2)
             summary = tr.run()
             t.join(5)
         finally:

@@ -27,8 +27,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from datetime import timedelta
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from echo2sdk.core import delta
@@ -36,14 +36,17 @@ from echo2sdk.core.broadcast.manifest import Manifest, chunk_digest, verify_mani
 from echo2sdk.core.records import pack, unpack
 from echo2sdk.errors import ConfigError, ProtocolError
 
-__all__ = ["SnapshotStore", "Caught", "StoreError", "open_object_store", "KEEP_CHAINS", "MAX_MANIFEST_BYTES"]
+__all__ = ["SnapshotStore", "Caught", "StoreError", "open_object_store", "run_url", "KEEP_CHAINS",
+           "MAX_MANIFEST_BYTES"]
 
 log = logging.getLogger("echo2sdk.store")
 
 KEEP_CHAINS = 2  # the current anchor-to-tip chain, and the one before it (a reader may still be on it)
 MAX_MANIFEST_BYTES = 64 << 20  # MAX_CHUNKS 32-byte digests and change
-_ENTRY = re.compile(r"(?:^|/)v(\d{12})\.(full|delta)\.manifest$")
+_ENTRY = re.compile(r"^v(\d{12})\.(full|delta)(\.manifest)?$")  # directly under the prefix, nothing nested
+_CANDIDATES = 8  # newest entries a reader tries before giving up (an unverifiable one is skipped, not trusted)
 RETRY_S = 60.0  # the longest a remote store request is retried before the reader falls back (a full push)
+REQUEST_S = 1800.0  # one request, body included (obstore's default of 30 s cannot carry a large anchor)
 _READ_TRIES = 3  # listings read again when retention removed an entry under a reader
 
 
@@ -58,12 +61,16 @@ def open_object_store(url: str, options: dict[str, str] | None = None) -> Any:
     from obstore.store import from_url
 
     opts: dict[str, Any] = dict(options or {})
-    if "://" not in url:
-        url = "file://" + _absolute(url)
+    url = local_url(url)
     if url.startswith("file://"):
         opts["mkdir"] = True
     else:  # a remote store: its HTTP client's options, and a bound on retries (obstore's default retries for 3 min)
-        opts["client_options"] = {k: opts.pop(k) for k in ("allow_http", "timeout", "connect_timeout") if k in opts}
+        client = {k: opts.pop(k) for k in ("allow_http", "timeout", "connect_timeout") if k in opts}
+        # obstore's timeout covers a whole request, body included (30 s by default): an 8B model's 16 GB anchor
+        # would need 530 MB/s; a stalled connection still ends at connect_timeout or the retry bound
+        client.setdefault("timeout", timedelta(seconds=REQUEST_S))
+        client.setdefault("connect_timeout", timedelta(seconds=10))
+        opts["client_options"] = client
         opts["retry_config"] = {"max_retries": 4, "retry_timeout": timedelta(seconds=RETRY_S)}
     try:
         return from_url(url, **opts)
@@ -71,12 +78,24 @@ def open_object_store(url: str, options: dict[str, str] | None = None) -> Any:
         raise ConfigError(f"broadcast.store = {url!r}: {e}") from None
 
 
-def _absolute(path: str) -> str:
+def local_url(url: str) -> str:
+    """A plain path as an absolute file:// URL (made if missing): workers on this machine read the same folder
+    whatever their working directory. Other URLs as they are."""
+    if "://" in url:
+        return url
     from pathlib import Path
 
-    p = Path(path).expanduser().resolve()
+    p = Path(url).expanduser().resolve()
     p.mkdir(parents=True, exist_ok=True)
-    return str(p)
+    return "file://" + str(p)
+
+
+def run_url(url: str, public_key: bytes) -> str:
+    """The run's own folder under the configured store URL, named by its signing key: runs that share a bucket
+    prefix never see (or delete) each other's entries, and a resumed run (same key) finds its own."""
+    import hashlib
+
+    return f"{local_url(url).rstrip('/')}/run-{hashlib.sha256(public_key).hexdigest()[:16]}"
 
 
 def _key(version: int, kind: str) -> str:
@@ -105,11 +124,11 @@ class SnapshotStore:
     def __init__(self, url: str, options: dict[str, str] | None = None, *, keep_chains: int = KEEP_CHAINS):
         if keep_chains < 1:
             raise ConfigError(f"keep_chains = {keep_chains} must be at least 1")
-        self.url, self.options, self.keep_chains = url, dict(options or {}), keep_chains
-        self.store = open_object_store(url, options)
+        self.url, self.options, self.keep_chains = local_url(url), dict(options or {}), keep_chains
+        self.store = open_object_store(self.url, options)
 
     # -- the writer ----------------------------------------------------------------------------------------
-    def put(self, manifest: Manifest, payload: bytes | bytearray | memoryview) -> None:
+    def put(self, manifest: Manifest, payload: bytes | bytearray | memoryview, public_key: bytes) -> None:
         """Write one publication (payload, then its signed manifest), then apply retention after an anchor."""
         import obstore
 
@@ -117,37 +136,54 @@ class SnapshotStore:
         obstore.put(self.store, key, memoryview(payload))
         obstore.put(self.store, key + ".manifest", pack(manifest.to_wire()))
         if manifest.kind == "full":
-            self._retain()
+            self._retain(public_key)
 
-    def _retain(self) -> None:
+    def _retain(self, public_key: bytes) -> None:
+        """Delete what is older than the keep_chains-th newest anchor this run signed (an entry that does not
+        verify is never counted as an anchor), manifests first; payloads left without a manifest go too."""
         import obstore
 
-        entries = self.entries()
-        anchors = [v for v, kind in entries if kind == "full"]
-        if len(anchors) <= self.keep_chains:
+        anchors: list[int] = []
+        for v, kind in reversed(self.entries()):
+            if kind == "full" and self._verifies(v, kind, public_key):
+                anchors.append(v)
+                if len(anchors) == self.keep_chains:
+                    break
+        if len(anchors) < self.keep_chains:
             return
-        oldest_kept = anchors[-self.keep_chains]
-        for v, kind in entries:
-            if v < oldest_kept:
-                for key in (_key(v, kind) + ".manifest", _key(v, kind)):  # the manifest first: never half an entry
-                    try:
-                        obstore.delete(self.store, key)
-                    except FileNotFoundError:
-                        pass
-        log.info("store: kept the %d newest chain(s) from v%d", self.keep_chains, oldest_kept)
+        oldest_kept = anchors[-1]
+        old = [key for key, v in self._keys() if v < oldest_kept]
+        for key in sorted(old, key=lambda k: not k.endswith(".manifest")):  # manifests first: never half an entry
+            try:
+                obstore.delete(self.store, key)
+            except FileNotFoundError:
+                pass
+        log.info("store: kept the %d newest chain(s) from v%d (%d objects deleted)", self.keep_chains, oldest_kept,
+                 len(old))
+
+    def _verifies(self, version: int, kind: str, public_key: bytes) -> bool:
+        try:
+            self.manifest(version, kind, public_key)
+            return True
+        except (ProtocolError, FileNotFoundError) as e:
+            log.warning("store: entry v%d.%s does not verify, ignored: %s", version, kind, e)
+            return False
 
     # -- the reader ----------------------------------------------------------------------------------------
-    def entries(self) -> list[tuple[int, str]]:
-        """(version, kind) of every complete entry, oldest first."""
+    def _keys(self) -> list[tuple[str, int]]:
+        """(key, version) of every object named like an entry's payload or manifest, directly under the prefix."""
         import obstore
 
         out = []
         for batch in obstore.list(self.store):
             for obj in batch:
-                m = _ENTRY.search(obj["path"])
-                if m:
-                    out.append((int(m.group(1)), m.group(2)))
-        return sorted(out)
+                if m := _ENTRY.match(obj["path"]):
+                    out.append((obj["path"], int(m.group(1))))
+        return out
+
+    def entries(self) -> list[tuple[int, str]]:
+        """(version, kind) of every complete entry (its manifest is there), oldest first. Not yet verified."""
+        return sorted({(v, key.split(".")[1]) for key, v in self._keys() if key.endswith(".manifest")})
 
     def manifest(self, version: int, kind: str, public_key: bytes) -> Manifest:
         """The signed manifest of entry (version, kind), verified against `public_key`."""
@@ -189,25 +225,38 @@ class SnapshotStore:
         entries = dict(self.entries())
         if not entries:
             raise StoreError(f"the store {self.url} holds no snapshot")
-        v = max(entries)
-        if held is not None and v <= held[0]:
+        newest = self._newest(entries, public_key)
+        if held is not None and newest.version <= held[0]:
             return []  # nothing newer than what the reader holds
         out: list[Manifest] = []
+        m = newest
         while True:
-            m = self.manifest(v, entries[v], public_key)
             out.append(m)
             if m.kind == "full" or (held is not None and (m.base_version, m.base_root) == held):
                 break
             if m.base_version not in entries:
                 raise StoreError(f"store entry v{m.version} is a delta on v{m.base_version}, which the store "
                                  "does not hold")
-            v = m.base_version
+            m = self.manifest(m.base_version, entries[m.base_version], public_key)
         out.reverse()
         for prev, m in zip(out, out[1:]):
             if m.base_version != prev.version or (prev.root and m.base_root != prev.root):
                 raise StoreError(f"store entry v{m.version} names base v{m.base_version} and a root that "
                                  f"v{prev.version}'s manifest does not")
         return out
+
+    def _newest(self, entries: dict[int, str], public_key: bytes) -> Manifest:
+        """The manifest of the newest entry that verifies (a writable bucket can add entries, never sign them:
+        up to _CANDIDATES unverifiable newest ones are skipped, with a warning)."""
+        last: Exception | None = None
+        for v in sorted(entries, reverse=True)[:_CANDIDATES]:
+            try:
+                return self.manifest(v, entries[v], public_key)
+            except ProtocolError as e:
+                log.warning("store: entry v%d.%s does not verify, skipped: %s", v, entries[v], e)
+                last = e
+        raise StoreError(f"none of the {min(len(entries), _CANDIDATES)} newest entries of {self.url} verifies; "
+                         f"the last: {last}")
 
     def catch_up(self, public_key: bytes, held: tuple[int, bytes, bytes | bytearray] | None = None) -> Caught:
         """The newest snapshot in the store, rebuilt and verified: from `held` (version, root, bytes) plus the

@@ -28,11 +28,12 @@ if TYPE_CHECKING:
     from echo2sdk.runtime.coordinator.connection import Conn
     from echo2sdk.runtime.coordinator.registry import Registry
 
-__all__ = ["Snapshots", "MAX_REPAIRS_KEPT"]
+__all__ = ["Snapshots", "MAX_REPAIRS_KEPT", "MAX_STORE_CHAIN"]
 
 log = logging.getLogger("echo2sdk.coordinator")
 
 MAX_REPAIRS_KEPT = 4096  # broadcast repairs kept for the run's record (all are counted)
+MAX_STORE_CHAIN = 16  # deltas after an anchor in the store (with broadcast.anchor_every = 0, or after a skip)
 
 
 class Snapshots:
@@ -46,11 +47,15 @@ class Snapshots:
         if store is not None and getattr(delivery, "signer", None) is None:
             raise ValueError("a snapshot store needs the chain broadcast (its manifests are signed with its key)")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="echo2-store") if store is not None else None
+        self._queued: tuple[int, bytes, bytes, SnapshotMeta] | None = None  # the next publication to write
+        self._writing = False
+        self._last_written: tuple[int, int] | None = None  # (version, deltas since its anchor) of the last entry
         self.stored = 0  # the newest version written to the store
         self.awaiting_store: dict[str, int] = {}  # worker id -> the version it will be told to take from the store
-        self._fell_back: set[tuple[str, int]] = set()  # (worker, version) pushed whole after a refusal
-        # store writes made and failed; SnapshotInStore sent; workers that could not take it from the store
-        self.store_counts = {"written": 0, "write_failed": 0, "hints": 0, "refused": 0}
+        # (worker, version) sent again after a refusal: from the store ("hinted"), whole ("pushed"); once each
+        self._again: dict[str, set[tuple[str, int]]] = {"hinted": set(), "pushed": set()}
+        # store writes made, failed, superseded before written; SnapshotInStore sent; workers that could not read it
+        self.store_counts = {"written": 0, "write_failed": 0, "skipped": 0, "hints": 0, "refused": 0}
         self.latest: tuple[int, bytes] | None = None  # the newest full snapshot (what a late joiner gets)
         self.latest_kind = "full"  # how the newest publication went out over the delivery: "full" or "delta"
         self._full_push = DirectPush()  # full snapshots to workers without a delta's base, and to late joiners
@@ -87,7 +92,7 @@ class Snapshots:
         if delta is None:
             meta = SnapshotMeta(root=root)  # the root names it as a delta's base later
             loop.create_task(self.delivery.deliver(version, weights, peers, *((meta,) if root else ())))
-            self._write(version, weights, meta)
+            self._write(version, weights, weights, meta)
             return
         d, base = delta
         holders = [p for p in peers if p.info.version == base]
@@ -95,7 +100,7 @@ class Snapshots:
         meta = SnapshotMeta("delta", base, d.base_root, d.root)
         if holders:
             loop.create_task(self.delivery.deliver(version, d.payload, holders, meta))  # type: ignore[call-arg]
-        self._write(version, d.payload, meta)
+        self._write(version, weights, d.payload, meta)
         if others and self.store is not None:  # they catch up from the store once this version is written
             log.info("snapshot v%d: %d worker(s) without v%d take it from the store: %s", version, len(others), base,
                      ", ".join(sorted(p.worker_id for p in others))[:300])
@@ -138,32 +143,53 @@ class Snapshots:
         """What a worker needs to read the store (the welcome carries it): its URL and non-secret options."""
         return StoreInfo(url=self.store.url, options=self.store.options) if self.store is not None else None
 
-    def _write(self, version: int, payload: bytes, meta: SnapshotMeta) -> None:
-        """Write publication `version` to the store on the writer thread (in order); tell the waiting workers."""
+    def _write(self, version: int, weights: bytes, payload: bytes, meta: SnapshotMeta) -> None:
+        """Queue publication `version` for the store (`weights`: the full snapshot, `payload`: what went out). One
+        write runs at a time; a publication queued behind it replaces the one waiting (memory: at most two)."""
         if self.store is None:
             return
-        asyncio.get_running_loop().create_task(self._written(version, payload, meta))
+        if self._queued is not None:
+            self.store_counts["skipped"] += 1  # superseded before it was written
+        self._queued = (version, weights, payload, meta)
+        if not self._writing:
+            self._writing = True
+            asyncio.get_running_loop().create_task(self._write_queued())
 
-    async def _written(self, version: int, payload: bytes, meta: SnapshotMeta) -> None:
+    async def _write_queued(self) -> None:
+        try:
+            while self._queued is not None:
+                job, self._queued = self._queued, None
+                await self._write_one(*job)
+        finally:
+            self._writing = False
+
+    async def _write_one(self, version: int, weights: bytes, payload: bytes, meta: SnapshotMeta) -> None:
+        """Write one publication; a delta goes in as a full snapshot when its base is not the last entry written
+        (a skipped or failed write) or the store's chain reached MAX_STORE_CHAIN deltas: every delta in the store
+        is on the entry before it, and a reader never applies more than MAX_STORE_CHAIN."""
         from echo2sdk.core.broadcast.manifest import build_manifest
 
         assert self.store is not None and self._writer is not None
+        last = self._last_written
+        if meta.kind == "delta" and (last is None or last[0] != meta.base_version or last[1] >= MAX_STORE_CHAIN):
+            payload, meta = weights, SnapshotMeta(root=meta.root)
         store, signer, chunk = self.store, self.delivery.signer, self.delivery.chunk_bytes  # type: ignore[attr-defined]
 
         def put() -> float:
             t0 = time.perf_counter()
-            m = build_manifest(payload, version, chunk, signer, **meta.fields())
-            store.put(m, payload)
+            store.put(build_manifest(payload, version, chunk, signer, **meta.fields()), payload, signer.public_key)
             return time.perf_counter() - t0
 
         try:
             seconds = await asyncio.get_running_loop().run_in_executor(self._writer, put)
         except Exception as e:  # noqa: BLE001 - the run goes on; whoever waits for the store gets a full push
             self.store_counts["write_failed"] += 1
+            self._last_written = None  # the next entry is a full snapshot
             log.warning("snapshot v%d: writing it to the store %s failed: %s", version, store.url, e)
             await self._push_awaiting(upto=version)
             return
         self.store_counts["written"] += 1
+        self._last_written = (version, 0 if meta.kind == "full" else last[1] + 1)  # type: ignore[index]
         self.stored = max(self.stored, version)
         log.info("snapshot v%d: %s (%d bytes) written to the store in %.2f s", version, meta.kind, len(payload), seconds)
         await self._hint_awaiting()
@@ -171,8 +197,9 @@ class Snapshots:
     async def _hint_awaiting(self) -> None:
         """Tell every worker waiting for a version now in the store to take the newest one from there."""
         ready = [w for w, v in self.awaiting_store.items() if v <= self.stored]
-        for w in ready:
+        for w in ready:  # taken before the first await: a concurrent call never sees (or deletes) them again
             del self.awaiting_store[w]
+        for w in ready:
             conn = self.registry.conns.get(w)
             if conn is None or not conn.info.alive or conn.info.version >= self.stored:
                 continue
@@ -185,8 +212,9 @@ class Snapshots:
     async def _push_awaiting(self, upto: int) -> None:
         """A failed write: the workers waiting for a version up to `upto` get the latest snapshot whole."""
         waiting = [w for w, v in self.awaiting_store.items() if v <= upto]
-        for w in waiting:
+        for w in waiting:  # taken before the first await (see _hint_awaiting)
             del self.awaiting_store[w]
+        for w in waiting:
             if (conn := self.registry.conns.get(w)) is not None and conn.info.alive:
                 await self._push_latest(conn)
 
@@ -209,15 +237,17 @@ class Snapshots:
             self.store_counts["refused"] += 1
         if self.latest is None or conn.info.version >= self.latest[0]:
             return
-        key = (conn.worker_id, self.latest[0])
-        if key in self._fell_back:
-            return
-        self._fell_back.add(key)
-        if self.store is not None and not msg.from_store and self.stored >= self.latest[0]:
-            self.awaiting_store[conn.worker_id] = self.latest[0]
+        v = self.latest[0]
+        for done in self._again.values():  # what was sent again for older versions is history
+            done.difference_update({k for k in done if k[1] < v})
+        key = (conn.worker_id, v)
+        if self.store is not None and not msg.from_store and self.stored >= v and key not in self._again["hinted"]:
+            self._again["hinted"].add(key)
+            self.awaiting_store[conn.worker_id] = v
             await self._hint_awaiting()
-        else:
-            log.info("snapshot v%d: pushed whole to worker %s after its refusal", self.latest[0], conn.worker_id)
+        elif key not in self._again["pushed"]:  # a refusal from the store always ends in a push
+            self._again["pushed"].add(key)
+            log.info("snapshot v%d: pushed whole to worker %s after its refusal", v, conn.worker_id)
             await self._push_latest(conn)
 
     def on_installed(self, conn: Conn, version: int) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from echo2sdk.config import Config
 from echo2sdk.core import lr_schedule
 from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery
-from echo2sdk.runtime.broadcast.store import SnapshotStore
+from echo2sdk.runtime.broadcast.store import SnapshotStore, run_url
 from echo2sdk.runtime.protocol.messages import WorkerConfig
 from echo2sdk.runtime.trust.credentials import check_token, given_token
 from echo2sdk.runtime.trust.worker_keys import Revocations
@@ -87,6 +87,7 @@ def coordinator_args(cfg: Config, token: str, signing_key: Any = None) -> dict[s
     """The Coordinator's address, liveness and delivery arguments (setup adds buffer, tasks and the model's
     facts). `signing_key`: the Ed25519 private key of the chain broadcast's manifests (default: a new one)."""
     run = cfg.run
+    sends = delivery(cfg, token, signing_key)
     return dict(
         max_len=cfg.learner.max_len,
         token=token,
@@ -94,18 +95,20 @@ def coordinator_args(cfg: Config, token: str, signing_key: Any = None) -> dict[s
         port=run.port,
         heartbeat_s=run.heartbeat_s,
         worker_timeout_s=run.worker_timeout_s,
-        delivery=delivery(cfg, token, signing_key),
+        delivery=sends,
         revoked=Revocations(run.revoked_workers, run.revoked_file),
-        store=snapshot_store(cfg),
+        store=snapshot_store(cfg, getattr(sends, "signer", None)),
     )
 
 
-def snapshot_store(cfg: Config) -> SnapshotStore | None:
-    """The run's snapshot store (broadcast.store), opened; None without one."""
+def snapshot_store(cfg: Config, signer: Any) -> SnapshotStore | None:
+    """The run's snapshot store (broadcast.store), opened in the run's own folder (named by its signing key);
+    None without one."""
     b = cfg.broadcast
     if not b.store:
         return None
-    return SnapshotStore(b.store, b.store_options, keep_chains=b.store_keep)
+    assert signer is not None  # config: a store needs the chain broadcast, whose key signs its manifests
+    return SnapshotStore(run_url(b.store, signer.public_key), b.store_options, keep_chains=b.store_keep)
 
 
 def delivery(cfg: Config, token: str, signing_key: Any = None) -> SnapshotDelivery:

@@ -398,7 +398,7 @@ class Trainer:
         if cfg.broadcast.delta:
             out["deltas"] = self.publication.delta_summary(coord.snapshots.sent)
         if cfg.broadcast.store:  # writes made and failed, workers told to read it, workers that could not
-            out["store"] = {"url": cfg.broadcast.store, **coord.snapshots.store_counts}
+            out["store"] = {"url": coord.snapshots.store.url, **coord.snapshots.store_counts}
         return out
 
     # -- cost-aware provisioning (paper §4.3): warm-up calibration and the live scheduler loop --------

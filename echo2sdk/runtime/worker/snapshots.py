@@ -73,6 +73,7 @@ class SnapshotInbox:
         self.store_info: StoreInfo | None = None  # the run's snapshot store (its welcome said where)
         self._store: SnapshotStore | None = None  # opened at the first SnapshotInStore
         self._store_busy, self._store_again = False, False  # one catch-up at a time; another after it when asked
+        self._store_wanted = 0  # the newest version a SnapshotInStore named
         self.from_store: list[dict] = []  # each catch-up from the store: version, anchor, deltas, bytes, seconds
 
     def heard_of(self, version: int) -> None:
@@ -170,8 +171,11 @@ class SnapshotInbox:
         """The coordinator says the snapshot is in the store: rebuild it from there in the background (one
         catch-up at a time: a hint during one starts another after it, which reads the then newest)."""
         self.heard_of(msg.version)
-        if self.relay_only:
-            return  # installs nothing: it relays what the chain brings
+        if self.relay_only:  # installs nothing, needs no base: it has "installed" it, and relays the next delta
+            self.received = max(self.received, msg.version)
+            asyncio.get_running_loop().create_task(self.link.notify(Installed(version=msg.version)))
+            return
+        self._store_wanted = max(self._store_wanted, msg.version)
         if self._store_busy:
             self._store_again = True
             return
@@ -185,7 +189,7 @@ class SnapshotInbox:
                 await self._from_store(version)
                 if not self._store_again:
                     return
-                version = self.newest
+                version = self._store_wanted  # the newest version the coordinator said is in the store
         finally:
             self._store_busy = False
 
