@@ -113,6 +113,7 @@ def _corrupt(path, offset: int = -1) -> None:
     ("another run's key", r"none of the 3 newest entries of .* verifies; the last: manifest v1: bad signature"),
     ("wrong base", "store entry v4 names base v3 and a root that v3's manifest does not"),
     (r"truncated payload", r"store entry v3: (\d+) bytes, the manifest says (\d+)"),
+    ("a signed delta that does not rebuild", r"store entry v4 \(a delta on v3\): "),
     # the newest entry does not verify: skipped, never trusted; the newest one that does is rebuilt (a worker
     # told of v3 then refuses an older snapshot and is sent v3 whole: test_store_run.py, worker/snapshots.py)
     ("tampered manifest", 2),
@@ -145,6 +146,11 @@ def test_a_store_entry_that_does_not_verify_gives_nothing(tmp_path, fault, says)
     elif fault == "truncated payload":
         p = d / f"v{3:012d}.delta"
         p.write_bytes(p.read_bytes()[:-1])
+    elif fault == "a signed delta that does not rebuild":  # the frame is on v1's bytes, the manifest says v3
+        dd = delta.encode(snaps[0], snaps[2])
+        root3 = delta.snapshot_root(snaps[2])
+        store.put(build_manifest(dd.payload, 4, CHUNK, signer, kind="delta", base_version=3, base_root=root3,
+                                 root=dd.root), dd.payload, signer.public_key)
     elif fault == "an unsigned newer entry":  # a writable bucket adds a v9 anchor signed by another key
         _planted(store, build_manifest(snaps[0], 9, CHUNK, Signer(), root=delta.snapshot_root(snaps[0])), snaps[0])
     if isinstance(says, int):

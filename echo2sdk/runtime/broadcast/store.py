@@ -289,7 +289,10 @@ class SnapshotStore:
             rest = chain
         for m in rest:
             payload = self.payload(m)
-            caught.data = delta.apply(caught.data, payload, root=m.root, base_root=caught.root)
+            try:
+                caught.data = delta.apply(caught.data, payload, root=m.root, base_root=caught.root)
+            except ProtocolError as e:
+                raise StoreError(f"store entry v{m.version} (a delta on v{m.base_version}): {e}") from None
             caught.version, caught.root = m.version, m.root
             caught.deltas.append(m.version)
             caught.bytes_read += len(payload)
