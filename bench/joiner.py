@@ -15,7 +15,8 @@ For each: seconds from the joiner's process start to its welcome, to its first i
 accepted rollout group; the bytes the learner pushed to it; the store read (anchor, deltas, bytes, seconds) from
 its log. One JSON line per variant, parameters on every line.
 
-    .venv/bin/python bench/joiner.py [--variants push,chain,s3] [--steps 6] [--join-after 3] [--out runs/bench-joiner]
+    .venv/bin/python bench/joiner.py [--variants push,chain,s3] [--steps 8] [--join-after 5] [--repeats 1]
+                                     [--set broadcast.uplink_mbps=100 --set broadcast.shape_uplink=true]
 
 Time it on a quiet machine: the joiner is a third process beside the learner and two workers on the cores.
 """
@@ -69,14 +70,14 @@ def one(variant: str, args: argparse.Namespace, endpoint: str | None) -> dict:
     from echo2sdk.config import load_config
     from echo2sdk.runtime.learner.recipe import Trainer
 
-    out = Path(args.out) / variant
+    out = Path(args.out) / f"{variant}-{time.strftime('%H%M%S')}"
     sets = [f"learner.steps={args.steps}", f'run.out="{out}"', "run.progress=false",
             f"broadcast.delta={'false' if variant == 'chain' else 'true'}", f"broadcast.anchor_every={args.anchor_every}"]
     if variant == "s3":
         assert endpoint is not None
         sets += [f'broadcast.store="s3://echo2-bench/{int(time.time())}"',
                  f'broadcast.store_options={{endpoint="{endpoint}", region="us-east-1", allow_http="true"}}']
-    cfg = load_config(ROOT / "examples" / "math_smollm2.toml", sets)
+    cfg = load_config(ROOT / "examples" / "math_smollm2.toml", [*sets, *args.sets])
     tr = Trainer(cfg)
     seen: dict = {}
 
@@ -143,16 +144,21 @@ class _env:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default="push,chain,s3")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--join-after", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--join-after", type=int, default=5, help="steps done when the joiner starts (v4, a delta, is out)")
     p.add_argument("--anchor-every", type=int, default=10)
     p.add_argument("--out", default="runs/bench-joiner")
+    p.add_argument("--set", action="append", default=[], dest="sets",
+                   help="more config overrides, e.g. broadcast.uplink_mbps=100 with broadcast.shape_uplink=true "
+                   "(the learner's relay paced at B0: a joiner over the chain waits for it, one from the store not)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each variant, interleaved")
     args = p.parse_args()
     variants = args.variants.split(",")
     server, endpoint = s3_server() if "s3" in variants else (None, None)
     try:
-        for v in variants:
-            print(json.dumps(one(v, args, endpoint)), flush=True)
+        for i in range(args.repeats):
+            for v in variants:
+                print(json.dumps({**one(v, args, endpoint), "repeat": i, "overrides": args.sets}), flush=True)
     finally:
         if server is not None:
             server.kill()
