@@ -304,8 +304,9 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--model", help="local model folder, built-in name or Hugging Face hub id to serve "
                    "(default: what the coordinator names)")
     w.add_argument("--bootstrap", action="store_true",
-                   help="this machine has no model: take its files and weights from the coordinator, over the "
-                        "authenticated session and the snapshot delivery, into $ECHO2_CACHE/bootstrap")
+                   help="this machine has no model: take its files from the coordinator over the authenticated "
+                        "session, and its weights as any snapshot (the delivery, or the run's snapshot store with "
+                        "this machine's AWS_*/cloud credentials), into $ECHO2_CACHE/bootstrap")
     w.add_argument("--price", type=float, default=0.0, help="$/h of this machine, for cost-aware activation")
     w.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by N (0-19)")
     w.add_argument("--no-relay", action="store_true", help="do not serve snapshot chunks to peers (behind a NAT)")

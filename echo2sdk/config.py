@@ -190,7 +190,7 @@ class LearnerConfig(_Section):
 #: workers (obstore's config keys; credentials stay in each machine's environment)
 SAFE_STORE_OPTIONS = frozenset({
     "endpoint", "aws_endpoint", "region", "aws_region", "default_region", "allow_http", "timeout",
-    "connect_timeout", "virtual_hosted_style_request", "aws_virtual_hosted_style_request", "s3_express",
+    "connect_timeout", "read_timeout", "virtual_hosted_style_request", "aws_virtual_hosted_style_request", "s3_express",
     "skip_signature", "unsigned_payload", "checksum_algorithm", "account_name", "azure_storage_account_name",
     "use_emulator", "azure_storage_use_emulator", "use_fabric_endpoint", "project_id",
 })

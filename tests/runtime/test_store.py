@@ -119,6 +119,7 @@ def _corrupt(path, offset: int = -1) -> None:
     ("tampered manifest", 2),
     ("manifest under another name", 1),
     ("an unsigned newer entry", 3),
+    ("a foreign entry beside each real one", 3),
 ])
 def test_a_store_entry_that_does_not_verify_gives_nothing(tmp_path, fault, says):
     signer, snaps = Signer(), _versions(3)
@@ -153,6 +154,13 @@ def test_a_store_entry_that_does_not_verify_gives_nothing(tmp_path, fault, says)
                                  root=dd.root), dd.payload, signer.public_key)
     elif fault == "an unsigned newer entry":  # a writable bucket adds a v9 anchor signed by another key
         _planted(store, build_manifest(snaps[0], 9, CHUNK, Signer(), root=delta.snapshot_root(snaps[0])), snaps[0])
+    elif fault == "a foreign entry beside each real one":  # v1.delta, v2.full, v3.full, signed by another key
+        other = Signer()
+        _planted(store, build_manifest(snaps[0], 2, CHUNK, other), snaps[0])
+        _planted(store, build_manifest(snaps[0], 3, CHUNK, other), snaps[0])
+        d1 = delta.encode(snaps[1], snaps[0])
+        _planted(store, build_manifest(d1.payload, 1, CHUNK, other, kind="delta", base_version=0,
+                                       base_root=d1.base_root, root=d1.root), d1.payload)
     if isinstance(says, int):
         got = store.catch_up(key)
         assert got.version == says and bytes(got.data) == snaps[says - 1]

@@ -82,6 +82,7 @@ def test_a_late_joiner_rebuilds_the_snapshot_from_the_store_not_from_the_learner
     assert m, logs["late"][-2000:]
     assert "cannot take it from the store" not in logs["late"] and "refusing snapshot" not in logs["late"]
     assert counts["hints"] >= 2  # late and nocreds were each told
+    assert counts["installed"] == 1  # late installed what it read; nocreds' install was the push's
 
 
 def test_a_worker_that_cannot_read_the_store_says_so_and_gets_the_snapshot_whole(run):
@@ -127,4 +128,4 @@ def test_a_killed_worker_is_replaced_by_a_standby_machine_that_takes_the_snapsho
         logs["standby-0"][-3000:]
     row = {w["worker_id"]: w for w in summary["workers"]}["standby-0"]
     assert row["trajectories"] > 0, row
-    assert summary["store"]["hints"] >= 1 and summary["store"]["refused"] == 0
+    assert summary["store"]["hints"] >= 1 and summary["store"]["refused"] == 0 and summary["store"]["installed"] >= 1

@@ -65,11 +65,12 @@ def open_object_store(url: str, options: dict[str, str] | None = None) -> Any:
     if url.startswith("file://"):
         opts["mkdir"] = True
     else:  # a remote store: its HTTP client's options, and a bound on retries (obstore's default retries for 3 min)
-        client = {k: opts.pop(k) for k in ("allow_http", "timeout", "connect_timeout") if k in opts}
+        client = {k: opts.pop(k) for k in ("allow_http", "timeout", "connect_timeout", "read_timeout") if k in opts}
         # obstore's timeout covers a whole request, body included (30 s by default): an 8B model's 16 GB anchor
-        # would need 530 MB/s; a stalled connection still ends at connect_timeout or the retry bound
+        # would need 530 MB/s
         client.setdefault("timeout", timedelta(seconds=REQUEST_S))
         client.setdefault("connect_timeout", timedelta(seconds=10))
+        client.setdefault("read_timeout", timedelta(seconds=60))  # a download that stalls ends here, not at 30 min
         opts["client_options"] = client
         opts["retry_config"] = {"max_retries": 4, "retry_timeout": timedelta(seconds=RETRY_S)}
     try:
@@ -222,7 +223,9 @@ class SnapshotStore:
     def chain(self, public_key: bytes, held: tuple[int, bytes] | None = None) -> list[Manifest]:
         """The manifests from the newest entry back to an anchor, or to the first delta whose base is `held`
         (version, root), oldest first; every one verified, each delta naming the version before it."""
-        entries = dict(self.entries())
+        entries: dict[int, list[str]] = {}
+        for v, kind in self.entries():  # a version may show under both kinds when someone else wrote one of them
+            entries.setdefault(v, []).append(kind)
         if not entries:
             raise StoreError(f"the store {self.url} holds no snapshot")
         newest = self._newest(entries, public_key)
@@ -237,7 +240,7 @@ class SnapshotStore:
             if m.base_version not in entries:
                 raise StoreError(f"store entry v{m.version} is a delta on v{m.base_version}, which the store "
                                  "does not hold")
-            m = self.manifest(m.base_version, entries[m.base_version], public_key)
+            m = self._verified(m.base_version, entries[m.base_version], public_key)
         out.reverse()
         for prev, m in zip(out, out[1:]):
             if m.base_version != prev.version or (prev.root and m.base_root != prev.root):
@@ -245,15 +248,24 @@ class SnapshotStore:
                                  f"v{prev.version}'s manifest does not")
         return out
 
-    def _newest(self, entries: dict[int, str], public_key: bytes) -> Manifest:
+    def _verified(self, version: int, kinds: list[str], public_key: bytes) -> Manifest:
+        """The manifest of entry `version` that verifies, of the kinds listed (ProtocolError: none does)."""
+        for kind in kinds[:-1]:
+            try:
+                return self.manifest(version, kind, public_key)
+            except ProtocolError as e:
+                log.warning("store: entry v%d.%s does not verify, skipped: %s", version, kind, e)
+        return self.manifest(version, kinds[-1], public_key)
+
+    def _newest(self, entries: dict[int, list[str]], public_key: bytes) -> Manifest:
         """The manifest of the newest entry that verifies (a writable bucket can add entries, never sign them:
-        up to _CANDIDATES unverifiable newest ones are skipped, with a warning)."""
+        among the _CANDIDATES newest versions, those that do not verify are skipped, with a warning)."""
         last: Exception | None = None
         for v in sorted(entries, reverse=True)[:_CANDIDATES]:
             try:
-                return self.manifest(v, entries[v], public_key)
+                return self._verified(v, entries[v], public_key)
             except ProtocolError as e:
-                log.warning("store: entry v%d.%s does not verify, skipped: %s", v, entries[v], e)
+                log.warning("store: entry v%d does not verify, skipped: %s", v, e)
                 last = e
         raise StoreError(f"none of the {min(len(entries), _CANDIDATES)} newest entries of {self.url} verifies; "
                          f"the last: {last}")

@@ -54,8 +54,10 @@ class Snapshots:
         self.awaiting_store: dict[str, int] = {}  # worker id -> the version it will be told to take from the store
         # (worker, version) sent again after a refusal: from the store ("hinted"), whole ("pushed"); once each
         self._again: dict[str, set[tuple[str, int]]] = {"hinted": set(), "pushed": set()}
-        # store writes made, failed, superseded before written; SnapshotInStore sent; workers that could not read it
-        self.store_counts = {"written": 0, "write_failed": 0, "skipped": 0, "hints": 0, "refused": 0}
+        # store writes made, failed, superseded before written; SnapshotInStore sent, and installed after it (a store
+        # read); workers that could not read it
+        self.store_counts = {"written": 0, "write_failed": 0, "skipped": 0, "hints": 0, "installed": 0, "refused": 0}
+        self._hinted: dict[str, int] = {}  # worker id -> the version its last SnapshotInStore named
         self.latest: tuple[int, bytes] | None = None  # the newest full snapshot (what a late joiner gets)
         self.latest_kind = "full"  # how the newest publication went out over the delivery: "full" or "delta"
         self._full_push = DirectPush()  # full snapshots to workers without a delta's base, and to late joiners
@@ -204,6 +206,7 @@ class Snapshots:
             if conn is None or not conn.info.alive or conn.info.version >= self.stored:
                 continue
             self.store_counts["hints"] += 1
+            self._hinted[w] = self.stored
             try:
                 await conn.send(SnapshotInStore(version=self.stored))
             except (ConnectionError, OSError):
@@ -219,6 +222,7 @@ class Snapshots:
                 await self._push_latest(conn)
 
     async def _push_latest(self, conn: Conn) -> None:
+        self._hinted.pop(conn.worker_id, None)  # an install from now on may be the push's
         if self.latest is not None:
             self.sent["full_pushed"] += 1
             await self._full_push.deliver(self.latest[0], self.latest[1], [conn])
@@ -235,6 +239,7 @@ class Snapshots:
         store when it did not just fail there, else whole over its connection; once per version and worker."""
         if msg.from_store:
             self.store_counts["refused"] += 1
+            self._hinted.pop(conn.worker_id, None)
         if self.latest is None or conn.info.version >= self.latest[0]:
             return
         v = self.latest[0]
@@ -251,6 +256,10 @@ class Snapshots:
             await self._push_latest(conn)
 
     def on_installed(self, conn: Conn, version: int) -> None:
+        hinted = self._hinted.get(conn.worker_id)
+        if hinted is not None and version >= hinted:  # it read the store: nothing else sent it this version
+            del self._hinted[conn.worker_id]
+            self.store_counts["installed"] += 1
         conn.info.version = version
         self.note_installed(conn, version)
         b = self.bcast.get(version)
