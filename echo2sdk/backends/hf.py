@@ -57,6 +57,9 @@ class HFBackend(BackendBase):
     threads:   torch intra-op threads (process-wide), or None to keep torch's default
     seed:      seeds the sampler when SamplingParams.seed is None
     max_batch: prompts per forward batch; longer lists are generated in chunks
+    trust_remote_code: run the model folder's own Python (config `auto_map`); False by default, and a worker
+               takes True only when its operator allowed it (`--allow-plugin trust_remote_code`). Passed to
+               transformers either way: left unset, transformers asks on a terminal instead of refusing.
     """
 
     _name = "hf"
@@ -68,7 +71,10 @@ class HFBackend(BackendBase):
         threads: int | None = None,
         seed: int = 0,
         max_batch: int = 64,
+        trust_remote_code: bool = False,
     ) -> None:
+        if not isinstance(trust_remote_code, bool):
+            raise ConfigError(f"hf backend trust_remote_code must be true or false, got {trust_remote_code!r}")
         if dtype not in _DTYPES:
             raise ConfigError(f"hf backend dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         positive_int("hf backend threads", threads, allow_none=True)
@@ -80,8 +86,9 @@ class HFBackend(BackendBase):
             torch.set_num_threads(threads)
         folder = resolve_model(model)
         try:
-            self._tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-            net = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+            self._tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+            net = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype),
+                                                                    trust_remote_code=trust_remote_code)
         except (OSError, ValueError, KeyError) as exc:
             raise BackendError(f"cannot load the model folder {folder!r}: {exc}") from exc
         net.to("cpu").eval().requires_grad_(False)

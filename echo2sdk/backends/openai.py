@@ -134,7 +134,7 @@ class OpenAIBackend(BackendBase):
         self._layout = Layout.from_folder(folder)
         config = read_config(folder)
         try:
-            self._tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+            self._tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         except (OSError, ValueError) as exc:
             raise BackendError(f"cannot load the tokenizer of {folder!r}: {exc}") from exc
         self._root = base_url.rstrip("/").removesuffix("/v1")

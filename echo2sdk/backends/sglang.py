@@ -109,7 +109,7 @@ class SGLangBackend(BackendBase):
             raise BackendError(f"sglang could not start on {folder!r} with {kwargs!r}: {exc}") from exc
         import transformers
 
-        self._tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+        self._tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         self._vocab = int(config.get("vocab_size") or len(self._tokenizer))
         self._max_len = config.get("max_position_embeddings")
         self._eos = resolve_eos(folder, self._tokenizer.eos_token_id, config.get("eos_token_id"))

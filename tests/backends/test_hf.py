@@ -462,3 +462,56 @@ def test_smollm2_conversion_matches_the_gguf_model_and_samples_sensibly(model_ca
         ids = torch.tensor([prompt])
         with torch.no_grad():
             assert torch.allclose(reference(ids).logits, be._model(ids).logits, atol=1e-4)
+
+
+def _custom_code_folder(tmp_path: Path) -> Path:
+    """tiny-random as a model of an unknown type whose config points at Python in the folder (`auto_map`): only
+    remote code can load it; the code, if run, leaves a marker file."""
+    import json
+    import shutil
+
+    folder = tmp_path / "custom"
+    shutil.copytree(models.resolve_model("tiny-random"), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(model_type="echo2custom", auto_map={"AutoConfig": "custom.Cfg", "AutoModelForCausalLM": "custom.Model"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "custom.py").write_text(
+        f"open({str(tmp_path / 'ran')!r}, 'w').write('ran')\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "class Cfg(LlamaConfig):\n    model_type = 'echo2custom'\n"
+        "class Model(LlamaForCausalLM):\n    config_class = Cfg\n")
+    return folder
+
+
+def test_a_model_with_its_own_code_is_refused_on_a_terminal_without_a_question(tmp_path):
+    """The worker's model folder comes from the coordinator. transformers, left to decide, asks "Do you wish to run
+    the custom code? [y/N]" on a terminal and waits 15 s; the hf backend passes trust_remote_code=False: a
+    BackendError at once, no question, the folder's code never run. Run in a pseudo-terminal, as on a console."""
+    import os
+    import pty
+    import select
+
+    folder = _custom_code_folder(tmp_path)
+    code = f"from echo2sdk.backends.hf import HFBackend\nHFBackend({str(folder)!r})\n"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    out = b""
+    try:
+        while select.select([master], [], [], 60)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        rc = proc.wait(60)
+    finally:
+        proc.kill()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert rc == 1 and "BackendError: cannot load the model folder" in text and "trust_remote_code" in text, text
+    assert "Do you wish to run the custom code" not in text and not (tmp_path / "ran").exists()
+    with pytest.raises(ConfigError, match="trust_remote_code must be true or false, got 'yes'"):
+        HFBackend("tiny-random", trust_remote_code="yes")

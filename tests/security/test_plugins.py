@@ -149,3 +149,13 @@ def test_engine_pass_through_and_remote_code_need_the_operators_allowance(option
     check_plugins(cfg, allowed=allowances(cfg))  # the operator's (or the learner's own) allowance
     check_plugins(_cfg(adapter="math", backend="vllm", backend_options={"engine_options": {},
                                                                           "trust_remote_code": False}))
+
+
+def test_an_env_id_that_names_a_module_needs_the_operators_allowance():
+    """gymnasium reads an id "module:Env" as an import of `module` (issue 34: gym://module:Env passed the policy,
+    and only the gym plug-in's registry check stopped it). The policy refuses a ':' in any env id."""
+    for name in ("gym://os:system", "gym://evil.pkg:Env-v0"):
+        with pytest.raises(ConfigError, match=rf"adapter '{name}' has a ':' in its env id.*--allow-plugin {name}"):
+            check_plugins(_cfg(adapter=name))
+        check_plugins(_cfg(adapter=name), allowed=[name])  # the operator allowed that exact env
+    check_plugins(_cfg(adapter="gym://ALE/Pong-v5"))  # a namespaced id without ':' is a registry lookup

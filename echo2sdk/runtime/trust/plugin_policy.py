@@ -4,8 +4,9 @@ A welcome names the task adapter and the inference backend a worker loads, with 
 that came over the wire are never imported as such: a worker loads
 
 - a plug-in registered on *this* machine through entry points (groups echo2sdk.adapters,
-  echo2sdk.backends; an env URL "scheme://id" needs its scheme registered in echo2sdk.envs), also when
-  named by the exact "pkg.mod:Attr" value it is registered under;
+  echo2sdk.backends; an env URL "scheme://id" needs its scheme registered in echo2sdk.envs, and an id without
+  ':', which env registries such as gymnasium's read as "module:Env" and import), also when named by the exact
+  "pkg.mod:Attr" value it is registered under;
 - any other "pkg.mod:Attr" reference only when the worker's operator allowed it, by that exact string,
   with `echo2 worker --allow-plugin pkg.mod:Attr` (repeatable).
 
@@ -98,6 +99,13 @@ def _check_name(group: str, kind: str, name: str, allowed: frozenset[str]) -> No
             raise ConfigError(
                 f"the coordinator's adapter {shown(name)} needs env scheme {shown(scheme)}, which is not "
                 f"registered in group {ENVS!r} on this worker (registered: {known})"
+            )
+        env_id = name.partition("://")[2]
+        if ":" in env_id and name not in allowed:  # gymnasium imports "module:Env" ids' module: an import by name
+            raise ConfigError(
+                f"the coordinator's adapter {shown(name)} has a ':' in its env id, which env registries read as "
+                f"'module:Env' and import; this worker takes it only when started with  --allow-plugin "
+                f"{shown(name)[1:-1]}"
             )
         return
     eps = registered(group)
