@@ -71,6 +71,7 @@ class Server:
         self.thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._ready = threading.Event()
+        self.heap = HeapTrim()
 
     # -- lifecycle (called from the learner thread) -----------------------------------------------------
     def start(self) -> tuple[str, int]:
@@ -151,6 +152,7 @@ class Server:
             log.warning("protocol error from %s: %s; closing the connection", address, e)
         finally:
             self.admission.close(ticket)
+            self.heap.closed += 1
             if conn is not None:
                 self.registry.drop(conn, "disconnected")
             writer.close()
@@ -195,9 +197,39 @@ class Server:
     async def _monitor(self) -> None:
         while True:
             await asyncio.sleep(1.0)
+            self.heap.maybe_trim()
             self.registry.check_revocations()
             now = time.monotonic()
             for conn in list(self.registry.conns.values()):
                 if now - conn.info.last_seen > self.worker_timeout_s:
                     self.registry.drop(conn, f"silent for {now - conn.info.last_seen:.0f} s")
                     conn.close()
+
+
+class HeapTrim:
+    """Give the C heap back to the OS after bursts of connections. A TLS handshake's buffers (OpenSSL's, ~40 KiB
+    a connection) are freed when the connection closes, but glibc keeps the pages: 1000 idle connections opened
+    and closed left a bare coordinator +44 MiB RSS, all of it returned by malloc_trim (issue 34). At most once
+    per `every_s`, after at least `after` connections closed; a no-op where libc has no malloc_trim."""
+
+    def __init__(self, after: int = 64, every_s: float = 10.0):
+        self.after, self.every_s, self.closed, self.trims = after, every_s, 0, 0
+        self._last = 0.0
+        self._trim: Any = _malloc_trim()
+
+    def maybe_trim(self) -> None:
+        now = time.monotonic()
+        if self._trim is None or self.closed < self.after or now - self._last < self.every_s:
+            return
+        self._trim(0)
+        self.closed, self._last, self.trims = 0, now, self.trims + 1
+
+
+def _malloc_trim() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim this way
+        return None
