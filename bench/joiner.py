@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -100,7 +101,7 @@ def one(variant: str, args: argparse.Namespace, endpoint: str | None) -> dict:
             time.sleep(0.05)
         seen["pushed_to_joiner"] = tr.coordinator.snapshots.sent["full_pushed"] - pushed0
 
-    with _env(CREDS if variant == "s3" else {}):
+    with mock.patch.dict(os.environ, CREDS if variant == "s3" else {}):  # the joiner's process copies them
         t = threading.Thread(target=joiner, daemon=True)
         t.start()
         try:
@@ -120,25 +121,6 @@ def one(variant: str, args: argparse.Namespace, endpoint: str | None) -> dict:
         "store_deltas": int(m.group(3)) if m else None, "store_bytes": int(m.group(4)) if m else None,
         "store": summary.get("store"), "wall_s": summary.get("wall_s"),
     }
-
-
-class _env:
-    """Set environment variables for the duration (the joiner's process copies them at its start)."""
-
-    def __init__(self, values: dict[str, str]):
-        self.values, self.old = values, {}
-
-    def __enter__(self) -> None:
-        for k, v in self.values.items():
-            self.old[k] = os.environ.get(k)
-            os.environ[k] = v
-
-    def __exit__(self, *exc: object) -> None:
-        for k, v in self.old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main() -> None:

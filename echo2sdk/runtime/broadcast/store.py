@@ -103,6 +103,11 @@ def _key(version: int, kind: str) -> str:
     return f"v{version:012d}.{kind}"
 
 
+def _entries(keys: list[tuple[str, int]]) -> list[tuple[int, str]]:
+    """(version, kind) of the keys that are manifests, oldest first."""
+    return sorted({(v, key.split(".")[1]) for key, v in keys if key.endswith(".manifest")})
+
+
 @dataclass
 class Caught:
     """What `catch_up` rebuilt: the snapshot `version` (bytes `data`, BLAKE3 root `root`) and how: `anchor` (the
@@ -144,8 +149,9 @@ class SnapshotStore:
         verify is never counted as an anchor), manifests first; payloads left without a manifest go too."""
         import obstore
 
+        keys = self._keys()  # one listing for both: what to keep and what to delete
         anchors: list[int] = []
-        for v, kind in reversed(self.entries()):
+        for v, kind in reversed(_entries(keys)):
             if kind == "full" and self._verifies(v, kind, public_key):
                 anchors.append(v)
                 if len(anchors) == self.keep_chains:
@@ -153,7 +159,7 @@ class SnapshotStore:
         if len(anchors) < self.keep_chains:
             return
         oldest_kept = anchors[-1]
-        old = [key for key, v in self._keys() if v < oldest_kept]
+        old = [key for key, v in keys if v < oldest_kept]
         for key in sorted(old, key=lambda k: not k.endswith(".manifest")):  # manifests first: never half an entry
             try:
                 obstore.delete(self.store, key)
@@ -184,7 +190,7 @@ class SnapshotStore:
 
     def entries(self) -> list[tuple[int, str]]:
         """(version, kind) of every complete entry (its manifest is there), oldest first. Not yet verified."""
-        return sorted({(v, key.split(".")[1]) for key, v in self._keys() if key.endswith(".manifest")})
+        return _entries(self._keys())
 
     def manifest(self, version: int, kind: str, public_key: bytes) -> Manifest:
         """The signed manifest of entry (version, kind), verified against `public_key`."""

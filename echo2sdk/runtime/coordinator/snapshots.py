@@ -125,8 +125,7 @@ class Snapshots:
             if self.stored >= self.latest[0]:
                 await self._hint_awaiting()
         elif self.latest_kind == "delta":
-            self.sent["full_pushed"] += 1
-            await self._full_push.deliver(self.latest[0], self.latest[1], [conn])
+            await self._push_latest(conn)
         else:
             await self.delivery.deliver(self.latest[0], self.latest[1], [conn])
 
@@ -198,10 +197,7 @@ class Snapshots:
 
     async def _hint_awaiting(self) -> None:
         """Tell every worker waiting for a version now in the store to take the newest one from there."""
-        ready = [w for w, v in self.awaiting_store.items() if v <= self.stored]
-        for w in ready:  # taken before the first await: a concurrent call never sees (or deletes) them again
-            del self.awaiting_store[w]
-        for w in ready:
+        for w in self._take_awaiting(self.stored):
             conn = self.registry.conns.get(w)
             if conn is None or not conn.info.alive or conn.info.version >= self.stored:
                 continue
@@ -214,12 +210,17 @@ class Snapshots:
 
     async def _push_awaiting(self, upto: int) -> None:
         """A failed write: the workers waiting for a version up to `upto` get the latest snapshot whole."""
-        waiting = [w for w, v in self.awaiting_store.items() if v <= upto]
-        for w in waiting:  # taken before the first await (see _hint_awaiting)
-            del self.awaiting_store[w]
-        for w in waiting:
+        for w in self._take_awaiting(upto):
             if (conn := self.registry.conns.get(w)) is not None and conn.info.alive:
                 await self._push_latest(conn)
+
+    def _take_awaiting(self, upto: int) -> list[str]:
+        """The workers waiting for a version up to `upto`, no longer waiting: taken before the caller's first
+        await, so that a concurrent call never sees (or deletes) them again."""
+        taken = [w for w, v in self.awaiting_store.items() if v <= upto]
+        for w in taken:
+            del self.awaiting_store[w]
+        return taken
 
     async def _push_latest(self, conn: Conn) -> None:
         self._hinted.pop(conn.worker_id, None)  # an install from now on may be the push's

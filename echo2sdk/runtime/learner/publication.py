@@ -50,11 +50,11 @@ class Publication:
     def __init__(self, to: Publisher, buffer: StalenessBuffer, weights: Snapshots, out: Path, *, kappa: int,
                  dtype: str, anchor_every: int | None = None):
         self.to, self.buffer, self.weights, self.out = to, buffer, weights, out
-        self.kappa, self.dtype, self.anchor_every = kappa, dtype, anchor_every
+        self.kappa, self.dtype = kappa, dtype
         self.version = 0  # v_t
         self.published: list[int] = []  # versions published, oldest first
         self._previous: tuple[int, bytes, bytes] | None = None  # (version, bytes, root) of the last publication
-        self._anchors = delta.Anchors(anchor_every) if anchor_every is not None else None
+        self._anchors = delta.Anchors(anchor_every) if anchor_every is not None else None  # None: deltas off
         # with deltas: per publication {version, kind, bytes (sent over the delivery), full_bytes, encode_s}
         self.sent: list[dict[str, Any]] = []
 
@@ -98,7 +98,7 @@ class Publication:
 
         try:
             data = serialize_state(state)
-            if self.anchor_every is None:
+            if self._anchors is None:
                 self.to.publish(version, data)
             else:
                 self._publish_with_deltas(version, data)

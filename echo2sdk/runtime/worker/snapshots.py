@@ -74,7 +74,6 @@ class SnapshotInbox:
         self._store: SnapshotStore | None = None  # opened at the first SnapshotInStore
         self._store_busy, self._store_again = False, False  # one catch-up at a time; another after it when asked
         self._store_wanted = 0  # the newest version a SnapshotInStore named
-        self.from_store: list[dict] = []  # each catch-up from the store: version, anchor, deltas, bytes, seconds
 
     def heard_of(self, version: int) -> None:
         self.newest = max(self.newest, version)
@@ -163,9 +162,14 @@ class SnapshotInbox:
         self.applied += 1
         log.info("snapshot v%d: delta on v%d (%d bytes) applied and verified in %.2f s", v, held[0],
                  manifest.total_bytes, time.perf_counter() - t0)
-        if self.pending is None or v > self.pending[0]:
-            self.roots[v] = manifest.root
-            self.set_pending(v, full)
+        self._queue_rebuilt(v, full, manifest.root)
+
+    def _queue_rebuilt(self, version: int, data: bytes | bytearray, root: bytes) -> None:
+        """A verified snapshot rebuilt here (a delta applied, or read from the store), with its signed root: pending
+        unless a newer one is."""
+        if self.pending is None or version > self.pending[0]:
+            self.roots[version] = root
+            self.set_pending(version, data)
 
     def on_store_hint(self, msg: SnapshotInStore) -> None:
         """The coordinator says the snapshot is in the store: rebuild it from there in the background (one
@@ -212,14 +216,10 @@ class SnapshotInbox:
             log.warning("snapshot v%d: cannot take it from the store: %s", version, shown(str(e), 300))
             await self.link.notify(SnapshotRejected(version=version, reason=clip(f"store: {e}"), from_store=True))
             return
-        self.from_store.append({"version": caught.version, "anchor": caught.anchor, "deltas": len(caught.deltas),
-                                "bytes": caught.bytes_read, "seconds": round(caught.seconds, 3)})
         log.info("snapshot v%d from the store in %.2f s: %s + %d delta(s), %d bytes read", caught.version,
                  caught.seconds, f"anchor v{caught.anchor}" if caught.anchor is not None else f"held v{held[0]}",
                  len(caught.deltas), caught.bytes_read)
-        if self.pending is None or caught.version > self.pending[0]:
-            self.roots[caught.version] = caught.root
-            self.set_pending(caught.version, caught.data)
+        self._queue_rebuilt(caught.version, caught.data, caught.root)
 
     def set_pending(self, version: int, payload: bytes | bytearray | Assembly) -> None:
         if self.pending is not None and isinstance(self.pending[1], Assembly):
