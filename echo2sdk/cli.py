@@ -138,10 +138,20 @@ def _worker_credential(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from echo2sdk import sky_catalog
+    from echo2sdk.errors import ConfigError
     from echo2sdk.plan import format_plan, load_catalog, make_plan
 
+    sky = None
+    if sky_catalog.is_sky_spec(args.catalog):
+        sky = sky_catalog.sky_catalog(args.catalog, args.mu_table, spot=args.spot, clouds=args.clouds,
+                                      regions=args.regions)
+    elif given := [o for o, v in (("--spot", args.spot), ("--clouds", args.clouds), ("--regions", args.regions),
+                                  ("--mu-table", args.mu_table)) if v]:
+        raise ConfigError(f"{', '.join(given)}: only with --catalog skypilot:TYPES (a catalog file has its own prices "
+                          "and mu)")
     plan = make_plan(
-        load_catalog(args.catalog),
+        sky.entries if sky else load_catalog(args.catalog),
         T_train=args.t_train,
         R=args.R,
         S=args.S,
@@ -158,7 +168,12 @@ def _plan(args: argparse.Namespace) -> int:
         delta_ratio=args.delta_ratio,
         anchor_every=args.anchor_every,
     )
-    print(json.dumps(plan.to_dict(), indent=2) if args.json else format_plan(plan))
+    if sky:
+        plan.warnings[:0] = sky.warnings
+    if args.json:
+        print(json.dumps({**plan.to_dict(), **({"skypilot": sky.to_dict()} if sky else {})}, indent=2))
+    else:
+        print((sky_catalog.format_offerings(sky) + "\n" if sky else "") + format_plan(plan))
     return 0 if plan.feasible else 1
 
 
@@ -234,7 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
     _keys_parser(sub)
     _plot_parser(sub)
     pl = sub.add_parser("plan", help="provisioning decision: mu_min, mu_target, chosen workers, cost, idle share")
-    pl.add_argument("--catalog", required=True, help="worker catalog, .toml ([[worker]]) or .csv: name, price_per_hour, mu, count")
+    pl.add_argument("--catalog", required=True, help="worker catalog, .toml ([[worker]]) or .csv: name, price_per_hour, mu, "
+                    "count; or skypilot:H100,L4,A100:8 for SkyPilot's cheapest price of each type (needs --mu-table)")
+    pl.add_argument("--mu-table", metavar="FILE", help="with skypilot:TYPES, each type's mu (rollouts/s of one machine) "
+                    "and count (default 1): .toml [[gpu]] tables or .csv with columns type, mu, count")
+    pl.add_argument("--spot", action="store_true", help="with skypilot:TYPES, spot prices (default on-demand)")
+    pl.add_argument("--clouds", metavar="LIST", help="with skypilot:TYPES, the clouds to price, e.g. aws,runpod "
+                    "(default: a dozen GPU clouds, docs/provisioning.md)")
+    pl.add_argument("--regions", metavar="REGEX", help="with skypilot:TYPES, only regions matching this regular "
+                    "expression (searched, case-insensitive), e.g. '^us-'")
     pl.add_argument("--t-train", type=float, required=True, help="T_train: seconds per learner step")
     pl.add_argument("--R", type=float, required=True, help="R: trajectories per learner step")
     pl.add_argument("--S", type=int, required=True, help="S: staleness budget (kappa = S - 1)")

@@ -9,6 +9,7 @@ share, and, when the configuration is infeasible, what would fix it.
 
 Catalog files list machine types, one per row: ``name``, ``price_per_hour`` ($/h), ``mu`` (rollouts/s)
 and optionally ``count`` (default 1) and ``link_mbps``. TOML: ``[[worker]]`` tables; CSV: a header row.
+:mod:`echo2sdk.sky_catalog` builds the same rows from SkyPilot's price tables (``--catalog skypilot:H100,L4``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class CatalogEntry:
     mu: float
     count: int = 1
     link_mbps: float | None = None
+    source: str | None = None  # where the price comes from (echo2sdk.sky_catalog: "cloud region instance, spot")
 
     def offers(self) -> list[WorkerOffer]:
         if self.count == 1:
@@ -298,7 +300,7 @@ def _fill(plan: Plan, sel: Selection, origin: dict[str, CatalogEntry]) -> None:
     entries = sorted({origin[o.name] for o in sel.chosen}, key=lambda e: (e.price_per_hour / e.mu, e.name))
     plan.chosen = [
         {"name": e.name, "count": counts[e.name], "price_per_hour": e.price_per_hour, "mu": e.mu,
-         "rho": e.price_per_hour / e.mu}
+         "rho": e.price_per_hour / e.mu, **({"source": e.source} if e.source else {})}
         for e in entries
     ]
     plan.workers = len(sel.chosen)
@@ -359,7 +361,9 @@ def format_plan(plan: Plan) -> str:
     if plan.chosen:
         out.append(f"workers   {plan.workers} chosen, mu_pool = {plan.mu_pool:.4g} rollouts/s (listed by rho = $/h per rollout/s)")
         for c in plan.chosen:
-            out.append(f"          {c['count']:>3} x {c['name']:<16} ${c['price_per_hour']:<7g}/h  mu {c['mu']:<8g} rho {c['rho']:.4g}")
+            where = f"  ({c['source']})" if c.get("source") else ""
+            out.append(f"          {c['count']:>3} x {c['name']:<16} ${c['price_per_hour']:<7g}/h  mu {c['mu']:<8g} "
+                       f"rho {c['rho']:.4g}{where}")
         out.append(
             f"cost      ${plan.cost_per_hour:.4g}/h (workers ${plan.cost_per_hour_workers:.4g}/h + learner "
             f"${plan.cost_per_hour_learner:.4g}/h), ${plan.cost_per_step:.4g} per step"
