@@ -9,19 +9,40 @@ Symbols as in the paper:
 - ``mu_pool(t) = sum_{i in A} a_i(t) * mu_i(t)`` over the active set A (eq. (4))
 - ``mu_target = gamma * mu_min(kappa)`` with mu_min from :func:`echo2sdk.core.capacity.mu_min`
 
+Launch latency and preemption (not in the paper; real machines take minutes to start, spot machines get
+preempted):
+
+- a worker the scheduler activated is *pending* (launching) until its first heartbeat since the
+  activation; it is not in A and not in mu_pool (a_i = 0), and ``mu_pending(t)`` is the sum of the
+  pending workers' priors mu_i. Decisions count it as coming: a shortfall activates only for
+  ``mu_target - (mu_pool + mu_pending)``, a release never picks a pending worker, and it is billed
+  from its activation (``cost_per_hour``)
+- ``L``        lead time: activation to first heartbeat, the median of the last launches, per kind of
+  machine and overall (:meth:`Scheduler.lead_s`; the prior ``lead_prior_s`` until one is measured)
+- ``lambda``   preemption rate: failures of active (heartbeating) workers per active machine-hour
+  (:meth:`Scheduler.preempt_rate`; the prior ``preempt_per_hour`` weighs as ``PRIOR_HOURS`` of observation)
+- ``mu_projected(t) = mu_pool + mu_pending - lambda * L * mu_pool``: the capacity expected once the
+  pending workers are up, less what preemptions take while a replacement launches. With
+  ``anticipate`` the closed loop compares this figure (activations and releases alike) with
+  mu_target, so it activates a spare *before* the shortfall; with L = 0 or lambda = 0 it is
+  mu_pool + mu_pending
+
 Static provisioning (§3.4), the initial decision of :meth:`Scheduler.provision`, is
 :func:`echo2sdk.core.provisioning.select`: the minimum-cost set of workers whose summed throughput
 reaches mu_target (``solver="exact"``, the default) or the paper's cheapest-rho prefix
 (``solver="greedy"``). ``order="random"`` is the paper's "w/o Cost" ablation (uniform random
 activation that still targets full overlap).
 
-The closed loop (:class:`Scheduler`, C.2.1) acts only on a *sustained* deviation: capacity below the
-target for ``sustain_s`` activates the lowest-rho standby workers until the target is met again;
-capacity above ``target * (1 + release_margin)`` for ``sustain_s`` releases the most expensive active
-worker (highest rho), one at a time, and only when the rest still meets the target. Between the two
-thresholds nothing happens, and every decision is followed by a ``cooldown_s`` pause, so noisy
+The closed loop (:class:`Scheduler`, C.2.1) acts only on a *sustained* deviation: capacity (mu_projected)
+below the target for ``sustain_s`` activates the lowest-rho standby workers until the target is met
+again; capacity above ``target * (1 + release_margin)`` for ``sustain_s`` releases the most expensive
+active worker (highest rho), one at a time, and only when the rest still meets the target. Between the
+two thresholds nothing happens, and every decision is followed by a ``cooldown_s`` pause, so noisy
 heartbeats do not make it thrash. A failed worker (silent for ``fail_after_s``, or reported failed) is
 replaced from the standby pool at once when its loss drops capacity below the target (appendix D).
+A failed launch (:meth:`Scheduler.mark_launch_failed`, or no heartbeat within ``boot_timeout_s`` of
+the activation) is replaced the same way, and its kind of machine is skipped for ``launch_backoff_s``:
+the retry goes to the next-cheapest kind.
 
 The scheduler is a pure state machine over a caller-supplied clock: it never sleeps, starts or stops
 anything. It returns :class:`Action` values; the caller applies them: :class:`echo2sdk.runtime.learner.live_loop.LiveLoop` (the trainer's
@@ -33,6 +54,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -45,6 +67,8 @@ __all__ = [
     "Action",
     "Scheduler",
     "STANDBY",
+    "PRIOR_HOURS",
+    "LEAD_SAMPLES",
     "ACTIVE",
     "FAILED",
 ]
@@ -52,6 +76,8 @@ __all__ = [
 STANDBY, ACTIVE, FAILED = "standby", "active", "failed"
 
 _REL = 1e-9  # relative tolerance when comparing a capacity against the target
+PRIOR_HOURS = 10.0  # the prior preemption rate weighs as this many active machine-hours of observation
+LEAD_SAMPLES = 5  # lead time L: the median of this many last launches
 
 
 @dataclass(frozen=True)
@@ -76,6 +102,8 @@ class _Worker:
     last_beat: float | None = None
     first_beat: float | None = None  # first heartbeat in the current state
     last_mu: float | None = None  # the last measured mu_i, kept across release for ranking
+    kind: str = ""  # the machine type (launch failures back off a kind; lead times are per kind)
+    launched_at: float | None = None  # activated by us and no heartbeat since: pending (launching)
 
 
 class Scheduler:
@@ -94,6 +122,13 @@ class Scheduler:
         order: "rho" (cost-aware, the paper) or "random" (the w/o-Cost ablation: activate and release
             in a random order).
         seed: for order="random".
+        launch_backoff_s: after a failed launch, standby workers of the same kind are skipped this long
+            when picking activations (the retry goes to the next-cheapest kind).
+        lead_prior_s: the lead time L (activation to first heartbeat) assumed until one is measured.
+        preempt_per_hour: the prior preemption rate lambda (failures per active machine-hour), blended
+            with the measured rate (it weighs as ``PRIOR_HOURS`` machine-hours of observation).
+        anticipate: compare mu_projected (with the expected loss lambda * L * mu_pool) with the target,
+            i.e. activate spares before the shortfall; False: mu_pool + mu_pending.
         solver: how :meth:`provision` picks the initial set (order="rho"): "exact" (minimum-cost cover,
             the default) or "greedy" (the paper's cheapest-rho prefix); see
             :mod:`echo2sdk.core.provisioning`. The closed loop's later activations and releases go by
@@ -114,6 +149,10 @@ class Scheduler:
         order: Literal["rho", "random"] = "rho",
         seed: int = 0,
         solver: Solver = "exact",
+        launch_backoff_s: float = 600.0,
+        lead_prior_s: float = 0.0,
+        preempt_per_hour: float = 0.0,
+        anticipate: bool = True,
     ) -> None:
         self.gamma = capacity.quantity("gamma", gamma)
         if self.gamma < 1.0:
@@ -130,6 +169,10 @@ class Scheduler:
             raise CapacityError(f"order must be 'rho' or 'random', got order={order!r}")
         self.order = order
         self.solver = check_solver(solver)
+        self.launch_backoff_s = capacity.quantity("launch_backoff_s", launch_backoff_s, allow_zero=True)
+        self.lead_prior_s = capacity.quantity("lead_prior_s", lead_prior_s, allow_zero=True)
+        self.preempt_per_hour = capacity.quantity("preempt_per_hour", preempt_per_hour, allow_zero=True)
+        self.anticipate = bool(anticipate)
         self._rng = random.Random(seed)
         self._random_rank: dict[str, float] = {}
         self.workers: dict[str, _Worker] = {}
@@ -142,6 +185,11 @@ class Scheduler:
         self._failure_pending = False
         self._changes_since_calibration = 0
         self._active_at_calibration = 0
+        self._backoff: dict[str, tuple[float, str]] = {}  # kind -> (skipped until, why)
+        self._leads: dict[str | None, deque] = {None: deque(maxlen=LEAD_SAMPLES)}  # kind (None: any) -> last L
+        self._preemptions = 0  # failures of active (heartbeating) workers
+        self._up_hours = 0.0  # active (heartbeating) machine-hours observed, integrated over step()
+        self._last_step: float | None = None
         self.log: list[Action] = []
 
     # ------------------------------------------------------------------ target
@@ -154,7 +202,7 @@ class Scheduler:
         self.mu_target = capacity.mu_target(self.mu_min, self.gamma)
         self.calibration = {"T_train": float(T_train), "T_bcast": float(T_bcast), "R": float(R), "kappa": kappa}
         self._changes_since_calibration = 0
-        self._active_at_calibration = len(self.active())
+        self._active_at_calibration = len(self._activated())
         return self.mu_target
 
     def set_target(self, mu_target: float) -> None:
@@ -170,14 +218,24 @@ class Scheduler:
     # ------------------------------------------------------------------ registry
 
     def add_worker(
-        self, name: str, price_per_hour: float, mu: float, *, active: bool = False, now: float = 0.0
+        self,
+        name: str,
+        price_per_hour: float,
+        mu: float,
+        *,
+        active: bool = False,
+        now: float = 0.0,
+        kind: str | None = None,
     ) -> None:
         """Register a worker with its price c_i and a prior mu_i (catalog value or warm-up measurement),
-        used until heartbeats measure it. ``active=True`` registers it as already working."""
+        used until heartbeats measure it. ``active=True`` registers it as already working (up, not
+        pending). ``kind``: its machine type (default: its name), for launch back-off and lead times."""
         offer = WorkerOffer(name, price_per_hour, mu)  # validates
         if name in self.workers:
             raise CapacityError(f"worker {name!r} is already registered")
-        w = _Worker(name, offer.price_per_hour, offer.mu)
+        if kind is not None and (not isinstance(kind, str) or not kind):
+            raise CapacityError(f"kind of worker {name!r} must be a non-empty string, got kind={kind!r}")
+        w = _Worker(name, offer.price_per_hour, offer.mu, kind=kind or name)
         self.workers[name] = w
         if active:
             self._set_state(w, ACTIVE, now)
@@ -198,8 +256,32 @@ class Scheduler:
         self._set_state(self._get(name), STANDBY, now)
 
     def mark_failed(self, name: str, now: float, reason: str = "reported failed") -> Action | None:
-        """Declare a worker failed (the coordinator dropped it). Returns the "failed" action, if any."""
+        """Declare a worker failed (the coordinator dropped it). Returns the "failed" action, if any. The
+        failure of an active worker that had sent a heartbeat counts toward the preemption rate lambda."""
         w = self._get(name)
+        if w.state == FAILED:
+            return None
+        was_active = w.state == ACTIVE
+        if was_active and w.launched_at is None and w.first_beat is not None:
+            self._preemptions += 1
+        self._set_state(w, FAILED, now)
+        if was_active:
+            self._failure_pending = True
+            self._changes_since_calibration += 1
+        action = Action("failed", name, now, reason)
+        self.log.append(action)
+        return action
+
+    def mark_launch_failed(self, name: str, now: float, reason: str = "launch failed") -> Action | None:
+        """The machine of worker `name` could not be launched (the provider said so, or it sent no
+        heartbeat within boot_timeout_s of its activation). It is FAILED, replaced at once when the
+        target needs it, and its kind is skipped for ``launch_backoff_s`` when picking activations, so
+        the retry goes to the next-cheapest kind (by rho). Returns the "failed" action (None when the
+        worker had already failed; the back-off applies either way)."""
+        w = self._get(name)
+        until = now + self.launch_backoff_s
+        if self.launch_backoff_s > 0:
+            self._backoff[w.kind] = (max(until, self._backoff.get(w.kind, (until, ""))[0]), reason)
         if w.state == FAILED:
             return None
         was_active = w.state == ACTIVE
@@ -207,7 +289,7 @@ class Scheduler:
         if was_active:
             self._failure_pending = True
             self._changes_since_calibration += 1
-        action = Action("failed", name, now, reason)
+        action = Action("failed", name, now, f"{reason}; kind {w.kind!r} skipped for {self.launch_backoff_s:.0f} s")
         self.log.append(action)
         return action
 
@@ -233,6 +315,11 @@ class Scheduler:
         w.last_beat = now
         if w.first_beat is None:
             w.first_beat = now
+        if w.launched_at is not None and w.state == ACTIVE:  # the first since we activated it: up
+            lead = now - w.launched_at
+            w.launched_at = None
+            self._leads[None].append(lead)
+            self._leads.setdefault(w.kind, deque(maxlen=LEAD_SAMPLES)).append(lead)
         w.samples.append((now, rollouts, rate, busy_s))
         self._trim(w, now)
 
@@ -269,10 +356,11 @@ class Scheduler:
 
     def a_i(self, name: str, now: float) -> float:
         """a_i(t): heartbeats received over those expected in the window, counted from the first
-        heartbeat of the current state (1.0 for a worker still starting or too new to judge, 0.0 for a
-        failed one; a starting worker that never reports is failed after boot_timeout_s)."""
+        heartbeat of the current state (1.0 for a worker too new to judge, 0.0 for a failed or a pending
+        one: a launching machine is not capacity yet; one that never reports is failed after
+        boot_timeout_s)."""
         w = self._get(name)
-        if w.state == FAILED:
+        if w.state == FAILED or (w.state == ACTIVE and w.launched_at is not None):
             return 0.0
         if w.first_beat is None:
             return 1.0
@@ -288,6 +376,15 @@ class Scheduler:
         return w.price_per_hour / mu if mu > 0 else math.inf
 
     def active(self) -> list[str]:
+        """The active set A: activated workers that are up (not pending)."""
+        return [n for n, w in self.workers.items() if w.state == ACTIVE and w.launched_at is None]
+
+    def pending(self) -> list[str]:
+        """Workers the scheduler activated that have not sent a heartbeat since (launching). Their
+        ``state`` is ACTIVE: the decision stands; they are not in A yet."""
+        return [n for n, w in self.workers.items() if w.state == ACTIVE and w.launched_at is not None]
+
+    def _activated(self) -> list[str]:
         return [n for n, w in self.workers.items() if w.state == ACTIVE]
 
     def standby(self) -> list[str]:
@@ -298,11 +395,42 @@ class Scheduler:
         return self.a_i(name, now) * self.mu_i(name, now)
 
     def mu_pool(self, now: float) -> float:
-        """mu_pool(t) = sum over active workers of a_i(t) * mu_i(t) (paper eq. (4))."""
+        """mu_pool(t) = sum over active workers of a_i(t) * mu_i(t) (paper eq. (4)); pending ones are
+        not in it."""
         return sum(self.contribution(n, now) for n in self.active())
 
+    def mu_pending(self, now: float) -> float:
+        """The capacity on its way: the sum of the pending workers' priors mu_i."""
+        return sum(self.workers[n].mu_prior for n in self.pending())
+
+    def lead_s(self, kind: str | None = None) -> float:
+        """L: seconds from activation to first heartbeat, the median of the last ``LEAD_SAMPLES``
+        launches of machines of `kind` (of any kind when None or when none of it was measured yet),
+        ``lead_prior_s`` until one is measured."""
+        samples = self._leads.get(kind) or self._leads[None]
+        return statistics.median(samples) if samples else self.lead_prior_s
+
+    def preempt_rate(self) -> float:
+        """lambda: failures of active (heartbeating) workers per active machine-hour, measured, blended
+        with the prior ``preempt_per_hour`` as ``PRIOR_HOURS`` machine-hours of observation."""
+        return (self._preemptions + self.preempt_per_hour * PRIOR_HOURS) / (self._up_hours + PRIOR_HOURS)
+
+    def expected_loss(self, now: float) -> float:
+        """lambda * L * mu_pool: the capacity preemptions are expected to take while a replacement
+        launches (0 without ``anticipate``)."""
+        return self._loss_fraction() * self.mu_pool(now)
+
+    def _loss_fraction(self) -> float:
+        """lambda * L (at most 1): the share of mu_pool expected lost during one lead time."""
+        return min(1.0, self.preempt_rate() * self.lead_s() / 3600.0) if self.anticipate else 0.0
+
+    def mu_projected(self, now: float) -> float:
+        """mu_pool + mu_pending - lambda * L * mu_pool: the figure the closed loop compares with mu_target."""
+        return self.mu_pool(now) + self.mu_pending(now) - self.expected_loss(now)
+
     def cost_per_hour(self) -> float:
-        return sum(self.workers[n].price_per_hour for n in self.active())
+        """sum of c_i over active and pending workers (a machine is billed from its activation)."""
+        return sum(self.workers[n].price_per_hour for n in self._activated())
 
     # ------------------------------------------------------------------ decisions
 
@@ -318,13 +446,14 @@ class Scheduler:
         if self.order == "random":
             actions = self._activate_until_target(now, "initial provisioning")
         else:
-            have = sum(self.workers[n].mu_prior for n in self.active())
-            offers = [WorkerOffer(n, self.workers[n].price_per_hour, self.workers[n].mu_prior) for n in self.standby()]
+            have = sum(self.workers[n].mu_prior for n in self._activated())
+            offers = [WorkerOffer(n, self.workers[n].price_per_hour, self.workers[n].mu_prior)
+                      for n in self.standby() if not self._backed_off(self.workers[n].kind, now)]
             actions = []
             if have < self.mu_target * (1 - _REL) and offers:
                 sel = select(offers, self.mu_target - have, self.solver)
                 for o in sel.chosen:
-                    self._set_state(self.workers[o.name], ACTIVE, now)
+                    self._launch(self.workers[o.name], now)
                     actions.append(Action("activate", o.name, now, f"initial provisioning; rho={o.rho:.4g}"))
                 self._last_action = now
                 self.log += actions
@@ -336,17 +465,24 @@ class Scheduler:
         self._need_target()
         assert self.mu_target is not None
         actions: list[Action] = []
+        if self._last_step is not None and now > self._last_step:  # exposure for lambda
+            self._up_hours += len(self.active()) * (now - self._last_step) / 3600.0
+        self._last_step = now if self._last_step is None else max(now, self._last_step)
         for w in list(self.workers.values()):  # liveness
             if w.state != ACTIVE:
                 continue
-            if w.last_beat is None or w.last_beat < w.since:
+            if w.launched_at is not None:
+                if now - w.launched_at > self.boot_timeout_s:
+                    actions.append(self.mark_launch_failed(
+                        w.name, now, f"no heartbeat {now - w.launched_at:.0f} s after activation"))
+            elif w.last_beat is None or w.last_beat < w.since:
                 if now - w.since > self.boot_timeout_s:
                     actions.append(self.mark_failed(w.name, now, f"no heartbeat {now - w.since:.0f} s after activation"))
             elif now - w.last_beat > self.fail_after_s:
                 actions.append(self.mark_failed(w.name, now, f"silent for {now - w.last_beat:.0f} s"))
         actions = [a for a in actions if a is not None]
 
-        cap = self.mu_pool(now)
+        cap = self.mu_projected(now)
         target = self.mu_target
         if cap < target * (1 - _REL):
             self._above_since = None
@@ -355,7 +491,7 @@ class Scheduler:
             sustained = now - self._below_since >= self.sustain_s and now - self._last_action >= self.cooldown_s
             if (self._failure_pending or sustained) and self.standby():
                 why = "replace failed worker" if self._failure_pending else (
-                    f"mu_pool {cap:.3g} < mu_target {target:.3g} for {now - self._below_since:.0f} s"
+                    f"{self._describe(now, cap)} < mu_target {target:.3g} for {now - self._below_since:.0f} s"
                 )
                 actions += self._activate_until_target(now, why)
                 self._below_since = None
@@ -380,7 +516,7 @@ class Scheduler:
         """True when the target is set, no standby worker is left, and the active set misses it by
         its priors (the plain warning `status()` reports)."""
         return bool(self.mu_target) and not self.standby() and (
-            sum(self.workers[n].mu_prior for n in self.active()) < self.mu_target * (1 - _REL)
+            sum(self.workers[n].mu_prior for n in self._activated()) < self.mu_target * (1 - _REL)
         )
 
     def status(self, now: float) -> dict:
@@ -389,10 +525,17 @@ class Scheduler:
             "mu_min": self.mu_min,
             "mu_target": self.mu_target,
             "mu_pool": self.mu_pool(now),
+            "mu_pending": self.mu_pending(now),
+            "mu_projected": self.mu_projected(now),
             "active": self.active(),
+            "pending": self.pending(),
             "standby": self.standby(),
             "failed": [n for n, w in self.workers.items() if w.state == FAILED],
             "cost_per_hour": self.cost_per_hour(),
+            "cost_per_hour_pending": sum(self.workers[n].price_per_hour for n in self.pending()),
+            "lead_s": self.lead_s(),
+            "preempt_per_hour": self.preempt_rate(),
+            "backoff": {k: until for k, (until, _) in self._backoff.items() if until > now},
             "recalibration_due": self.recalibration_due,
         }
 
@@ -410,8 +553,25 @@ class Scheduler:
 
     def _set_state(self, w: _Worker, state: str, now: float) -> None:
         w.state, w.since = state, now
-        w.first_beat = None
+        w.first_beat = w.launched_at = None
         w.samples.clear()  # measurements restart with the new state (an idle spell says nothing of mu_i)
+
+    def _launch(self, w: _Worker, now: float) -> None:
+        """Our activation: ACTIVE and pending until its first heartbeat."""
+        self._set_state(w, ACTIVE, now)
+        w.launched_at = now
+
+    def _backed_off(self, kind: str, now: float) -> bool:
+        b = self._backoff.get(kind)
+        return b is not None and now < b[0]
+
+    def _describe(self, now: float, cap: float) -> str:
+        """The capacity figure a reason quotes: mu_pool alone while nothing is pending or expected lost."""
+        pending, loss = self.mu_pending(now), self.expected_loss(now)
+        if not pending and not loss:
+            return f"mu_pool {cap:.3g}"
+        return (f"mu_projected {cap:.3g} (mu_pool {self.mu_pool(now):.3g} + mu_pending {pending:.3g}"
+                f" - lambda*L*mu_pool {loss:.3g})")
 
     def _order_key(self, name: str, now: float) -> float:
         if self.order == "random":
@@ -422,16 +582,22 @@ class Scheduler:
 
     def _activate_until_target(self, now: float, reason: str) -> list[Action]:
         assert self.mu_target is not None
-        cap = self.mu_pool(now)
+        cap = self.mu_projected(now)  # pending workers count as coming: no second launch for their deficit
         actions = []
+        skipped: dict[str, str] = {}  # kinds backed off after a failed launch, cheaper than what we pick
         for name in sorted(self.standby(), key=lambda n: (self._order_key(n, now), n)):
             if cap >= self.mu_target * (1 - _REL):
                 break
             w = self.workers[name]
+            if self._backed_off(w.kind, now):
+                until, why = self._backoff[w.kind]
+                skipped.setdefault(w.kind, f"kind {w.kind!r} skipped until t={until:.0f} s (launch failed: {why})")
+                continue
             mu_guess = w.last_mu or w.mu_prior
-            self._set_state(w, ACTIVE, now)
+            self._launch(w, now)
             cap += mu_guess
-            actions.append(Action("activate", name, now, f"{reason}; rho={w.price_per_hour / mu_guess:.4g}"))
+            note = "".join(f"; {s}" for s in skipped.values())
+            actions.append(Action("activate", name, now, f"{reason}; rho={w.price_per_hour / mu_guess:.4g}{note}"))
         if actions:
             self._last_action = now
             self._changes_since_calibration += len(actions)
@@ -439,19 +605,21 @@ class Scheduler:
         return actions
 
     def _release_one(self, now: float, cap: float) -> Action | None:
+        """Release the highest-rho measured active worker whose loss keeps mu_projected (`cap`) at the
+        target; never a pending one (not in active())."""
         assert self.mu_target is not None
+        keep = 1.0 - self._loss_fraction()
         ranked = sorted(self.active(), key=lambda n: (-self._order_key(n, now), n))
         for name in ranked:  # most expensive first
             if not self._measured(self.workers[name], now):
                 continue  # too new to judge
-            rest = cap - self.contribution(name, now)
+            rest = cap - self.contribution(name, now) * keep  # its mu_pool share, less its expected loss
             if rest >= self.mu_target * (1 + _REL):
                 self._set_state(self.workers[name], STANDBY, now)
                 self._last_action = now
                 self._changes_since_calibration += 1
-                action = Action(
-                    "release", name, now, f"mu_pool {cap:.3g} > mu_target {self.mu_target:.3g}; {rest:.3g} without it"
-                )
+                why = f"{self._describe(now, cap)} > mu_target {self.mu_target:.3g}; {rest:.3g} without it"
+                action = Action("release", name, now, why)
                 self.log.append(action)
                 return action
         return None

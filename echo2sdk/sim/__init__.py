@@ -8,6 +8,7 @@
 - :mod:`~echo2sdk.sim.accounting`, :mod:`~echo2sdk.sim.results`  its costs and logs, and SimResult
 - :mod:`~echo2sdk.sim.clock`, :mod:`~echo2sdk.sim.workers`  the event queue; each worker's state
 - :mod:`~echo2sdk.sim.paper`    the paper's experiments (`echo2 simulate paper`)
+- :mod:`~echo2sdk.sim.launch`   launch latency x spot preemptions x early activation (`echo2 simulate launch`)
 """
 
 from echo2sdk.sim.engine import Fault, SimConfig, SimResult, Simulation, SimWorker, provision, simulate

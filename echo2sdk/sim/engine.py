@@ -27,8 +27,12 @@ What is modelled (and what is not) is listed in ``docs/simulation.md``. In short
   generating under the old version while chunks arrive;
 - faults: a worker's rollout rate or relay link slowed by a factor, or the worker dropped; a dead relay
   stalls its tail until ``relay_timeout_s``, then the tail is re-attached to the nearest healthy
-  ancestor and resumes from the chunks it holds; a replacement boots for ``boot_s`` and fetches the
-  current snapshot from storage at ``storage_mbps``.
+  ancestor and resumes from the chunks it holds; a replacement boots for ``boot_s`` (or a latency drawn
+  from ``launch_s``) and fetches the current snapshot from storage at ``storage_mbps``;
+- spot preemptions: with ``preempt_per_hour`` every active machine dies after an exponential time (a
+  Poisson process per machine-hour), like a "drop" fault; the scheduler notices by silence only. Once
+  it has declared the machine failed, its slot goes back to the standby pool (another machine of that
+  type can be rented; starting it takes a launch latency again).
 
 Nothing here imports numpy or torch; a 76-worker, 100-step run takes seconds.
 """
@@ -118,6 +122,10 @@ class Simulation:
         self.sched: Scheduler | None = None
         self._done = False
         self.stuck: str | None = None
+        # own streams, so that launch latencies and preemptions leave the request durations as they were
+        self.launch_rng = random.Random(f"launch-{cfg.seed}")
+        self.preempt_rng = random.Random(f"preempt-{cfg.seed}")
+        self._preempted: set[str] = set()  # dead by preemption, not yet declared failed by the scheduler
 
     @property
     def now(self) -> float:
@@ -163,14 +171,18 @@ class Simulation:
         cfg = self.cfg
         mu_min = mu_target = None
         if cfg.activation != "all" and cfg.closed_loop:
+            fetch = cfg.net.snapshot_bytes * 8 / (cfg.storage_mbps * MBIT)
+            shortest, mean, longest = cfg.launch_range
+            lead_prior = mean + fetch + cfg.net.install_s if cfg.lead_prior_s is None else cfg.lead_prior_s
             self.sched = Scheduler(
                 gamma=cfg.gamma, window_s=cfg.window_s, heartbeat_s=cfg.heartbeat_s, sustain_s=cfg.sustain_s,
                 release_margin=cfg.release_margin, fail_after_s=cfg.fail_after_s,
-                boot_timeout_s=cfg.boot_s + cfg.net.snapshot_bytes * 8 / (cfg.storage_mbps * MBIT) + 10 * cfg.heartbeat_s,
+                boot_timeout_s=longest + fetch + 10 * cfg.heartbeat_s,
                 order=cfg.activation, seed=cfg.seed, solver=cfg.solver,
+                lead_prior_s=lead_prior, preempt_per_hour=cfg.preempt_per_hour, anticipate=cfg.anticipate,
             )
             for s in cfg.pool:
-                self.sched.add_worker(s.name, s.price_per_hour, s.mu, active=s.name in names)
+                self.sched.add_worker(s.name, s.price_per_hour, s.mu, active=s.name in names, kind=s.kind)
             try:
                 mu_target = self.sched.calibrate(T_train=t_train, T_bcast=t_bcast, R=cfg.R, kappa=cfg.k)
                 mu_min = self.sched.mu_min
@@ -195,6 +207,7 @@ class Simulation:
             w.state = "active"
             self.ledger.bill_start(w, self.now)
             self._start_request(w)
+            self._up(w)
         for f in cfg.faults:
             self.events.push(f.at_s, "fault", f)
         self.events.push(cfg.heartbeat_s, "tick")
@@ -342,9 +355,10 @@ class Simulation:
                 w.state = "active"
                 self.ledger.bill_start(w, self.now)
                 self._start_request(w)
+                self._up(w)
                 self.ledger.ready_log.append((self.now, a.worker))
             elif w.state in ("off", "dead", "released"):
-                boot = 0.0 if w.state == "released" else self.cfg.boot_s
+                boot = 0.0 if w.state == "released" else self.cfg.draw_launch(self.launch_rng)
                 w.epoch += 1
                 w.state = "booting"
                 self.ledger.bill_start(w, self.now)
@@ -358,6 +372,9 @@ class Simulation:
         elif a.kind == "failed":
             if w.state != "dead":
                 self._kill(w)
+            if a.worker in self._preempted and self.sched is not None:  # the slot is back on the market
+                self._preempted.discard(a.worker)
+                self.sched.mark_standby(a.worker, self.now)
 
     def _on_booted(self, name: str, epoch: int, version: int) -> None:
         w = self.w[name]
@@ -371,6 +388,24 @@ class Simulation:
             self.sched.mark_active(name, self.now)
         self.ledger.ready_log.append((self.now, name))
         self._start_request(w)
+        self._up(w)
+
+    def _up(self, w: WorkerState) -> None:
+        """`w` became active: with preempt_per_hour, draw when the spot market takes it back."""
+        w.up_token += 1
+        if self.cfg.preempt_per_hour > 0:
+            at = self.now + self.preempt_rng.expovariate(self.cfg.preempt_per_hour / 3600.0)
+            self.events.push(at, "preempt", w.spec.name, w.up_token)
+
+    def _on_preempt(self, name: str, token: int) -> None:
+        w = self.w[name]
+        if token != w.up_token or w.state != "active" or self._done:
+            return
+        entry = {"t": self.now, "role": "spot", "kind": "preempt", "worker": name, "factor": 0.0}
+        self.ledger.fault_log.append(entry)
+        self._kill(w)
+        self._preempted.add(name)
+        entry["chain_resolved_at"] = self.bcast.reroute(name, "drop", 0.0)
 
     def _kill(self, w: WorkerState) -> None:
         w.state = "dead"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -18,18 +19,22 @@ __all__ = ["SimWorker", "SimConfig"]
 @dataclass(frozen=True)
 class SimWorker:
     """A machine in the pool: price c_i ($/h), mean throughput mu_i (rollouts/s), link Bw_i (Mbit/s,
-    both directions) and the coefficient of variation of its request durations."""
+    both directions), the coefficient of variation of its request durations and its machine type
+    (`kind`, default its name: the scheduler's launch back-off and lead times are per kind)."""
 
     name: str
     price_per_hour: float
     mu: float
     link_mbps: float = 100.0
     cv: float = 0.15
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         WorkerOffer(self.name, self.price_per_hour, self.mu)  # validates name, price, mu
         _pos(f"link_mbps of worker {self.name!r}", self.link_mbps)
         _pos(f"cv of worker {self.name!r}", self.cv, zero=True)
+        if self.kind is not None and (not isinstance(self.kind, str) or not self.kind):
+            raise ConfigError(f"kind of worker {self.name!r} must be a non-empty string, got kind={self.kind!r}")
 
     @property
     def offer(self) -> WorkerOffer:
@@ -63,6 +68,12 @@ class SimConfig:
     release_margin: float = 0.25
     fail_after_s: float = 90.0
     boot_s: float = 60.0
+    # Launch latency of a machine that is off (started, or replacing a dead one): None = boot_s; a number;
+    # (lo, hi) uniform; (lo, mode, hi) triangular. Then the snapshot fetch from storage and install_s.
+    launch_s: float | tuple[float, float] | tuple[float, float, float] | None = None
+    preempt_per_hour: float = 0.0  # Poisson preemptions per active machine-hour (spot); a preempted machine dies
+    anticipate: bool = False  # the scheduler's early activation (Scheduler(anticipate=...)); off: the paper's loop
+    lead_prior_s: float | None = None  # the scheduler's prior lead time L; None: mean launch + fetch + install
     storage_mbps: float = 1000.0
     relay_timeout_s: float = 30.0
     faults: tuple[Fault, ...] = ()
@@ -92,6 +103,10 @@ class SimConfig:
             _pos(name, getattr(self, name))
         for name in ("T_train_cv", "sustain_s", "release_margin", "boot_s", "learner_price_per_hour"):
             _pos(name, getattr(self, name), zero=True)
+        self._check_launch()
+        _pos("preempt_per_hour", self.preempt_per_hour, zero=True)
+        if self.lead_prior_s is not None:
+            _pos("lead_prior_s", self.lead_prior_s, zero=True)
         if self.active is not None and (unknown := set(self.active) - set(names)):
             raise ConfigError(f"active names workers not in the pool: {sorted(unknown)}")
         if self.max_time_s == math.inf:
@@ -100,3 +115,34 @@ class SimConfig:
     @property
     def k(self) -> int:
         return capacity.publication_period(self.S, self.kappa)
+
+    def _check_launch(self) -> None:
+        v = self.launch_s
+        if v is None or isinstance(v, int | float):
+            _pos("launch_s", self.boot_s if v is None else v, zero=True)
+            return
+        if not isinstance(v, tuple | list) or len(v) not in (2, 3):
+            raise ConfigError(f"launch_s must be seconds, (lo, hi) or (lo, mode, hi), got launch_s={v!r}")
+        for x in v:
+            _pos("launch_s", x, zero=True)
+        if list(v) != sorted(v):
+            raise ConfigError(f"launch_s must be ordered lo <= (mode <=) hi, got launch_s={tuple(v)!r}")
+
+    @property
+    def launch_range(self) -> tuple[float, float, float]:
+        """(shortest, mean, longest) launch latency in seconds."""
+        v = self.boot_s if self.launch_s is None else self.launch_s
+        if isinstance(v, int | float):
+            return float(v), float(v), float(v)
+        if len(v) == 2:
+            return float(v[0]), (v[0] + v[1]) / 2, float(v[1])
+        return float(v[0]), (v[0] + v[1] + v[2]) / 3, float(v[2])
+
+    def draw_launch(self, rng: random.Random) -> float:
+        """One launch latency in seconds."""
+        v = self.boot_s if self.launch_s is None else self.launch_s
+        if isinstance(v, int | float):
+            return float(v)
+        if len(v) == 2:
+            return rng.uniform(v[0], v[1])
+        return rng.triangular(v[0], v[2], v[1])

@@ -90,8 +90,9 @@ def paper_pool(n: int, *, mu: float | None = None, price: float | None = None, p
 
 
 def mixed_pool() -> list[SimWorker]:
+    """MIXED_POOL's machines, each of its row's kind (rtx5090-00 .. rtx5090-09 are of kind rtx5090)."""
     return [
-        SimWorker(f"{name}-{i:02d}", price, mu, PAPER["Bw_mbps"])
+        SimWorker(f"{name}-{i:02d}", price, mu, PAPER["Bw_mbps"], kind=name)
         for name, price, mu, count in MIXED_POOL
         for i in range(count)
     ]

@@ -24,3 +24,4 @@ class WorkerState:
     install_token: int = 0
     generated: int = 0  # rollouts generated (admitted or not)
     busy_s: float = 0.0  # seconds spent generating; with `generated`, sent in heartbeats
+    up_token: int = 0  # invalidates a scheduled preemption when the worker stops being active
