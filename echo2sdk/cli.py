@@ -16,6 +16,8 @@ __all__ = ["main"]
 def _run(args: argparse.Namespace) -> int:
     from echo2sdk.api import Echo2
 
+    if args.dry_run:
+        return _dry_run(args)
     if args.nproc_per_node > 1 and "LOCAL_RANK" not in os.environ:  # not yet under torchrun: re-execute there
         from echo2sdk.runtime.learner.distributed import launch_argv
 
@@ -47,6 +49,39 @@ def _run(args: argparse.Namespace) -> int:
     print(json.dumps({k: summary[k] for k in keep}, indent=2))
     stopped = summary.get("stopped")
     return 128 + int(getattr(signal, stopped)) if stopped else 0  # the shell's convention for a signal
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    from echo2sdk.config import load_config
+    from echo2sdk.runtime.providers.dry_run import format_provisioning, provisioning_plan
+
+    overrides = list(args.set or []) + ([f"run.out={json.dumps(args.out)}"] if args.out else [])
+    print(format_provisioning(provisioning_plan(load_config(args.config, overrides)), args.config))
+    return 0
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from echo2sdk.runtime.providers import fleet_down, fleet_status
+
+    if args.action == "down":
+        result = fleet_down(args.run_dir)
+        for name, said in sorted(result.items()):
+            print(f"{name}: {said}")
+        if not result:
+            print(f"{args.run_dir}: every recorded machine is already down")
+        return 0 if all(v == "down" for v in result.values()) else 1
+    rows = fleet_status(args.run_dir)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'machine':<16} {'provider':<9} {'type':<8} {'$/h':>7}  {'ledger':<7} now")
+    for r in rows:
+        price = f"{r['price_per_hour']:.3f}" if r["price_per_hour"] is not None else "-"
+        why = f"  ({r['reason']})" if r["reason"] else ""
+        print(f"{r['machine']:<16} {r['provider']:<9} {r['type'] or '-':<8} {price:>7}  {r['ledger']:<7} {r['now']}{why}")
+    up = [r for r in rows if r["now"] not in ("down", "gone")]
+    print(f"{len(up)} of {len(rows)} recorded machines still up" + (f": echo2 fleet down {args.run_dir}" if up else ""))
+    return 0
 
 
 def _run_argv(args: argparse.Namespace) -> list[str]:
@@ -102,6 +137,7 @@ def _worker(args: argparse.Namespace) -> int:
         tls=not args.plaintext,
         coordinator_fingerprint=pin,
         relay_tls=False if args.relay_plaintext else None,
+        relay_port=args.relay_port,
         model=args.model,
         bootstrap=args.bootstrap,
     )
@@ -209,7 +245,18 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "default: run.token, else $ECHO2_TOKEN, else one drawn per run)")
     r.add_argument("--status-port", type=int, metavar="PORT", help="serve the live status page on PORT (0: a free "
                    "one; sets run.status_port); its URL with the token is printed at start")
+    r.add_argument("--dry-run", action="store_true", help="print the provisioning plan (machine types, counts, "
+                   "launch specs, $/h) and exit: nothing is launched")
     r.set_defaults(func=_run)
+
+
+def _fleet_parser(sub: argparse._SubParsersAction) -> None:
+    f = sub.add_parser("fleet", help="the machines a run launched (its ledger, RUN_DIR/machines.jsonl): status, or "
+                       "down every one of them, even after the learner was killed")
+    f.add_argument("action", choices=["status", "down"])
+    f.add_argument("run_dir", metavar="RUN_DIR", help="the run's output folder")
+    f.add_argument("--json", action="store_true", help="status as JSON")
+    f.set_defaults(func=_fleet)
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -253,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     _worker_parser(sub)
     _keys_parser(sub)
     _plot_parser(sub)
+    _fleet_parser(sub)
     pl = sub.add_parser("plan", help="provisioning decision: mu_min, mu_target, chosen workers, cost, idle share")
     pl.add_argument("--catalog", required=True, help="worker catalog, .toml ([[worker]]) or .csv: name, price_per_hour, mu, "
                     "count; or skypilot:H100,L4,A100:8 for SkyPilot's cheapest price of each type (needs --mu-table)")
@@ -341,6 +389,8 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--no-relay", action="store_true", help="do not serve snapshot chunks to peers (behind a NAT)")
     w.add_argument("--relay-only", action="store_true", help="forward snapshots, generate nothing (bandwidth helper)")
     w.add_argument("--relay-uplink-mbps", type=float, help="pace what this worker forwards (emulate a capped uplink)")
+    w.add_argument("--relay-port", type=int, default=0, metavar="PORT",
+                   help="serve snapshot chunks on this port (default: any free one; a cloud firewall opens a fixed one)")
     w.add_argument("--connect-timeout-s", type=float, default=60.0, metavar="S",
                    help="keep dialling a coordinator that is not up yet for S seconds, then exit 1")
     w.add_argument("--reconnect-s", type=float, default=120.0, metavar="S",

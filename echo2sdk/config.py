@@ -267,6 +267,19 @@ class BroadcastConfig(_Section):
         return 1
 
 
+class MachineType(_Section):
+    """A machine type the provider may launch (``[[scheduler.machines]]``): `count` standby machines named
+    NAME-0, NAME-1, ..., each at `price_per_hour` and, until measured, `mu` rollouts/s."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9]*$", description="type name, e.g. l4 (worker ids l4-0, l4-1, ...)")
+    count: int = Field(1, ge=1, le=256, description="how many machines of this type the scheduler may run at once")
+    price_per_hour: float = Field(ge=0, description="$/h of one machine (echo2 plan --catalog skypilot:... prices it)")
+    mu: float | None = Field(None, gt=0, description="prior rollouts/s of one machine (default: the mean measured "
+                             "at warm-up) until its heartbeats measure it")
+    resources: dict[str, Any] = Field(default_factory=dict, description="the provider's launch options for this "
+                                      "type (skypilot: accelerators, infra, region, use_spot, disk_size, ...)")
+
+
 class SchedulerConfig(_Section):
     """Cost-aware closed-loop activation (paper §3.4, §4.3, C.2.1): echo2sdk.core.scheduler."""
 
@@ -285,6 +298,32 @@ class SchedulerConfig(_Section):
     provider_options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the provider")
     standby: int = Field(0, ge=0, description="extra machines the provider may start on demand (standby-0, ...)")
     standby_price: float = Field(0.0, ge=0, description="$/h of a standby machine")
+    machines: list[MachineType] = Field(
+        default_factory=list, description="machine types the provider may launch, cheapest rho first "
+        "([[scheduler.machines]]: name, count, price_per_hour, mu, resources); with the skypilot provider, the fleet"
+    )
+
+    boot_timeout_s: float = Field(900.0, gt=0, description="a launched machine that sends no heartbeat this long is a "
+                                  "failed launch (cloud VMs take ~2-6 min)")
+    launch_backoff_s: float = Field(600.0, ge=0, description="after a failed launch, skip that machine type this long "
+                                    "(the retry goes to the next-cheapest type)")
+    lead_prior_s: float = Field(0.0, ge=0, description="launch lead time L assumed until one is measured")
+    preempt_per_hour: float = Field(0.0, ge=0, description="prior preemption rate lambda per machine-hour (spot), "
+                                    "blended with the measured one")
+    anticipate: bool = Field(True, description="activate early: keep mu_pool + mu_pending - lambda*L*mu_pool at "
+                             "mu_target (spares launched before a preemption, not after)")
+    initial_machines: int = Field(
+        0, ge=0, description="machines of [[scheduler.machines]] launched before warm-up, cheapest rho (by their mu) "
+        "first: the pool the warm-up calibrates on when the run has no local workers"
+    )
+
+    @field_validator("machines")
+    @classmethod
+    def _distinct_types(cls, v: list[MachineType]) -> list[MachineType]:
+        names = [m.name for m in v]
+        if dup := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"machine type names must be distinct, got {dup} more than once")
+        return v
     stop_released: bool = Field(False, description="stop a released worker's machine (default: keep it registered, idle)")
     stop_failed_after_s: float = Field(
         60.0, ge=0, description="stop a failed worker's machine only if it has not re-joined within this long "

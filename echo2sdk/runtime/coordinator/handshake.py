@@ -26,6 +26,7 @@ __all__ = ["Handshake", "HANDSHAKE_S", "MAX_CONNS_PER_CREDENTIAL"]
 log = logging.getLogger("echo2sdk.coordinator")
 
 HANDSHAKE_S = 10.0  # one deadline for TLS, challenge and hello together
+REACH_S = 2.0  # how long a joining worker's relay port gets to accept the coordinator's probe
 MAX_CONNS_PER_CREDENTIAL = 4  # live connections one worker credential may hold (a re-join replaces its own)
 
 
@@ -90,8 +91,13 @@ class Handshake:
             return None
         self.admission.authenticated(ticket)
         channel = SealedChannel(reader, writer, keys)
+        reachable = hello.relay_port is None or await relay_reachable(address.rpartition(":")[0], hello.relay_port)
+        if not reachable:
+            log.warning("worker %s: its relay port %s:%d is not reachable from here (behind a NAT or a firewall?): it "
+                        "joins as a chain tail, fetching snapshots and serving none", shown(hello.worker_id, 60),
+                        address.rpartition(":")[0], hello.relay_port)
         conn = self.registry.register(hello, address, lambda info: self._connect(info, channel),
-                                      credential=by_credential)
+                                      credential=by_credential, relay_reachable=reachable)
         self.snapshots.note_installed(conn, hello.version)  # a re-join's: its `installed` report may have been lost
         return conn
 
@@ -141,3 +147,20 @@ class Handshake:
         self.refused += 1
         log.warning("refused %s", detail)
         await write_frame(writer, to_header(Refused(reason=reason)), key=keys.send if keys is not None else None)
+
+
+async def relay_reachable(host: str, port: int, timeout_s: float = REACH_S) -> bool:
+    """Whether a TCP connection to a joining worker's relay port opens within `timeout_s`: a worker behind a NAT
+    that admits no inbound connection cannot serve chunks, so it is planned as a chain's tail (core.broadcast
+    planner: a worker without a relay address is a leaf). The probe sends nothing; the relay drops it quietly."""
+    host = host.strip("[]")
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
+    except (OSError, TimeoutError):
+        pass
+    return True

@@ -86,11 +86,13 @@ class Registry:
 
     # -- joining and leaving (the loop's thread) ----------------------------------------------------------
     def register(
-        self, hello: Hello, address: str, connect: Callable[[WorkerInfo], Conn], credential: bool = False
+        self, hello: Hello, address: str, connect: Callable[[WorkerInfo], Conn], credential: bool = False,
+        relay_reachable: bool = True,
     ) -> Conn:
         """Enter an authenticated worker in the registry (`connect` makes its connection of its record): a
         re-join from the same process keeps its id and record; another process asking for a taken id gets a
-        free `id~N`."""
+        free `id~N`. `relay_reachable` False: its relay port did not answer the coordinator's probe, so it has
+        no relay address (a chain's tail: it fetches, never serves)."""
         peer_host = address.rpartition(":")[0]
         wid, sess = hello.worker_id or f"w{next(self.ids)}", hello.session
         before = self.workers.get(wid)
@@ -111,7 +113,8 @@ class Registry:
             price_per_hour=hello.price_per_hour,
             backend=hello.backend,
             version=hello.version,
-            relay_addr=(peer_host, hello.relay_port) if hello.relay_port is not None else None,
+            relay_addr=(peer_host, hello.relay_port) if hello.relay_port is not None and relay_reachable else None,
+            relay_reachable=relay_reachable if hello.relay_port is not None else None,
             relay_fingerprint=hello.relay_fingerprint,
             session=sess,
             credential=hello.worker_id if credential else "",

@@ -26,6 +26,7 @@ class WorkerInfo:
     active: bool = True  # handed tasks; False: registered and idle (Coordinator.set_active)
     relay_addr: tuple[str, int] | None = None  # where this worker serves snapshot chunks to its children
     relay_fingerprint: bytes = field(default=b"", repr=False)  # its relay's TLS certificate (SHA-256)
+    relay_reachable: bool | None = None  # its relay port answered the coordinator's probe at join (None: no relay)
     session: str = ""  # the worker process's random id: a re-join from it keeps worker_id and record
     credential: str = ""  # the name of the worker credential it logged in with ("": the run token)
     rejoins: int = 0

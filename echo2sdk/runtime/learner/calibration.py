@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2sdk.config import Config
-from echo2sdk.errors import CapacityError, Echo2Error
+from echo2sdk.errors import CapacityError, ConfigError, Echo2Error
 from echo2sdk.runtime.learner.batches import Batches
 from echo2sdk.runtime.learner.console import event_log
 from echo2sdk.runtime.learner.metrics import RunMetrics
@@ -125,8 +125,10 @@ class Provisioning:
         now = time.monotonic()
         sched = self._scheduler()
         prior = statistics.fmean(list(cal["mu"].values()) or [1.0])
+        kinds = {f"{m.name}-{i}": m.name for m in cfg.scheduler.machines for i in range(m.count)}
         for w in self.coordinator.alive_workers():
-            sched.add_worker(w.worker_id, cal["prices"][w.worker_id], cal["mu"].get(w.worker_id, prior), now=now)
+            sched.add_worker(w.worker_id, cal["prices"][w.worker_id], cal["mu"].get(w.worker_id, prior), now=now,
+                             kind=kinds.get(w.worker_id))
         self.provider = self._standby(sched, prior, now)
         try:
             sched.calibrate(T_train=cal["T_train"], T_bcast=cal["T_bcast"], R=cfg.learner.trajectories_per_step,
@@ -155,24 +157,47 @@ class Provisioning:
         cfg, sc = self.cfg, self.cfg.scheduler
         return Scheduler(gamma=sc.gamma, window_s=sc.window_s, heartbeat_s=cfg.run.heartbeat_s,
                          sustain_s=sc.sustain_s, release_margin=sc.release_margin,
-                         fail_after_s=cfg.run.worker_timeout_s, solver=cfg.provisioning.solver)
+                         fail_after_s=cfg.run.worker_timeout_s, solver=cfg.provisioning.solver,
+                         boot_timeout_s=sc.boot_timeout_s, launch_backoff_s=sc.launch_backoff_s,
+                         lead_prior_s=sc.lead_prior_s, preempt_per_hour=sc.preempt_per_hour, anticipate=sc.anticipate)
 
     def _standby(self, sched: Any, prior: float, now: float) -> Any:
-        """With scheduler.standby: the machine provider, and its standby machines registered with the
-        scheduler at the mean measured mu (`prior`). None otherwise."""
-        from echo2sdk.runtime.providers import load_provider
-
-        cfg, sc = self.cfg, self.cfg.scheduler
-        if not sc.standby:
-            return None
-        c = self.coordinator
-        options = {"connect": f"{c.host}:{c.port}", "token": c.token, "log_dir": str(self.out / "workers"),
-                   "threads": cfg.rollout.threads, "nice": cfg.rollout.nice, "allow": allowances(c.worker_config),
-                   "plaintext": not cfg.run.tls}
-        provider = load_provider(sc.provider, **(options if sc.provider == "local" else {}), **sc.provider_options)
+        """With scheduler.standby or scheduler.machines: the machine provider, and the machines it may start
+        registered with the scheduler as standby (a machine type's at its mu, else at the mean measured mu,
+        `prior`). None otherwise."""
+        sc = self.cfg.scheduler
+        if not sc.standby and not sc.machines:
+            return self.provider
+        provider = self.provider or make_provider(self.cfg, self.coordinator, self.out)
         for i in range(sc.standby):
             sched.add_worker(f"standby-{i}", sc.standby_price, prior, now=now)
+        for m in sc.machines:
+            for name in (f"{m.name}-{i}" for i in range(m.count)):
+                if name not in sched.workers:  # an initial machine that joined is registered with its measured mu
+                    sched.add_worker(name, m.price_per_hour, m.mu or prior, now=now, kind=m.name)
         return provider
+
+    def launch_initial(self) -> list[str]:
+        """Before warm-up: launch scheduler.initial_machines of scheduler.machines, cheapest rho = price / mu first
+        (the pool a run without local workers calibrates on). Returns their names."""
+        sc = self.cfg.scheduler
+        if not (sc.enabled and sc.initial_machines):
+            return []
+        if missing := [m.name for m in sc.machines if m.mu is None]:
+            raise ConfigError(f"scheduler.initial_machines = {sc.initial_machines}: give mu (rollouts/s) for machine "
+                              f"types {missing}: the initial ones are chosen by price / mu")
+        ranked = sorted((m.price_per_hour / m.mu, f"{m.name}-{i}", m.price_per_hour)  # type: ignore[operator]
+                        for m in sc.machines for i in range(m.count))
+        if len(ranked) < sc.initial_machines:
+            raise ConfigError(f"scheduler.initial_machines = {sc.initial_machines} but [[scheduler.machines]] holds "
+                              f"{len(ranked)} machines")
+        self.provider = make_provider(self.cfg, self.coordinator, self.out)
+        names = []
+        for _, name, price in ranked[: sc.initial_machines]:
+            self.provider.start(name, price)
+            names.append(name)
+        log.info("launched %d machine(s) for warm-up: %s", len(names), names)
+        return names
 
     def stop(self) -> None:
         """Stop the live loop, the standby machines and the event file (a no-op when never started)."""
@@ -185,3 +210,19 @@ class Provisioning:
         if self._events is not None:
             self._events.close()
             self._events = None
+
+
+def run_options(cfg: Config, coordinator: Any, out: Path) -> dict[str, Any]:
+    """What a provider may take from the run (load_provider passes those its factory names): where workers
+    connect, the token, the run folder (its ledger), the local workers' settings, the machine types."""
+    c = coordinator
+    return {"connect": f"{c.host}:{c.port}", "token": c.token, "run_dir": str(out), "log_dir": str(out / "workers"),
+            "threads": cfg.rollout.threads, "nice": cfg.rollout.nice, "allow": allowances(c.worker_config),
+            "plaintext": not cfg.run.tls, "machines": {m.name: m.resources for m in cfg.scheduler.machines}}
+
+
+def make_provider(cfg: Config, coordinator: Any, out: Path) -> Any:
+    """The run's machine provider (scheduler.provider with scheduler.provider_options over run_options)."""
+    from echo2sdk.runtime.providers import load_provider
+
+    return load_provider(cfg.scheduler.provider, run=run_options(cfg, coordinator, out), **cfg.scheduler.provider_options)

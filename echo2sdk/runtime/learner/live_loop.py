@@ -137,6 +137,7 @@ class LiveLoop:
                     s.heartbeat(wid, now, rollouts=float(info.trajectories))
                 elif info.active:
                     self.coord.set_active(wid, False)
+            actions += self._launch_failures(now)
             actions += s.step(now)
             for a in actions:
                 self._apply(a)
@@ -160,6 +161,20 @@ class LiveLoop:
                         self._emit({"t": now, "event": "recalibration_failed", "error": str(e)})
             return actions
 
+    def _launch_failures(self, now: float) -> list[Action]:
+        """Launches the provider reports failed (optional ``failures()``): each a failed worker for the scheduler,
+        which activates the next-cheapest machine type in its place."""
+        failures = getattr(self.provider, "failures", None)
+        out = []
+        for wid, reason in (failures() if failures is not None else {}).items():
+            if wid not in self.s.workers:
+                continue
+            self._emit({"t": now, "event": "launch_failed", "worker": wid, "reason": reason})
+            a = self.s.mark_launch_failed(wid, now, reason)
+            if a is not None:
+                out.append(a)
+        return out
+
     def apply(self, actions: Iterable[Action]) -> None:
         """Carry out decisions taken outside tick() (the initial provisioning)."""
         with self._lock:
@@ -171,8 +186,15 @@ class LiveLoop:
         if a.kind == "activate":
             if registered is not None and registered.alive:
                 self.coord.set_active(a.worker, True)
+                self.s.mark_active(a.worker, a.at)  # woken, not launched: capacity now, and no lead-time sample
             elif self.provider is not None:
-                self.provider.start(a.worker, self.s.workers[a.worker].price_per_hour)
+                try:
+                    self.provider.start(a.worker, self.s.workers[a.worker].price_per_hour)
+                except Exception as e:  # noqa: BLE001 - a launch that cannot even begin is a failed launch
+                    log.error("cannot launch %s: %s", a.worker, e)
+                    failed = self.s.mark_launch_failed(a.worker, a.at, f"launch refused: {e}")
+                    if failed is not None:
+                        self._emit({"t": a.at, "event": "launch_failed", "worker": a.worker, "reason": failed.reason})
         elif a.kind == "release":
             self.coord.set_active(a.worker, False)
             if self.stop_released and self.provider is not None:

@@ -202,7 +202,7 @@ class Trainer:
                                   lie_var_threshold=L.lie_var_threshold, replay_n=L.audit_replay)
         self.local = LocalProvider(f"{host}:{port}", self.coordinator.token, log_dir=self.out / "workers",
                                    threads=ro.threads, nice=ro.nice, allow=allowances(self.coordinator.worker_config),
-                                   plaintext=not cfg.run.tls, grace_s=LOCAL_GRACE_S)
+                                   plaintext=not cfg.run.tls, grace_s=LOCAL_GRACE_S, run_dir=self.out)
         limits = DataLimits(L.data_timeout_s, cfg.run.heartbeat_s, L.filter_patience, self.out / "workers")
         self.batches = Batches(self.buffer, self.coordinator, self.local, self.replay, limits, self._stop)
         self.provisioning = Provisioning(cfg, self.coordinator, self.metrics, self.out)
@@ -412,8 +412,9 @@ class Trainer:
         if len(self.rows) > self._rows_at_setup:
             raise Echo2Error(f"calibrate() runs before training (learner at version {self.version})")
         cfg, L, sc = self.cfg, self.cfg.learner, self.cfg.scheduler
-        cal = Calibration(self.coordinator, self.batches, self.learner, self.publication, workers=cfg.rollout.workers,
-                          logs=self.out / "workers")
+        initial = self.provisioning.launch_initial()  # a fleet with no local workers calibrates on these
+        cal = Calibration(self.coordinator, self.batches, self.learner, self.publication,
+                          workers=cfg.rollout.workers + len(initial), logs=self.out / "workers")
         measured, state = cal.measure(self._groups_per_step(), steps, join_timeout_s)
         self._keep(state)
         out = decide(measured, cal.prices(sc.prices), R=L.trajectories_per_step, S=L.staleness, kappa=cfg.kappa,

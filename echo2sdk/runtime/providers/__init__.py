@@ -6,15 +6,22 @@ would: a cloud API, SLURM, Kubernetes). The scheduler (:mod:`echo2sdk.core.sched
 the trainer's live loop calls ``start(name)`` for an activation that needs a machine and ``stop(name)``
 when a machine is to be given back. A worker the scheduler merely *releases* stays registered with the
 coordinator and idle; it is stopped only when the run is configured to (``scheduler.stop_released``).
+
+Built in: ``local`` (processes on the learner's host) and ``skypilot`` (one SkyPilot cluster per worker, any cloud;
+extra ``echo2sdk[skypilot]``). Both record every machine in the run ledger (:mod:`.ledger`) before launching it;
+``echo2 fleet status|down RUN_DIR`` (:func:`fleet_status`, :func:`fleet_down`) read it back through the provider's
+``fleet_status`` / ``fleet_down`` class methods, with no learner running.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 from typing import Any, Protocol, runtime_checkable
 
 from echo2sdk.errors import ConfigError
 
-__all__ = ["Provider", "PROVIDERS", "load_provider"]
+__all__ = ["Provider", "PROVIDERS", "load_provider", "fleet_status", "fleet_down"]
 
 PROVIDERS = "echo2sdk.providers"
 _METHODS = ("start", "stop", "running", "close")
@@ -28,6 +35,9 @@ class Provider(Protocol):
     and announces `price_per_hour`; it returns at once (the worker joins when it is ready).
     ``stop(name)`` ends it (no-op when it is not running). ``running()`` lists the names it started
     that are still up. ``close()`` stops everything it started.
+
+    Optional: ``failures()`` returns (and forgets) the launches that failed since the last call, name -> reason
+    (the live loop reports them to the scheduler, which retries on the next-cheapest machine type).
     """
 
     def start(self, name: str, price_per_hour: float = 0.0) -> None: ...
@@ -39,17 +49,74 @@ class Provider(Protocol):
     def close(self) -> None: ...
 
 
-def load_provider(name: str, **options: Any) -> Provider:
-    """Build the provider registered as `name` (or a "pkg.mod:Class" reference) with `options`;
-    validated against the Provider methods on load."""
+def load_provider(name: str, run: dict[str, Any] | None = None, **options: Any) -> Provider:
+    """Build the provider registered as `name` (or a "pkg.mod:Class" reference) with `options`, plus those of the
+    run's own settings `run` (connect, token, run_dir, allow, plaintext, machines, ...) that its factory names as
+    parameters (a provider that needs no token is never given one); validated against the Provider methods."""
     from echo2sdk.plugins import load_object
 
     factory = load_object(PROVIDERS, name)
     try:
-        provider = factory(**options)
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    given = {k: v for k, v in (run or {}).items() if k in params and k not in options}
+    try:
+        provider = factory(**given, **options)
     except TypeError as e:
         raise ConfigError(f"provider {name!r} rejected options {sorted(options)}: {e}") from e
     missing = [m for m in _METHODS if not callable(getattr(provider, m, None))]
     if missing:
         raise ConfigError(f"provider plug-in {name!r} ({factory!r}) in group {PROVIDERS!r} lacks {missing}")
     return provider
+
+
+def _by_provider(run_dir: str | os.PathLike) -> dict[str, list[Any]]:
+    from echo2sdk.runtime.providers.ledger import read_ledger
+
+    groups: dict[str, list[Any]] = {}
+    for m in read_ledger(run_dir).values():
+        groups.setdefault(m.provider, []).append(m)
+    return groups
+
+
+def _provider_class(name: str) -> Any:
+    from echo2sdk.plugins import load_object
+
+    cls = load_object(PROVIDERS, name)
+    if not callable(getattr(cls, "fleet_down", None)):
+        raise ConfigError(f"provider {name!r} ({cls!r}) has no fleet_down: end its machines by hand")
+    return cls
+
+
+def fleet_status(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every machine in the run ledger of `run_dir`: its ledger state and what its provider says of it now."""
+    rows = []
+    for provider, machines in _by_provider(run_dir).items():
+        live = _provider_class(provider).fleet_status([m for m in machines if not m.down])
+        for m in machines:
+            key = m.handle.get("cluster", m.name)
+            rows.append({"machine": m.name, "provider": provider, "ledger": m.state, "now": live.get(key, "down"),
+                         "type": m.spec.get("type", ""), "price_per_hour": m.spec.get("price_per_hour"),
+                         "launched_at": m.launched_at, "reason": m.reason})
+    return rows
+
+
+def fleet_down(run_dir: str | os.PathLike) -> dict[str, str]:
+    """End every machine of the run ledger of `run_dir` not recorded as down, through the provider that started it,
+    and record each confirmed end in the ledger. Returns name -> "down" or the error."""
+    from echo2sdk.runtime.providers.ledger import Ledger
+
+    out: dict[str, str] = {}
+    for provider, machines in _by_provider(run_dir).items():
+        todo = [m for m in machines if not m.down]
+        if not todo:
+            continue
+        result = _provider_class(provider).fleet_down(todo)
+        ledger = Ledger(run_dir, provider)
+        for m in todo:
+            said = result.get(m.handle.get("cluster", m.name), "not attempted")
+            if said == "down":
+                ledger.down(m.name)
+            out[m.name] = said
+    return out

@@ -110,7 +110,8 @@ class RolloutWorker:
     names them (besides the plug-ins registered here). `tls`: False only against a coordinator started with
     TLS off. `coordinator_fingerprint`: the SHA-256 of the coordinator's certificate, pinned (`echo2 keys`).
     `relay_tls`: whether this worker's relay port speaks TLS (default: as `tls`); chunks stay verified and
-    frame headers MACed without it, only the weights travel in clear.
+    frame headers MACed without it, only the weights travel in clear. `relay_port`: the port the relay listens
+    on (0: any free one; a fixed one is what a cloud firewall can open).
     `model`: the model folder, built-in name or hub id to serve, instead of what the coordinator names
     (the learner's path, or its model name, which this machine may not have).
     `bootstrap`: this machine has no model: take its files and weights from the coordinator
@@ -135,6 +136,7 @@ class RolloutWorker:
         tls: bool = True,
         coordinator_fingerprint: bytes | None = None,
         relay_tls: bool | None = None,
+        relay_port: int = 0,
         model: str | None = None,
         bootstrap: bool = False,
         cache_dir: str | None = None,
@@ -155,7 +157,7 @@ class RolloutWorker:
         self.relay_enabled, self.relay_only, self.relay_uplink_bps = relay or relay_only, relay_only, relay_uplink_bps
         self.allow_plugins = frozenset(allow_plugins)
         self.tls, self.pin = tls, coordinator_fingerprint
-        self.relay_tls = tls if relay_tls is None else relay_tls
+        self.relay_tls, self.relay_port = (tls if relay_tls is None else relay_tls), int(relay_port)
         self.backend: InferenceBackend | None = None
         self.adapter: TaskAdapter | None = None
         self.adapter_name = ""
@@ -257,8 +259,8 @@ class RolloutWorker:
         if self.snapshots.relay is None:  # one relay node for the process: its port stays what the coordinator knows
             local_host = writer.get_extra_info("sockname")[0]  # serve children where we reach the learner
             self.snapshots.relay = RelayNode(
-                self.token, node_id=self.worker_id, host=local_host, uplink_bps=self.relay_uplink_bps,
-                tls=self.relay_tls,
+                self.token, node_id=self.worker_id, host=local_host, port=self.relay_port,
+                uplink_bps=self.relay_uplink_bps, tls=self.relay_tls,
             )
         limit = HANDSHAKE_S if rejoin_by is None else _bounded(rejoin_by)
         try:

@@ -1,0 +1,114 @@
+"""The run ledger: every machine a run's providers launched, in the run folder, written before the launch.
+
+``RUN_DIR/machines.jsonl`` holds one JSON object per line, appended and flushed to disk (fsync) before the
+provider acts, so that a learner killed at any moment (SIGKILL included) leaves behind the list of what it may
+have started: ``echo2 fleet status RUN_DIR`` reads it back and ``echo2 fleet down RUN_DIR`` ends every machine
+in it that is not known to be down, through the provider that started it (:func:`fleet_down`).
+
+Events, each with ``t`` (Unix seconds), ``event``, ``machine`` (the worker id) and ``provider`` (its entry-point
+name): ``launch`` (written before the launch; ``handle`` is what the provider needs to find the machine again
+without the learner: a SkyPilot cluster name, a local pid with its start time; ``spec``: the launch's public
+description: type, resources, $/h, never a secret), ``up`` (the launch finished), ``failed`` (with ``reason``)
+and ``down`` (the machine was ended and its end confirmed). A machine's state is its last event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from echo2sdk.errors import ConfigError
+
+__all__ = ["FILENAME", "Ledger", "Machine", "read_ledger"]
+
+FILENAME = "machines.jsonl"
+EVENTS = ("launch", "up", "failed", "down")
+
+
+@dataclass
+class Machine:
+    """One machine as the ledger knows it: its last event and what the launch recorded."""
+
+    name: str
+    provider: str
+    handle: dict[str, Any]
+    spec: dict[str, Any] = field(default_factory=dict)
+    state: str = "launch"  # the last event: launch, up, failed or down
+    launched_at: float = 0.0
+    changed_at: float = 0.0
+    reason: str = ""
+
+    @property
+    def down(self) -> bool:
+        return self.state == "down"
+
+
+class Ledger:
+    """Appends events to ``run_dir/machines.jsonl``; safe to share between a provider's threads."""
+
+    def __init__(self, run_dir: str | os.PathLike, provider: str):
+        self.path = Path(run_dir) / FILENAME
+        self.provider = provider
+        self._lock = threading.Lock()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps({"t": round(time.time(), 3), "provider": self.provider, **record}, sort_keys=True)
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())  # on disk before the launch it announces
+
+    def launching(self, machine: str, handle: dict[str, Any], spec: dict[str, Any] | None = None) -> None:
+        """Record a launch about to happen (call this before the provider acts)."""
+        self._write({"event": "launch", "machine": machine, "handle": handle, "spec": spec or {}})
+
+    def up(self, machine: str, handle: dict[str, Any] | None = None, **detail: Any) -> None:
+        """The launch finished; `handle`: what it learned of the machine (merged into the launch's)."""
+        self._write({"event": "up", "machine": machine, **({"handle": handle} if handle else {}), **detail})
+
+    def failed(self, machine: str, reason: str) -> None:
+        self._write({"event": "failed", "machine": machine, "reason": reason})
+
+    def down(self, machine: str) -> None:
+        self._write({"event": "down", "machine": machine})
+
+    def machines(self) -> dict[str, Machine]:
+        return read_ledger(self.path.parent)
+
+
+def read_ledger(run_dir: str | os.PathLike) -> dict[str, Machine]:
+    """The machines recorded in ``run_dir/machines.jsonl`` by name, each with its last event. A torn last line
+    (the learner killed mid-write) is skipped; any other bad line is an error naming the file and line."""
+    path = Path(run_dir) / FILENAME
+    if not path.is_file():
+        raise ConfigError(f"no run ledger at {str(path)!r}: is {str(run_dir)!r} a run folder whose run launched machines?")
+    out: dict[str, Machine] = {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            event, name, provider = rec["event"], rec["machine"], rec["provider"]
+        except (ValueError, KeyError, TypeError) as e:
+            if i == len(lines):  # a write cut short by a kill: the launch it announced never happened
+                break
+            raise ConfigError(f"{path}:{i}: not a ledger record ({e}): {line[:120]!r}") from None
+        if event not in EVENTS:
+            raise ConfigError(f"{path}:{i}: unknown event {event!r} (known: {', '.join(EVENTS)})")
+        t = float(rec.get("t", 0.0))
+        if event == "launch":
+            out[name] = Machine(name, provider, dict(rec.get("handle") or {}), dict(rec.get("spec") or {}),
+                                state="launch", launched_at=t, changed_at=t)
+        elif name in out:
+            m = out[name]
+            m.state, m.changed_at, m.reason = event, t, str(rec.get("reason", ""))
+            m.handle.update(rec.get("handle") or {})
+    return out
