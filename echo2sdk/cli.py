@@ -56,8 +56,9 @@ def _dry_run(args: argparse.Namespace) -> int:
     from echo2sdk.runtime.providers.dry_run import format_provisioning, provisioning_plan
 
     overrides = list(args.set or []) + ([f"run.out={json.dumps(args.out)}"] if args.out else [])
-    print(format_provisioning(provisioning_plan(load_config(args.config, overrides)), args.config))
-    return 0
+    plan = provisioning_plan(load_config(args.config, overrides))
+    print(format_provisioning(plan, args.config))
+    return 1 if plan.get("problems") else 0
 
 
 def _fleet(args: argparse.Namespace) -> int:

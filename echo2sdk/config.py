@@ -324,6 +324,19 @@ class SchedulerConfig(_Section):
         if dup := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"machine type names must be distinct, got {dup} more than once")
         return v
+
+    @model_validator(mode="after")
+    def _initial_machines(self) -> SchedulerConfig:
+        if not self.initial_machines:
+            return self
+        total = sum(m.count for m in self.machines)
+        if self.initial_machines > total:
+            raise ValueError(f"initial_machines = {self.initial_machines} but [[scheduler.machines]] holds {total} "
+                             "machines")
+        if missing := [m.name for m in self.machines if m.mu is None]:
+            raise ValueError(f"initial_machines = {self.initial_machines}: give mu (rollouts/s) for machine types "
+                             f"{missing}: the initial ones are chosen by price / mu")
+        return self
     stop_released: bool = Field(False, description="stop a released worker's machine (default: keep it registered, idle)")
     stop_failed_after_s: float = Field(
         60.0, ge=0, description="stop a failed worker's machine only if it has not re-joined within this long "

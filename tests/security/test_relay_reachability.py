@@ -39,3 +39,24 @@ def test_an_unreachable_relay_port_joins_as_a_chain_tail(loop):
     finally:
         listening.close()
         c.stop()
+
+
+def test_a_tls_relay_counts_only_when_it_presents_its_own_certificate(loop):
+    from echo2sdk.runtime.broadcast.relay import RelayNode
+
+    c = make_coordinator()
+    relay = RelayNode(TOKEN, node_id="real", host="127.0.0.1", tls=True)
+    try:
+        real = loop.run(Client.join(c.port, TOKEN, worker_id="real", relay_port=relay.port,
+                                    relay_fingerprint=relay.fingerprint))
+        # another TLS service at the address the worker names (here the coordinator's own port): not its relay
+        posing = loop.run(Client.join(c.port, TOKEN, worker_id="posing", relay_port=c.port,
+                                      relay_fingerprint=relay.fingerprint))
+        assert c.workers["real"].relay_addr == ("127.0.0.1", relay.port) and c.workers["real"].relay_reachable
+        assert c.workers["posing"].relay_addr is None and c.workers["posing"].relay_reachable is False
+        assert relay.refused == 0  # the probe is no failed login at the relay
+        for client in (real, posing):
+            loop.run(client.close())
+    finally:
+        relay.close()
+        c.stop()

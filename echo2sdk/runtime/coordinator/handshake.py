@@ -6,7 +6,9 @@ or refused: counted, logged, and told why.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import ssl
 from typing import Any
 
 from echo2sdk.errors import AuthError, ProtocolError
@@ -91,7 +93,8 @@ class Handshake:
             return None
         self.admission.authenticated(ticket)
         channel = SealedChannel(reader, writer, keys)
-        reachable = hello.relay_port is None or await relay_reachable(address.rpartition(":")[0], hello.relay_port)
+        reachable = hello.relay_port is None or await relay_reachable(address.rpartition(":")[0], hello.relay_port,
+                                                                      hello.relay_fingerprint or b"")
         if not reachable:
             log.warning("worker %s: its relay port %s:%d is not reachable from here (behind a NAT or a firewall?): it "
                         "joins as a chain tail, fetching snapshots and serving none", shown(hello.worker_id, 60),
@@ -149,18 +152,26 @@ class Handshake:
         await write_frame(writer, to_header(Refused(reason=reason)), key=keys.send if keys is not None else None)
 
 
-async def relay_reachable(host: str, port: int, timeout_s: float = REACH_S) -> bool:
-    """Whether a TCP connection to a joining worker's relay port opens within `timeout_s`: a worker behind a NAT
+async def relay_reachable(host: str, port: int, fingerprint: bytes = b"", timeout_s: float = REACH_S) -> bool:
+    """Whether a joining worker's relay port answers the coordinator within `timeout_s`: a worker behind a NAT
     that admits no inbound connection cannot serve chunks, so it is planned as a chain's tail (core.broadcast
-    planner: a worker without a relay address is a leaf). The probe sends nothing; the relay drops it quietly."""
+    planner: a worker without a relay address is a leaf). With the relay's certificate `fingerprint` (a TLS relay)
+    the answer counts only when that certificate is presented: another service on the address (a shared IP, a
+    proxy in front of the worker) is not taken for the relay, and a worker cannot use the probe to learn which
+    other ports are open. A plaintext relay is probed by a TCP connect. The probe sends no application bytes; the
+    relay drops it quietly."""
+    from echo2sdk.runtime.trust.tls import client_context, peer_fingerprint
+
     host = host.strip("[]")
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, TimeoutError):
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=client_context() if fingerprint else None), timeout_s)
+    except (OSError, TimeoutError, ssl.SSLError):
         return False
+    seen = peer_fingerprint(writer.get_extra_info("ssl_object")) if fingerprint else b""
     writer.close()
     try:
         await asyncio.wait_for(writer.wait_closed(), 1.0)
-    except (OSError, TimeoutError):
+    except (OSError, TimeoutError, ssl.SSLError):
         pass
-    return True
+    return not fingerprint or hmac.compare_digest(seen, fingerprint)

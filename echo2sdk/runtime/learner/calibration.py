@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2sdk.config import Config
-from echo2sdk.errors import CapacityError, ConfigError, Echo2Error
+from echo2sdk.errors import CapacityError, Echo2Error
 from echo2sdk.runtime.learner.batches import Batches
 from echo2sdk.runtime.learner.console import event_log
 from echo2sdk.runtime.learner.metrics import RunMetrics
@@ -115,6 +115,7 @@ class Provisioning:
         self.cfg, self.coordinator, self.metrics, self.out = cfg, coordinator, metrics, out
         self.loop: Any = None
         self.provider: Any = None
+        self.initial: list[str] = []  # machines launched before warm-up
         self._events: Any = None
 
     def start(self, cal: dict[str, Any]) -> None:
@@ -125,6 +126,11 @@ class Provisioning:
         now = time.monotonic()
         sched = self._scheduler()
         prior = statistics.fmean(list(cal["mu"].values()) or [1.0])
+        alive = {w.worker_id for w in self.coordinator.alive_workers()}
+        for name in self.initial:
+            if name not in alive:  # a warm-up machine that never joined bills for nothing: the scheduler relaunches
+                log.warning("warm-up machine %s did not join before warm-up ended: stopping it", name)
+                self.provider.stop(name)
         kinds = {f"{m.name}-{i}": m.name for m in cfg.scheduler.machines for i in range(m.count)}
         for w in self.coordinator.alive_workers():
             sched.add_worker(w.worker_id, cal["prices"][w.worker_id], cal["mu"].get(w.worker_id, prior), now=now,
@@ -183,21 +189,14 @@ class Provisioning:
         sc = self.cfg.scheduler
         if not (sc.enabled and sc.initial_machines):
             return []
-        if missing := [m.name for m in sc.machines if m.mu is None]:
-            raise ConfigError(f"scheduler.initial_machines = {sc.initial_machines}: give mu (rollouts/s) for machine "
-                              f"types {missing}: the initial ones are chosen by price / mu")
         ranked = sorted((m.price_per_hour / m.mu, f"{m.name}-{i}", m.price_per_hour)  # type: ignore[operator]
-                        for m in sc.machines for i in range(m.count))
-        if len(ranked) < sc.initial_machines:
-            raise ConfigError(f"scheduler.initial_machines = {sc.initial_machines} but [[scheduler.machines]] holds "
-                              f"{len(ranked)} machines")
+                        for m in sc.machines for i in range(m.count))  # config checked: every mu given
         self.provider = make_provider(self.cfg, self.coordinator, self.out)
-        names = []
         for _, name, price in ranked[: sc.initial_machines]:
             self.provider.start(name, price)
-            names.append(name)
-        log.info("launched %d machine(s) for warm-up: %s", len(names), names)
-        return names
+            self.initial.append(name)
+        log.info("launched %d machine(s) for warm-up: %s", len(self.initial), self.initial)
+        return list(self.initial)
 
     def stop(self) -> None:
         """Stop the live loop, the standby machines and the event file (a no-op when never started)."""

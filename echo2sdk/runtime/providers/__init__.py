@@ -61,6 +61,10 @@ def load_provider(name: str, run: dict[str, Any] | None = None, **options: Any) 
     except (TypeError, ValueError):
         params = {}
     given = {k: v for k, v in (run or {}).items() if k in params and k not in options}
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if params and not open_ended and (unknown := sorted(set(options) - set(params))):
+        raise ConfigError(f"provider {name!r}: unknown scheduler.provider_options {unknown}; it takes "
+                          f"{', '.join(k for k in params if k != 'self')}")
     try:
         provider = factory(**given, **options)
     except TypeError as e:
@@ -81,8 +85,16 @@ def _by_provider(run_dir: str | os.PathLike) -> dict[str, list[Any]]:
 
 
 def _provider_class(name: str) -> Any:
+    """The registered provider `name` (a ledger names providers; only installed entry points are taken from it,
+    never a "pkg.mod:Attr" reference)."""
+    from importlib.metadata import entry_points
+
     from echo2sdk.plugins import load_object
 
+    registered = {ep.name for ep in entry_points(group=PROVIDERS)}
+    if name not in registered:
+        raise ConfigError(f"the run ledger names provider {name!r}, not one registered in {PROVIDERS!r} "
+                          f"({', '.join(sorted(registered))})")
     cls = load_object(PROVIDERS, name)
     if not callable(getattr(cls, "fleet_down", None)):
         raise ConfigError(f"provider {name!r} ({cls!r}) has no fleet_down: end its machines by hand")

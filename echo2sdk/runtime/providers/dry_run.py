@@ -1,5 +1,6 @@
 """``echo2 run CONFIG --dry-run``: the provisioning plan of a config (machine types, counts, launch specs, $/h),
-built by the same provider the run would use, and nothing launched, contacted or written."""
+built by the same provider the run would use, and nothing launched, contacted or written. What the run would stop
+at (a provider option, a resource the provider's package refuses) is listed as a problem (exit status 1)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from echo2sdk.config import Config
+from echo2sdk.errors import ConfigError, DependencyNotInstalled
 
 __all__ = ["provisioning_plan", "format_provisioning"]
 
@@ -28,13 +30,26 @@ def provisioning_plan(cfg: Config) -> dict[str, Any]:
         return plan
     coordinator = SimpleNamespace(host=cfg.run.host, port=cfg.run.port, token=PLACEHOLDER_TOKEN,
                                   worker_config=worker_config(cfg, cfg.model.policy))
-    provider = make_provider(cfg, coordinator, out)
+    plan["problems"] = problems = []
+    try:
+        provider = make_provider(cfg, coordinator, out)
+    except ConfigError as e:  # the plan is still shown, with what a run would stop at
+        provider = None
+        problems.append(str(e))
     plan["connect"] = getattr(provider, "connect", None)
     types = [("standby", sc.standby, sc.standby_price, None, {})] if sc.standby else []
     types += [(m.name, m.count, m.price_per_hour, m.mu, m.resources) for m in sc.machines]
     for kind, count, price, mu, resources in types:
         first = f"{kind}-0"
         spec = provider.spec(first, price) if callable(getattr(provider, "spec", None)) else {}
+        if callable(getattr(provider, "task", None)):  # the provider's own validation (skypilot: the real sky.Task)
+            try:
+                provider.task(first, price)
+                spec["validated"] = "yes, by the installed provider package"
+            except DependencyNotInstalled as e:
+                spec["validated"] = f"no: {e}"
+            except ConfigError as e:
+                problems.append(str(e))
         plan["machines"].append({"type": kind, "count": count, "price_per_hour": price, "mu_prior": mu,
                                  "resources": resources, "spec": spec})
     plan["max_price_per_hour"] = sum(m["count"] * m["price_per_hour"] for m in plan["machines"])
@@ -66,12 +81,13 @@ def format_provisioning(plan: dict[str, Any], config: str = "") -> str:
         if not spec:
             continue
         lines.append(f"launch spec of {m['type']}-0:")
-        for key in ("resources", "setup", "run", "envs", "secrets", "autostop"):
-            if key in spec:
+        for key in ("resources", "setup", "files", "run", "envs", "secrets", "autostop", "validated"):
+            if spec.get(key) not in (None, [], {}, ""):
                 value = spec[key]
                 if key == "secrets":
                     value = ", ".join(value) + " (in the worker's environment only; its value is never shown)"
                 lines.append(f"  {key}: {value}")
     lines.append(f"ledger: {plan['ledger']} (each launch recorded before it happens); end them all with "
                  f"`echo2 fleet down {Path(plan['ledger']).parent}`")
+    lines += [f"problem: {p}" for p in plan.get("problems", [])]
     return "\n".join(lines)

@@ -8,8 +8,12 @@ in it that is not known to be down, through the provider that started it (:func:
 Events, each with ``t`` (Unix seconds), ``event``, ``machine`` (the worker id) and ``provider`` (its entry-point
 name): ``launch`` (written before the launch; ``handle`` is what the provider needs to find the machine again
 without the learner: a SkyPilot cluster name, a local pid with its start time; ``spec``: the launch's public
-description: type, resources, $/h, never a secret), ``up`` (the launch finished), ``failed`` (with ``reason``)
-and ``down`` (the machine was ended and its end confirmed). A machine's state is its last event.
+description: type, resources, $/h, never a secret), ``requested`` (the launch request's id, to cancel),
+``up`` (the launch finished), ``failed`` (with ``reason``) and ``down`` (the machine was ended and its end
+confirmed). A machine's state is its last event; ``handle`` fields added by later events are merged in.
+
+``echo2 fleet`` trusts this file as much as it trusts the run folder: it refuses one that another user owns or
+that others may write, and it acts only through providers registered as entry points.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from echo2sdk.errors import ConfigError
 __all__ = ["FILENAME", "Ledger", "Machine", "read_ledger"]
 
 FILENAME = "machines.jsonl"
-EVENTS = ("launch", "up", "failed", "down")
+EVENTS = ("launch", "requested", "up", "failed", "down")
 
 
 @dataclass
@@ -60,7 +64,8 @@ class Ledger:
         line = json.dumps({"t": round(time.time(), 3), "provider": self.provider, **record}, sort_keys=True)
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as fh:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with open(fd, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())  # on disk before the launch it announces
@@ -68,6 +73,10 @@ class Ledger:
     def launching(self, machine: str, handle: dict[str, Any], spec: dict[str, Any] | None = None) -> None:
         """Record a launch about to happen (call this before the provider acts)."""
         self._write({"event": "launch", "machine": machine, "handle": handle, "spec": spec or {}})
+
+    def requested(self, machine: str, request: str) -> None:
+        """The provider's launch request is under way (SkyPilot: its request id, which `fleet down` cancels)."""
+        self._write({"event": "requested", "machine": machine, "handle": {"request": request}})
 
     def up(self, machine: str, handle: dict[str, Any] | None = None, **detail: Any) -> None:
         """The launch finished; `handle`: what it learned of the machine (merged into the launch's)."""
@@ -89,6 +98,10 @@ def read_ledger(run_dir: str | os.PathLike) -> dict[str, Machine]:
     path = Path(run_dir) / FILENAME
     if not path.is_file():
         raise ConfigError(f"no run ledger at {str(path)!r}: is {str(run_dir)!r} a run folder whose run launched machines?")
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise ConfigError(f"run ledger {str(path)!r}: owned by uid {st.st_uid} with mode {st.st_mode & 0o777:o}; "
+                          "echo2 fleet acts only on a ledger you own that no one else may write")
     out: dict[str, Machine] = {}
     lines = path.read_text(encoding="utf-8").splitlines()
     for i, line in enumerate(lines, 1):
@@ -109,6 +122,7 @@ def read_ledger(run_dir: str | os.PathLike) -> dict[str, Machine]:
                                 state="launch", launched_at=t, changed_at=t)
         elif name in out:
             m = out[name]
-            m.state, m.changed_at, m.reason = event, t, str(rec.get("reason", ""))
             m.handle.update(rec.get("handle") or {})
+            if event != "requested":  # part of the launch: the state stays "launch"
+                m.state, m.changed_at, m.reason = event, t, str(rec.get("reason", ""))
     return out

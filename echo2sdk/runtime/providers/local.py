@@ -183,13 +183,17 @@ def process_started(pid: int) -> int | None:
 
 
 def _same_process(m: Machine) -> bool:
-    """The ledger's process is alive and is the same one (same pid, same start time; not a zombie)."""
+    """The ledger's process is alive and is that worker: same pid and start time, not a zombie, ours (same uid)
+    and running `echo2sdk.cli worker ... --id NAME` (a ledger line cannot point fleet down at another process)."""
     pid = m.handle.get("pid")
-    if not pid or m.handle.get("started") is None:
+    if not isinstance(pid, int) or pid <= 1 or not isinstance(m.handle.get("started"), int):
         return False
+    proc = Path(f"/proc/{pid}")
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = (proc / "stat").read_text().rpartition(")")[2].split()
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+        uid = proc.stat().st_uid
     except OSError:
         return False
-    fields = stat.rpartition(")")[2].split()
-    return fields[0] != "Z" and int(fields[19]) == int(m.handle["started"])
+    worker = b"echo2sdk.cli" in argv and b"worker" in argv and m.name.encode() in argv
+    return fields[0] != "Z" and int(fields[19]) == m.handle["started"] and uid == os.getuid() and worker

@@ -25,13 +25,16 @@ it with a recording fake of exactly those (tests/runtime/providers/fake_sky.py).
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shlex
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from echo2sdk.errors import ConfigError
+from echo2sdk.errors import ConfigError, DependencyNotInstalled
 from echo2sdk.runtime.providers.ledger import Ledger, Machine
 
 __all__ = ["SkyPilotProvider", "RESOURCE_KEYS", "machine_type"]
@@ -44,6 +47,10 @@ RESOURCE_KEYS = ("accelerators", "infra", "region", "zone", "instance_type", "cp
                  "disk_tier", "network_tier", "image_id", "labels", "any_of")
 RELAY_PORT = 7420
 UP = ("UP", "INIT")  # sky.status states of a cluster that exists
+CLUSTER = re.compile(r"e2-[0-9a-f]{6}-[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # what cluster() makes
+BACKEND_EXTRAS = {"hf": "hf", "vllm": "vllm", "sglang": "sglang", "openai": "openai"}
+WHEEL_DIR = "/tmp/echo2-wheels"  # where `wheels` land on the machine (file_mounts)
+FLEET_DOWN_S = 900.0  # `echo2 fleet down` waits this long for SkyPilot to confirm
 
 
 def machine_type(name: str) -> str:
@@ -55,14 +62,15 @@ def machine_type(name: str) -> str:
 def _import_sky() -> Any:
     try:
         import sky
-    except ImportError as e:
-        raise ConfigError(f"provider 'skypilot' needs SkyPilot: pip install 'echo2sdk[skypilot]' ({e})") from None
+    except ImportError:
+        raise DependencyNotInstalled("skypilot (the skypilot provider's SkyPilot)", "skypilot") from None
     return sky
 
 
 class SkyPilotProvider:
     """See the module docstring. `machines`: machine type -> its sky.Resources keywords; `connect`: the learner's
-    address as the workers reach it; `token`: the run token (each machine gets a credential derived from it)."""
+    address as the workers reach it; `token`: the run token (each machine gets a credential derived from it);
+    `backend`: the run's rollout backend (the extra the setup installs)."""
 
     def __init__(
         self,
@@ -71,9 +79,12 @@ class SkyPilotProvider:
         *,
         machines: dict[str, dict[str, Any]] | None = None,
         run_dir: str = ".",
+        backend: str = "hf",
         setup: str | None = None,
         packages: Sequence[str] = (),
+        wheels: Sequence[str] = (),
         secret: str = "credential",
+        secret_envs: Sequence[str] = (),
         allow: Sequence[str] = (),
         plaintext: bool = False,
         relay_port: int = RELAY_PORT,
@@ -93,21 +104,33 @@ class SkyPilotProvider:
         if secret not in ("credential", "token"):
             raise ConfigError(f"provider 'skypilot': secret = {secret!r}: 'credential' (each machine gets its own "
                               "worker credential) or 'token' (the run token)")
+        if int(autostop_minutes) < 1:
+            raise ConfigError(f"provider 'skypilot': autostop_minutes = {autostop_minutes!r}: at least 1 (the safety "
+                              "net that downs a cluster whose worker is gone)")
+        if missing := [n for n in secret_envs if n not in os.environ]:
+            raise ConfigError(f"provider 'skypilot': secret_envs {missing} are not set in the learner's environment")
         self.machines = {t: self._resources(t, r) for t, r in (machines or {}).items()}
         self.connect, self.token, self.secret = str(connect), token, secret
-        self.setup, self.packages = setup, tuple(packages)
+        self.backend, self.setup, self.packages = str(backend), setup, tuple(packages)
+        self.wheels = _wheel_files(wheels)
+        self.secret_envs = {n: os.environ[n] for n in secret_envs}  # passed as SkyPilot secrets, named nowhere else
         self.allow, self.plaintext, self.relay_port, self.bootstrap = tuple(allow), bool(plaintext), int(relay_port), bootstrap
         self.envs = {str(k): str(v) for k, v in (envs or {}).items()}
+        if clash := sorted(set(self.envs) & (set(self.secret_envs) | {"ECHO2_TOKEN", "ECHO2_CREDENTIAL"})):
+            raise ConfigError(f"provider 'skypilot': envs {clash} are secrets: name them in secret_envs, not envs")
         self.autostop_minutes = int(autostop_minutes)
         self.launch_timeout_s, self.down_timeout_s = float(launch_timeout_s), float(down_timeout_s)
         self.ledger = Ledger(run_dir, NAME)
+        self.prefix = f"e2-{os.urandom(3).hex()}-"  # cluster names of this learner: e2-RUN-WORKER, unique per run
         self._sky = sky
         self._lock = threading.Lock()
         self._state: dict[str, str] = {}  # name -> launching | up | failed | stopping | down
         self._since: dict[str, float] = {}  # name -> when its launch began (monotonic)
-        self._requests: dict[str, Any] = {}  # name -> the launch's request id
+        self._requests: dict[str, Any] = {}  # name -> the running launch's request id
         self._failures: dict[str, str] = {}  # failed launches not yet reported by failures()
-        self._threads: list[threading.Thread] = []
+        self._restart: dict[str, float] = {}  # started again while its last cluster was going down: name -> price
+        self._threads: dict[str, threading.Thread] = {}  # name -> the thread that owns its cluster now
+        self._closed = False
 
     @staticmethod
     def _resources(kind: str, resources: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +149,10 @@ class SkyPilotProvider:
             self._sky = _import_sky()
         return self._sky
 
+    def cluster(self, name: str) -> str:
+        """The SkyPilot cluster of worker `name` (this learner's prefix: a rerun or a teammate never shares one)."""
+        return self.prefix + name
+
     # ------------------------------------------------------------------ what a launch is
 
     def command(self, name: str, price_per_hour: float) -> list[str]:
@@ -140,26 +167,34 @@ class SkyPilotProvider:
         return cmd
 
     def setup_script(self) -> str:
-        """What runs once on a new machine before the worker (the `setup` option, else pip installs echo2sdk)."""
+        """What runs once on a new machine before the worker: the `setup` option, else pip installs torch (the
+        platform's default build: CUDA on a GPU machine), echo2sdk with the run's backend extra (from `wheels`
+        uploaded with the task, else from the index at this version) and `packages`."""
         if self.setup is not None:
             return self.setup
-        from importlib.metadata import PackageNotFoundError, version
+        extra = BACKEND_EXTRAS.get(self.backend, "hf")
+        if self.wheels:
+            own = [f"{WHEEL_DIR}/{w.name}" for w in self.wheels]
+            echo2 = next((f"{w}[{extra}]" for w in own if Path(w).name.startswith("echo2sdk-")), f"echo2sdk[{extra}]")
+            pkgs = [echo2, *(w for w in own if not Path(w).name.startswith("echo2sdk-")), *self.packages]
+        else:
+            from importlib.metadata import PackageNotFoundError, version
 
-        try:
-            v = version("echo2sdk")
-        except PackageNotFoundError:  # a source tree that is not installed
-            from echo2sdk import __version__ as v
-        pkgs = [f"echo2sdk[hf]=={v}", *self.packages]
-        return "pip install " + " ".join(shlex.quote(p) for p in pkgs)
+            try:
+                v = version("echo2sdk")
+            except PackageNotFoundError:  # a source tree that is not installed
+                from echo2sdk import __version__ as v
+            pkgs = [f"echo2sdk[{extra}]=={v}", *self.packages]
+        return "pip install torch && pip install " + " ".join(shlex.quote(p) for p in pkgs)
 
     def _secrets(self, name: str) -> dict[str, str]:
         if not self.token:
             raise ConfigError(f"provider 'skypilot': no run token to give worker {name!r}")
         if self.secret == "token":
-            return {"ECHO2_TOKEN": self.token}
+            return {"ECHO2_TOKEN": self.token, **self.secret_envs}
         from echo2sdk.runtime.trust.worker_keys import issue
 
-        return {"ECHO2_CREDENTIAL": str(issue(self.token, name))}
+        return {"ECHO2_CREDENTIAL": str(issue(self.token, name)), **self.secret_envs}
 
     def resources_for(self, name: str) -> dict[str, Any]:
         kind = machine_type(name)
@@ -170,58 +205,89 @@ class SkyPilotProvider:
 
     def spec(self, name: str, price_per_hour: float) -> dict[str, Any]:
         """The launch's public description (the ledger's and --dry-run's): no secret, only secret names."""
-        return {"cluster": name, "type": machine_type(name), "price_per_hour": float(price_per_hour),
+        return {"cluster": self.cluster(name), "type": machine_type(name), "price_per_hour": float(price_per_hour),
                 "resources": self.resources_for(name), "setup": self.setup_script(),
                 "run": shlex.join(self.command(name, price_per_hour)), "envs": dict(self.envs),
-                "secrets": ["ECHO2_TOKEN" if self.secret == "token" else "ECHO2_CREDENTIAL"],
+                "files": [f"{WHEEL_DIR}/{w.name}" for w in self.wheels],
+                "secrets": ["ECHO2_TOKEN" if self.secret == "token" else "ECHO2_CREDENTIAL", *self.secret_envs],
                 "autostop": {"idle_minutes": self.autostop_minutes, "down": True}}
 
     def task(self, name: str, price_per_hour: float) -> Any:
-        """The sky.Task of worker `name` (built with the installed SkyPilot, which validates it)."""
+        """The sky.Task of worker `name`, built with the installed SkyPilot, which validates it (an invalid
+        resource is a ConfigError naming the machine type)."""
         sky = self.sky
-        t = sky.Task(name=name, setup=self.setup_script(), run=shlex.join(self.command(name, price_per_hour)),
-                     envs=dict(self.envs), secrets=self._secrets(name))
-        t.set_resources(sky.Resources(**self.resources_for(name)))
+        try:
+            t = sky.Task(name=name, setup=self.setup_script(), run=shlex.join(self.command(name, price_per_hour)),
+                         envs=dict(self.envs), secrets=self._secrets(name),
+                         file_mounts={f"{WHEEL_DIR}/{w.name}": str(w) for w in self.wheels} or None)
+            t.set_resources(sky.Resources(**self.resources_for(name)))
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"machine type {machine_type(name)!r}: SkyPilot refused its resources: "
+                              f"{type(e).__name__}: {self._clean(str(e))}") from None
         return t
+
+    def _clean(self, text: str) -> str:
+        """`text` with every secret value this provider holds replaced (errors go to the ledger and the logs)."""
+        for value in (self.token, *self.secret_envs.values()):
+            if value:
+                text = text.replace(value, "<secret>")
+        return text
 
     # ------------------------------------------------------------------ the Provider methods
 
     def start(self, name: str, price_per_hour: float = 0.0) -> None:
-        """Launch cluster `name` in the background (no-op while it is launching or up)."""
+        """Launch worker `name`'s cluster in the background (no-op while it is launching or up; after its
+        cluster is confirmed down when that is under way)."""
         with self._lock:
-            if self._state.get(name) in ("launching", "up"):
+            if self._closed:
+                log.warning("provider closed: not launching %s", name)
                 return
-            task = self.task(name, price_per_hour)  # errors in the config surface here, in the caller
-            self.ledger.launching(name, {"cluster": name}, self.spec(name, price_per_hour))
+            state = self._state.get(name)
+            if state in ("launching", "up"):
+                return
+            if name in self._threads and self._threads[name].is_alive():  # its last cluster is still going down
+                self._restart[name] = price_per_hour
+                return
+        task = self.task(name, price_per_hour)  # errors in the config surface here, in the caller
+        with self._lock:
+            self.ledger.launching(name, {"cluster": self.cluster(name)}, self.spec(name, price_per_hour))
             self._state[name], self._since[name] = "launching", time.monotonic()
             self._failures.pop(name, None)
-        self._spawn(self._launch, name, task)
+            self._own(name, self._launch, name, task)
 
-    def _spawn(self, fn: Any, *args: Any) -> threading.Thread:
-        # daemon threads: a SkyPilot call that never returns must not hold the learner's exit
-        th = threading.Thread(target=fn, args=args, name=f"echo2-sky-{fn.__name__}", daemon=True)
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()] + [th]
+    def _own(self, name: str, fn: Any, *args: Any) -> None:
+        """Under self._lock: run `fn` on a daemon thread that owns `name`'s cluster until it returns (one at a
+        time: a launch tears down what it started; a down runs only where no launch is under way)."""
+        th = threading.Thread(target=fn, args=args, name=f"echo2-sky-{fn.__name__}-{name}", daemon=True)
+        self._threads[name] = th
         th.start()
-        return th
 
     def _launch(self, name: str, task: Any) -> None:
-        sky = self.sky
-        t0 = time.monotonic()
+        sky, cluster = self.sky, self.cluster(name)
+        t0, request, error = time.monotonic(), None, ""
         try:
-            request = sky.launch(task, cluster_name=name, idle_minutes_to_autostop=self.autostop_minutes, down=True)
+            request = sky.launch(task, cluster_name=cluster, idle_minutes_to_autostop=self.autostop_minutes, down=True)
+            self.ledger.requested(name, str(request))  # `echo2 fleet down` cancels it if the learner dies now
             with self._lock:
                 self._requests[name] = request
-            sky.get(request)
+                go_on = self._state.get(name) == "launching"
+            if go_on:
+                sky.get(request)
         except Exception as e:  # noqa: BLE001 - any SkyPilot failure is a failed launch, reported
-            self._fail(name, f"launch failed after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {e}")
-            return
+            error = f"launch failed after {time.monotonic() - t0:.0f} s: {type(e).__name__}: {self._clean(str(e))}"
         with self._lock:
-            if self._state.get(name) != "launching":  # stopped or timed out meanwhile: the down is under way
-                return
-            self._state[name] = "up"
-        self.ledger.up(name, launch_s=round(time.monotonic() - t0, 1))
-        log.info("cluster %s up after %.0f s", name, time.monotonic() - t0)
+            self._requests.pop(name, None)
+            ok = not error and self._state.get(name) == "launching"
+            if ok:
+                self._state[name] = "up"
+        if ok:
+            self.ledger.up(name, launch_s=round(time.monotonic() - t0, 1))
+            log.info("cluster %s up after %.0f s", cluster, time.monotonic() - t0)
+            self._next(name)
+            return
+        if error:
+            self._fail(name, error)
+        self._teardown(name, request)  # failed, timed out or stopped while launching: leave nothing behind
 
     def _fail(self, name: str, reason: str) -> None:
         with self._lock:
@@ -229,37 +295,64 @@ class SkyPilotProvider:
                 return
             self._state[name] = "failed"
             self._failures[name] = reason
-            request = self._requests.pop(name, None)
         log.warning("worker %s: %s; tearing its cluster down", name, reason)
         self.ledger.failed(name, reason)
-        self._spawn(self._down, name, request)
 
-    def _down(self, name: str, request: Any = None) -> None:
+    def _teardown(self, name: str, request: Any = None) -> None:
+        """End `name`'s cluster: cancel its launch request and wait for it to end (SkyPilot writes the cluster's
+        record during the launch: a down before that finds nothing), then sky.down."""
         sky = self.sky
         if request is not None:
-            try:
-                sky.get(sky.api_cancel(request))
-            except Exception:  # noqa: BLE001 - a finished or unknown request: the down below still runs
-                pass
+            for call in (lambda: sky.get(sky.api_cancel(request)), lambda: sky.get(request)):
+                try:
+                    call()
+                except Exception:  # noqa: BLE001 - cancelled, finished or failed: the request is over either way
+                    pass
         try:
-            sky.get(sky.down(name))
+            sky.get(sky.down(self.cluster(name)))
         except Exception as e:  # noqa: BLE001
             if not _gone(e):
-                log.warning("sky.down(%r) failed: %s; run `echo2 fleet down %s`", name, e, self.ledger.path.parent)
+                log.warning("sky.down(%r) failed: %s; run `echo2 fleet down %s`", self.cluster(name),
+                            self._clean(str(e)), self.ledger.path.parent)
+                with self._lock:
+                    self._state[name] = "failed"  # close() tries again; the ledger still names it
+                self._next(name)
                 return
         with self._lock:
             self._state[name] = "down"
         self.ledger.down(name)
+        self._next(name)
 
-    def stop(self, name: str) -> threading.Thread | None:
-        """Tear cluster `name` down in the background (no-op when it is not ours or already going); the thread."""
+    def _next(self, name: str) -> None:
+        """A start() that came while the cluster was going down: launch it now."""
         with self._lock:
+            price = self._restart.pop(name, None)
+            self._threads.pop(name, None)
+        if price is not None and self._state.get(name) == "down":
+            self.start(name, price)
+
+    def stop(self, name: str) -> None:
+        """End worker `name`'s cluster in the background (no-op when it is not ours or already going). A launch
+        under way is cancelled; its thread then tears down what it started."""
+        with self._lock:
+            self._restart.pop(name, None)
             state = self._state.get(name)
             if state not in ("launching", "up", "failed"):
-                return None
+                return
             self._state[name] = "stopping"
-            request = self._requests.pop(name, None) if state == "launching" else None
-        return self._spawn(self._down, name, request)
+            request = self._requests.get(name)
+            owner = self._threads.get(name)
+            if owner is None or not owner.is_alive():
+                self._own(name, self._teardown, name)
+                return
+        if state == "launching" and request is not None:
+            threading.Thread(target=self._cancel, args=(request,), daemon=True).start()
+
+    def _cancel(self, request: Any) -> None:
+        try:
+            self.sky.get(self.sky.api_cancel(request))
+        except Exception:  # noqa: BLE001 - already over
+            pass
 
     def failures(self) -> dict[str, str]:
         """Launches that failed or timed out since the last call: worker -> reason (the live loop reads this)."""
@@ -267,37 +360,47 @@ class SkyPilotProvider:
         with self._lock:
             late = [n for n, s in self._state.items() if s == "launching" and now - self._since[n] > self.launch_timeout_s]
         for n in late:
+            request = self._requests.get(n)
             self._fail(n, f"not up after launch_timeout_s = {self.launch_timeout_s:g} s")
+            if request is not None:  # the launch thread's sky.get returns, and it tears the cluster down
+                threading.Thread(target=self._cancel, args=(request,), daemon=True).start()
         with self._lock:
             out, self._failures = self._failures, {}
         return out
 
     def running(self) -> list[str]:
-        """The clusters of this run that SkyPilot reports as UP or INIT (one sky.status call), plus those whose
-        launch has not yet created one. A cluster of ours that is gone is reported by failures() (preempted)."""
+        """The workers whose cluster SkyPilot reports as UP or INIT (one sky.status call), plus those whose launch
+        has not yet created one. A cluster of ours that is gone is reported by failures() (preempted)."""
         with self._lock:
             ours = [n for n, s in self._state.items() if s in ("launching", "up")]
         if not ours:
             return []
         sky = self.sky
-        listed = {str(r["name"]): _status(r) for r in sky.get(sky.status(cluster_names=ours, refresh=_refresh(sky)))}
-        alive = [n for n in ours if listed.get(n) in UP]
+        names = [self.cluster(n) for n in ours]
+        listed = {str(r["name"]): _status(r) for r in sky.get(sky.status(cluster_names=names, refresh=_refresh(sky)))}
+        alive = [n for n in ours if listed.get(self.cluster(n)) in UP]
         with self._lock:
             for n in ours:
-                if self._state.get(n) == "up" and listed.get(n) not in UP:
+                if self._state.get(n) == "up" and listed.get(self.cluster(n)) not in UP:
                     self._state[n] = "failed"
-                    self._failures[n] = f"cluster {listed.get(n, 'gone')} (preempted or ended outside the run)"
+                    self._failures[n] = f"cluster {listed.get(self.cluster(n), 'gone')} (preempted or ended outside the run)"
         return alive + [n for n in ours if n not in alive and self._state.get(n) == "launching"]
 
     def close(self) -> None:
-        """Tear down every cluster this run started and wait up to down_timeout_s for SkyPilot to confirm."""
+        """End every cluster this run started (launches under way are cancelled) and wait up to down_timeout_s
+        for SkyPilot to confirm; what is not confirmed stays in the ledger for `echo2 fleet down`."""
         with self._lock:
+            self._closed = True
             names = [n for n, s in self._state.items() if s in ("launching", "up", "failed")]
-            downs = [t for t in self._threads if t.is_alive() and t.name.endswith("_down")]  # under way already
-        downs += [t for t in map(self.stop, names) if t is not None]
+        for n in names:
+            self.stop(n)
         deadline = time.monotonic() + self.down_timeout_s
-        for th in downs:  # not the launches: a hung sky.get must not hold the learner's exit
-            th.join(max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline:
+            with self._lock:
+                owners = [t for t in self._threads.values() if t.is_alive()]
+            if not owners:
+                break
+            owners[0].join(min(1.0, max(0.0, deadline - time.monotonic())))
         with self._lock:
             left = [n for n, s in self._state.items() if s != "down"]
         if left:
@@ -309,7 +412,8 @@ class SkyPilotProvider:
     def fleet_status(cls, machines: Iterable[Machine], sky: Any = None) -> dict[str, str]:
         """What SkyPilot says of each recorded cluster now: name -> its status, or "gone"."""
         sky = sky or _import_sky()
-        names = [m.handle.get("cluster", m.name) for m in machines]
+        names = [str(m.handle.get("cluster", "")) for m in machines]
+        names = [n for n in names if CLUSTER.fullmatch(n)]
         if not names:
             return {}
         listed = {str(r["name"]): _status(r) for r in sky.get(sky.status(cluster_names=names, refresh=_refresh(sky)))}
@@ -321,18 +425,32 @@ class SkyPilotProvider:
         sky = sky or _import_sky()
         out: dict[str, str] = {}
 
-        def down(cluster: str) -> None:
+        def down(cluster: str, request: str | None) -> None:
+            if request:  # a launch the killed learner left running on the API server: end it first
+                for call in (lambda: sky.get(sky.api_cancel(request)), lambda: sky.get(request)):
+                    try:
+                        call()
+                    except Exception:  # noqa: BLE001 - cancelled, finished or unknown: over either way
+                        pass
             try:
                 sky.get(sky.down(cluster))
                 out[cluster] = "down"
             except Exception as e:  # noqa: BLE001
                 out[cluster] = "down" if _gone(e) else f"failed: {type(e).__name__}: {e}"
 
-        threads = [threading.Thread(target=down, args=(m.handle.get("cluster", m.name),), daemon=True) for m in machines]
+        threads = []
+        for m in machines:
+            cluster = str(m.handle.get("cluster", ""))
+            if not CLUSTER.fullmatch(cluster):
+                out[cluster or m.name] = f"refused: {cluster!r} is not a cluster name this provider makes (e2-XXXXXX-NAME)"
+                continue
+            request = m.handle.get("request")
+            threads.append(threading.Thread(target=down, args=(cluster, str(request) if request else None), daemon=True))
         for th in threads:
             th.start()
+        deadline = time.monotonic() + FLEET_DOWN_S
         for th in threads:
-            th.join()
+            th.join(max(0.0, deadline - time.monotonic()))
         return out
 
 
@@ -347,5 +465,18 @@ def _status(record: Any) -> str:
 
 
 def _gone(e: Exception) -> bool:
-    """sky.down of a cluster that does not exist: it is down."""
-    return type(e).__name__ == "ClusterDoesNotExist" or "does not exist" in str(e)
+    """sky.down of a cluster that does not exist (sky.exceptions.ClusterDoesNotExist): it is down."""
+    return type(e).__name__ == "ClusterDoesNotExist"
+
+
+def _wheel_files(wheels: Sequence[str]) -> list[Path]:
+    """The .whl files named by `wheels` (files, or folders holding them), checked now."""
+    out: list[Path] = []
+    for w in wheels:
+        p = Path(w).expanduser()
+        found = sorted(p.glob("*.whl")) if p.is_dir() else [p]
+        if not found or not all(f.is_file() and f.suffix == ".whl" for f in found):
+            raise ConfigError(f"provider 'skypilot': wheels: {w!r} is not a .whl file or a folder holding some "
+                              "(build them with `pip wheel --no-deps . contrib/math -w dist/`)")
+        out += found
+    return out

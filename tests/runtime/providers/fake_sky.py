@@ -7,8 +7,11 @@ shape (every call returns a request id, ``get`` waits for it). Its clusters live
 ``echo2 fleet down`` in another process. Knobs (``config.json`` in the folder, or ``FakeSky(..., **knobs)``):
 
 - ``launch_s``: seconds a launch takes (the cluster is INIT meanwhile, then UP);
-- ``fail``: regexes of cluster names whose launch fails (after ``launch_s``), as a cloud out of capacity does;
-- ``hang``: regexes of cluster names whose launch never finishes;
+- ``submit_s``: seconds ``launch`` takes to return its request id; ``record_s``: seconds into the launch before
+  the cluster exists (SkyPilot writes its record after the optimizer: a ``down`` before then finds nothing);
+- ``fail``: regexes of worker names (the cluster name without its ``e2-XXXXXX-`` prefix) whose launch fails
+  (after ``launch_s``), as a cloud out of capacity does;
+- ``hang``: regexes of worker names whose launch never finishes (until cancelled);
 - ``exec``: run the task's ``run`` command as a real local process in its own session (envs and secrets in its
   environment, never written down), so an echo2 worker really joins; ``down`` and ``preempt`` kill it.
 
@@ -140,19 +143,26 @@ class FakeSky:
 
     def launch(self, task: Task, cluster_name: str | None = None, **kw: Any) -> str:
         self._record("launch", cluster=cluster_name, options=kw, task=task.record())
-        with self._clusters() as c:
-            c[cluster_name] = {"status": "INIT", "pid": None, "launched_at": time.time()}
-        return self._submit(self._launch, task, cluster_name)
+        rid = self._submit(self._launch, task, cluster_name)
+        time.sleep(float(self.knobs.get("submit_s", 0.0)))
+        return rid
 
     def _launch(self, rid: str, task: Task, name: str) -> None:
         knobs = self.knobs
-        hang = any(re.search(p, name) for p in knobs.get("hang", []))
-        deadline = time.monotonic() + (float("inf") if hang else float(knobs.get("launch_s", 0.0)))
-        while time.monotonic() < deadline:
+        worker = re.sub(r"^e2-[0-9a-f]{6}-", "", name)
+        hang = any(re.search(p, worker) for p in knobs.get("hang", []))
+        start, record_s = time.monotonic(), float(knobs.get("record_s", 0.0))
+        deadline = start + (float("inf") if hang else float(knobs.get("launch_s", 0.0)))
+        recorded = False
+        while not recorded or time.monotonic() < deadline:
             if rid in self._cancelled:
                 raise RuntimeError(f"request {rid} cancelled")
+            if not recorded and time.monotonic() - start >= record_s:
+                with self._clusters() as c:
+                    c[name] = {"status": "INIT", "pid": None, "launched_at": time.time()}
+                recorded = True
             time.sleep(0.02)
-        if any(re.search(p, name) for p in knobs.get("fail", [])):
+        if any(re.search(p, worker) for p in knobs.get("fail", [])):
             raise RuntimeError(f"ResourcesUnavailableError: no capacity for {name} in any region (fake)")
         pid = None
         if knobs.get("exec"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,8 @@ class Local:
 
     def __init__(self, tmp: Path):
         self.python = tmp / "python"
-        self.python.write_text("#!/bin/sh\nexec sleep 60\n")
+        # its argv stays `... -m echo2sdk.cli worker ... --id NAME` (what fleet down checks before it kills)
+        self.python.write_text("#!/bin/sh\ntrap 'kill $!; exit 0' TERM\nsleep 60 &\nwait\n")
         self.python.chmod(0o755)
 
     def make(self, run_dir: Path, **kw):
@@ -71,7 +73,7 @@ class Sky:
         return self.make(run_dir)
 
     def alive(self, provider, name):
-        return name in self.fake.clusters()
+        return provider.cluster(name) in self.fake.clusters()
 
 
 @pytest.fixture(params=["local", "skypilot"])
@@ -95,6 +97,7 @@ def test_start_is_recorded_before_the_launch_and_is_idempotent(kind, tmp_path):
         if kind.name == "skypilot":
             (launch,) = kind.fake.calls("launch")
             assert launch["t"] > recs[0]["t"] - 0.01  # the ledger line was on disk first
+            assert launch["cluster"] == p.cluster("l4-0") and re.fullmatch(r"e2-[0-9a-f]{6}-l4-0", launch["cluster"])
             assert launch["options"]["down"] is True and launch["options"]["idle_minutes_to_autostop"] == 10
     finally:
         p.close()
@@ -142,7 +145,7 @@ def test_a_failed_launch_is_reported_once_and_cleaned_up(kind, tmp_path):
         if kind.name == "skypilot":
             assert "no capacity" in got[name]
             _eventually(lambda: read_ledger(tmp_path)[name].down, what="the failed cluster torn down")
-            assert [c["cluster"] for c in kind.fake.calls("down")] == [name]
+            assert [c["cluster"] for c in kind.fake.calls("down")] == [p.cluster(name)]
         else:
             assert "no-such-python" in got[name] and m.state == "failed"
     finally:
@@ -177,7 +180,7 @@ def test_skypilot_launch_timeout_cancels_and_downs(tmp_path):
     failures = p.failures()
     assert "not up after launch_timeout_s = 0.3 s" in failures["slow-0"]
     _eventually(lambda: read_ledger(tmp_path)["slow-0"].down, what="the hung launch cancelled and downed")
-    assert fake.calls("api_cancel") and "slow-0" not in fake.clusters()
+    assert fake.calls("api_cancel") and fake.clusters() == {}
     p.close()
 
 
@@ -187,8 +190,8 @@ def test_skypilot_reports_a_preempted_cluster(tmp_path):
                                        "machines": {"l4": {"accelerators": "L4:1", "use_spot": True}}},
                       setup="true", sky=fake)
     p.start("l4-0", 0.3)
-    _eventually(lambda: fake.clusters().get("l4-0", {}).get("status") == "UP" and p.running() == ["l4-0"])
-    fake.preempt("l4-0")
+    _eventually(lambda: fake.clusters().get(p.cluster("l4-0"), {}).get("status") == "UP" and p.running() == ["l4-0"])
+    fake.preempt(p.cluster("l4-0"))
     assert p.running() == []
     assert "preempted" in p.failures()["l4-0"]
     p.close()
@@ -220,6 +223,7 @@ def test_the_real_skypilot_builds_and_validates_the_task_offline(tmp_path, monke
     assert isinstance(t, sky.Task) and t.name == "l4-2"
     (r,) = list(t.resources)
     assert r.accelerators == {"L4": 1} and r.use_spot and r.disk_size == 64 and r.ports == ["7420"]
+    assert "pip install torch && pip install 'echo2sdk[hf]==" in t.setup
     assert t.run.startswith("echo2 worker --connect learner.example.com:7000 --id l4-2 --price 0.45 --relay-port 7420")
     assert "pip install" in t.setup and "echo2-math" in t.setup
     assert t.envs == {"HF_HUB_OFFLINE": "1"} and set(t.secrets) == {"ECHO2_CREDENTIAL"}
@@ -262,16 +266,16 @@ def test_a_failed_launch_is_retried_on_the_next_cheapest_type_and_reported(tmp_p
     loop = LiveLoop(s, _Table(), p, on_event=events.append)
     try:
         loop.apply(s.provision(0.0))
-        _eventually(lambda: [c["cluster"] for c in fake.calls("launch")] == ["h100-0"], what="h100-0 launched")
+        launched = lambda: [c["cluster"].split("-", 2)[2] for c in fake.calls("launch")]  # noqa: E731
+        _eventually(lambda: launched() == ["h100-0"], what="h100-0 launched")
         _eventually(lambda: read_ledger(tmp_path)["h100-0"].state in ("failed", "down"), what="h100-0 failed")
         loop.tick(1.0)
-        launched = lambda: [c["cluster"] for c in fake.calls("launch")]  # noqa: E731
         _eventually(lambda: len(launched()) == 3, what="the retries launched")
         assert launched() == ["h100-0", "l4-0", "l4-1"]  # not h100-1: the type that failed is skipped
         failed = [e for e in events if e["event"] == "launch_failed"]
         assert failed and failed[0]["worker"] == "h100-0" and "no capacity" in failed[0]["reason"]
         assert any(e["event"] == "activate" and e["worker"] == "l4-0" for e in events)
-        _eventually(lambda: set(fake.clusters()) == {"l4-0", "l4-1"}, what="the l4s up, h100-0 down")
+        _eventually(lambda: set(fake.clusters()) == {p.cluster("l4-0"), p.cluster("l4-1")}, what="the l4s up, h100-0 down")
     finally:
         p.close()
     assert fake.clusters() == {}
@@ -282,9 +286,18 @@ def test_dry_run_prints_the_launch_plan_and_launches_nothing(tmp_path, capsys, m
 
     monkeypatch.setitem(sys.modules, "sky", None)  # a dry run needs no SkyPilot: importing it would fail here
     monkeypatch.setenv("ECHO2_TOKEN", TOKEN)
+    monkeypatch.chdir(tmp_path)
     example = Path(__file__).parents[3] / "examples" / "math_skypilot.toml"
+    assert main(["run", str(example), "--dry-run", "--out", str(tmp_path / "run")]) == 1  # no wheels built yet
+    assert "problem: provider 'skypilot': wheels: 'dist' is not a .whl file" in capsys.readouterr().out
+    (tmp_path / "dist").mkdir()
+    for whl in ("echo2sdk-0.1.0-py3-none-any.whl", "echo2_math-0.1.0-py3-none-any.whl"):
+        (tmp_path / "dist" / whl).write_bytes(b"")  # a dry run reads no wheel
     assert main(["run", str(example), "--dry-run", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
+    assert ("setup: pip install torch && pip install '/tmp/echo2-wheels/echo2sdk-0.1.0-py3-none-any.whl[hf]' "
+            "/tmp/echo2-wheels/echo2_math-0.1.0-py3-none-any.whl") in out
+    assert "validated: no: skypilot (the skypilot provider's SkyPilot) is not installed" in out
     assert "nothing launched" in out and "provider: skypilot, workers connect to learner.example.com:7000" in out
     assert "l4             4     0.450    1.800  accelerators=L4:1 use_spot=True disk_size=64" in out
     assert "at most $3.820/h with every machine up" in out
@@ -299,8 +312,104 @@ def test_skypilot_close_does_not_wait_on_a_hung_launch(tmp_path):
     p = load_provider("skypilot", run={"connect": "127.0.0.1:7000", "token": TOKEN, "run_dir": str(tmp_path),
                                        "machines": {"slow": {"accelerators": "L4:1"}}}, setup="true", sky=fake)
     p.start("slow-0", 1.0)
-    _eventually(lambda: "slow-0" in fake.clusters(), what="the launch under way")
+    _eventually(lambda: p.cluster("slow-0") in fake.clusters(), what="the launch under way")
     t0 = time.monotonic()
     p.close()
     assert time.monotonic() - t0 < 5  # the cancel + down, not the launch's sky.get
     assert fake.clusters() == {} and read_ledger(tmp_path)["slow-0"].down
+
+
+def _sky(tmp_path, fake, **kw):
+    return load_provider("skypilot", run={"connect": "127.0.0.1:7000", "token": TOKEN, "run_dir": str(tmp_path),
+                                          "machines": {"l4": {"accelerators": "L4:1"}}}, setup="true", sky=fake, **kw)
+
+
+def _settled(fake, seconds=0.8):
+    """The fake's clusters once nothing has changed for `seconds` (a leak would show up within that)."""
+    last, since = None, time.monotonic()
+    while time.monotonic() - since < seconds:
+        now = fake.clusters()
+        if now != last:
+            last, since = now, time.monotonic()
+        time.sleep(0.05)
+    return last
+
+
+def test_skypilot_a_stop_before_the_launch_request_returns_leaves_no_cluster(tmp_path):
+    # SkyPilot creates the cluster's record well into its launch: a down before then finds nothing, while the launch
+    # goes on. The provider cancels the request and waits for it to end before it downs.
+    fake = FakeSky(tmp_path / "fake-sky", submit_s=0.2, record_s=0.3, launch_s=0.5)
+    p = _sky(tmp_path, fake)
+    p.start("l4-0", 0.5)
+    p.stop("l4-0")  # the launch has not even returned its request id
+    _eventually(lambda: read_ledger(tmp_path)["l4-0"].down, what="l4-0 recorded down")
+    assert _settled(fake) == {}
+    p.close()
+
+
+def test_skypilot_a_machine_started_again_while_going_down_is_launched_after_and_tracked(tmp_path):
+    fake = FakeSky(tmp_path / "fake-sky", launch_s=0.1)
+    p = _sky(tmp_path, fake)
+    p.start("l4-0", 0.5)
+    _eventually(lambda: p.running() == ["l4-0"], what="up")
+    p.stop("l4-0")
+    p.start("l4-0", 0.5)  # e.g. released with stop_released, then wanted again at once
+    _eventually(lambda: len(fake.calls("launch")) == 2 and p.running() == ["l4-0"], what="launched again")
+    assert list(_settled(fake)) == [p.cluster("l4-0")]
+    p.close()
+    assert fake.clusters() == {} and read_ledger(tmp_path)["l4-0"].down
+
+
+def test_skypilot_after_close_nothing_launches(tmp_path):
+    fake = FakeSky(tmp_path / "fake-sky")
+    p = _sky(tmp_path, fake)
+    p.close()
+    p.start("l4-0", 0.5)
+    time.sleep(0.2)
+    assert fake.calls("launch") == [] and not (tmp_path / "machines.jsonl").exists()
+
+
+def test_skypilot_secret_envs_travel_as_secrets_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value_123")
+    fake = FakeSky(tmp_path / "fake-sky")
+    p = _sky(tmp_path, fake, secret_envs=["HF_TOKEN"], envs={"HF_HUB_OFFLINE": "0"})
+    assert p.spec("l4-0", 0.5)["secrets"] == ["ECHO2_CREDENTIAL", "HF_TOKEN"]
+    t = p.task("l4-0", 0.5)
+    assert t.secrets["HF_TOKEN"] == "hf_secret_value_123" and "HF_TOKEN" not in t.envs
+    p.start("l4-0", 0.5)
+    _eventually(lambda: read_ledger(tmp_path)["l4-0"].state == "up")
+    p.close()
+    for f in tmp_path.rglob("*"):
+        assert not f.is_file() or "hf_secret_value_123" not in f.read_text()
+    with pytest.raises(ConfigError, match=r"envs \['HF_TOKEN'\] are secrets"):
+        _sky(tmp_path, fake, secret_envs=["HF_TOKEN"], envs={"HF_TOKEN": "x"})
+    with pytest.raises(ConfigError, match=r"secret_envs \['NOT_SET_ANYWHERE'\] are not set"):
+        _sky(tmp_path, fake, secret_envs=["NOT_SET_ANYWHERE"])
+    with pytest.raises(ConfigError, match="unknown scheduler.provider_options \\['autostop'\\]"):
+        _sky(tmp_path, fake, autostop=5)
+
+
+def test_fleet_down_trusts_a_ledger_no_further_than_the_run(tmp_path):
+    import subprocess
+
+    from echo2sdk.runtime.providers.local import process_started
+
+    other = subprocess.Popen(["sleep", "30"])  # an unrelated process of ours, with its real pid and start time
+    try:
+        lines = [{"t": 1, "provider": "local", "event": "launch", "machine": "local-0", "handle": {}, "spec": {}},
+                 {"t": 2, "provider": "local", "event": "up", "machine": "local-0",
+                  "handle": {"pid": other.pid, "started": process_started(other.pid)}}]
+        ledger = tmp_path / "machines.jsonl"
+        ledger.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        ledger.chmod(0o600)
+        fleet_down(tmp_path)
+        assert other.poll() is None  # not an echo2 worker: never signalled
+        ledger.write_text(json.dumps({**lines[0], "provider": "this:s"}) + "\n")
+        with pytest.raises(ConfigError, match="provider 'this:s', not one registered"):
+            fleet_down(tmp_path)
+        ledger.chmod(0o666)
+        with pytest.raises(ConfigError, match="no one else may write"):
+            fleet_status(tmp_path)
+    finally:
+        other.kill()
+        other.wait()

@@ -116,13 +116,13 @@ resources = {{ accelerators = "L4:1", use_spot = true }}
     machines = read_ledger(out)
     assert sorted(machines) == ["l4-0", "l4-1"] and all(m.state == "up" for m in machines.values())
     launches = {c["cluster"]: c for c in fake.calls("launch")}
-    assert sorted(launches) == ["l4-0", "l4-1"]
+    assert sorted(launches) == sorted(m.handle["cluster"] for m in machines.values())
     for name, m in machines.items():
-        assert m.launched_at <= launches[name]["t"]
+        assert m.handle["cluster"].endswith("-" + name) and m.launched_at <= launches[m.handle["cluster"]]["t"]
         assert m.spec["resources"] == {"accelerators": "L4:1", "use_spot": True, "ports": [0]}
     clusters = fake.clusters()
     pids = [c["pid"] for c in clusters.values()]
-    assert sorted(clusters) == ["l4-0", "l4-1"] and all(Path(f"/proc/{p}").exists() for p in pids)
+    assert len(clusters) == 2 and all(Path(f"/proc/{p}").exists() for p in pids)
     joined = [json.loads(x) for x in (out / "scheduler.jsonl").read_text().splitlines()]
     assert joined[0]["event"] == "provisioned" and set(joined[0]["active"]) <= {"l4-0", "l4-1"}
 
