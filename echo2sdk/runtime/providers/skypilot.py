@@ -250,6 +250,9 @@ class SkyPilotProvider:
                 return
         task = self.task(name, price_per_hour)  # errors in the config surface here, in the caller
         with self._lock:
+            if self._closed or self._state.get(name) in ("launching", "up") or (
+                    name in self._threads and self._threads[name].is_alive()):
+                return  # another start() of the same name got here first
             self.ledger.launching(name, {"cluster": self.cluster(name)}, self.spec(name, price_per_hour))
             self._state[name], self._since[name] = "launching", time.monotonic()
             self._failures.pop(name, None)
