@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from echo2sdk.core import checks
-from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible
+from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible, held_bytes
 from echo2sdk.errors import ConfigError, TrajectoryRejected
 
 __all__ = ["StalenessBuffer"]
@@ -58,6 +58,13 @@ class StalenessBuffer:
             first record) are held; beyond it that worker's oldest held group is dropped, counted as evicted
             with reason "worker_overflow": one worker pushing faster than the learner trains cannot fill the
             learner's memory. None = no per-worker bound.
+        bytes_per_worker: at most this many bytes (`records.held_bytes`) of one worker's complete groups are
+            held; beyond it its oldest held groups are dropped, counted as evicted with reason "worker_bytes".
+        bytes_per_pool: the budget of the shared-token pool, for `pool_of` to hand out (see below).
+        pool_of: worker id -> (pool, its byte budget), or None for a worker in no pool. Workers of one pool
+            hold at most that many bytes together; beyond it the oldest group of the pool member holding the
+            most is dropped ("pool_bytes"), so many ids under one principal cannot add up to more (the
+            coordinator pools every worker that logged in with the shared token, and each credential's ids).
         order: "fifo" samples the earliest-completed groups first; "freshest" the highest version
             first (earliest arrival among equal versions).
         reward_bound: records with |r| > reward_bound are rejected ("reward_out_of_range").
@@ -81,6 +88,9 @@ class StalenessBuffer:
         reward_bound: float = REWARD_BOUND,
         filter_zero_variance: bool = False,
         fallback_after: int = 0,
+        bytes_per_worker: int | None = None,
+        bytes_per_pool: int | None = None,
+        pool_of: Callable[[str], tuple[str, int] | None] | None = None,
     ) -> None:
         checks.integer("staleness", staleness, lo=0, error=ConfigError)  # S
         checks.integer("group_size", group_size, lo=1, error=ConfigError)
@@ -95,6 +105,12 @@ class StalenessBuffer:
         self.group_size = group_size
         self.capacity_groups = capacity_groups
         self.groups_per_worker = groups_per_worker
+        for name, value in (("bytes_per_worker", bytes_per_worker), ("bytes_per_pool", bytes_per_pool)):
+            if value is not None:
+                checks.integer(name, value, lo=1, error=ConfigError)
+        self.bytes_per_worker, self.bytes_per_pool = bytes_per_worker, bytes_per_pool
+        self.pool_of: Callable[[str], tuple[str, int] | None] = pool_of or (lambda worker: None)
+        self._nbytes: dict[GroupKey, int] = {}  # held_bytes of each ready group (kept only with a byte budget)
         self.order = order
         self.reward_bound = float(reward_bound)
         checks.integer("fallback_after", fallback_after, lo=0, error=ConfigError)
@@ -261,6 +277,7 @@ class StalenessBuffer:
         with self._cond:
             held = sum(len(g) for g in self._pending.values()) + sum(len(g) for _, g in self._ready.values())
             held += sum(len(g) for g in self._aside.values())
+            held_bytes_ = sum(self._nbytes.get(k, 0) for k in self._ready)
             return {
                 "version": self._version,
                 "admitted": self._admitted,
@@ -270,6 +287,7 @@ class StalenessBuffer:
                 "sampled": self._sampled,
                 "staleness_hist": dict(sorted(self._staleness_hist.items())),
                 "held": held,
+                "held_bytes": held_bytes_,  # of the ready groups, counted with a byte budget (else 0)
                 "pending_groups": len(self._pending),
                 "ready_groups": len(self._ready),
                 "filtered": self._filtered,
@@ -347,7 +365,36 @@ class StalenessBuffer:
             if len(mine) > self.groups_per_worker:
                 oldest = min(mine, key=lambda k: (k[1], self._ready[k][0]))
                 self._evicted["worker_overflow"] += len(self._ready.pop(oldest)[1])
+        if self.bytes_per_worker is not None or self.bytes_per_pool is not None or self.pool_of(records[0].meta.worker):
+            self._nbytes[key] = held_bytes(records)
+            self._trim_bytes(records[0].meta.worker)
         self._cond.notify_all()
+
+    def _trim_bytes(self, owner: str) -> None:
+        """Hold the byte budgets after `owner`'s group came in: its own, then its pool's."""
+        if len(self._nbytes) > 2 * len(self._ready) + 64:  # forget groups that left the buffer
+            self._nbytes = {k: n for k, n in self._nbytes.items() if k in self._ready}
+        by_worker: dict[str, list[GroupKey]] = {}
+        for k, (_, recs) in self._ready.items():
+            by_worker.setdefault(recs[0].meta.worker, []).append(k)  # oldest first within a worker (arrival)
+        held = {w: sum(self._nbytes.get(k, 0) for k in keys) for w, keys in by_worker.items()}
+        if self.bytes_per_worker is not None:
+            while held.get(owner, 0) > self.bytes_per_worker and by_worker.get(owner):
+                held[owner] -= self._drop_ready(by_worker[owner], "worker_bytes")
+        pool = self.pool_of(owner)
+        if pool is not None:
+            name, budget = pool
+            members = [w for w in by_worker if (self.pool_of(w) or ("",))[0] == name]
+            while sum(held[w] for w in members) > budget:
+                greedy = max((w for w in members if by_worker[w]), key=lambda w: held[w])
+                held[greedy] -= self._drop_ready(by_worker[greedy], "pool_bytes")
+
+    def _drop_ready(self, keys: list[GroupKey], reason: str) -> int:
+        """Drop the oldest of `keys` (lowest version, then arrival) from the ready groups; its bytes."""
+        oldest = min(keys, key=lambda k: (k[1], self._ready[k][0]))
+        keys.remove(oldest)
+        self._evicted[reason] += len(self._ready.pop(oldest)[1])
+        return self._nbytes.pop(oldest, 0)
 
     def _evict_stale(self) -> None:
         floor = self._version - self.staleness  # v_t - S

@@ -15,6 +15,7 @@ in `check_admissible`. Types are strict: "0.1" is not a reward and True is not a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgpack
@@ -26,7 +27,7 @@ from echo2sdk.errors import TrajectoryRejected
 __all__ = [
     "Message", "Meta", "Trajectory", "SCHEMA_VERSION", "check_admissible", "pack", "unpack",
     "REWARD_BOUND", "MIN_LOGPROB", "MAX_EXTRA_NUMBER", "MAX_EXTRA_TEXT", "MAX_EXTRA_KEYS", "sampler_logprob",
-    "bounded_extra",
+    "bounded_extra", "MAX_CHARS_PER_TOKEN", "held_bytes", "prompt_chars",
 ]
 
 SCHEMA_VERSION = 1
@@ -35,6 +36,11 @@ REWARD_BOUND = 1e6  # default |r| bound (learner.reward_bound)
 MIN_LOGPROB = -1e4  # a sampler log-prob below this is no probability a sampler draws from (exp() is 0)
 MAX_EXTRA_NUMBER = float(1 << 63)  # |x| of a number in meta.extra (ids such as seeds are 64-bit)
 MAX_EXTRA_TEXT = 4096  # characters of a string in meta.extra
+# characters of text per token of the run's max_len (learner.max_len): the bound on a record's prompt text and on
+# its response text. Decoded text is a few characters a token; 64 is far above any tokenizer's average, so only
+# text that no max_len tokens decode to (a token holder's padding) is refused ("text_too_long").
+MAX_CHARS_PER_TOKEN = 64
+RECORD_OVERHEAD_BYTES = 1024  # a held record's objects besides its text and token sequences (estimate)
 MAX_EXTRA_KEYS = 256
 MAX_ID_CHARS = 256  # group ids (task ids), worker ids, meta.extra keys
 
@@ -189,6 +195,37 @@ def check_admissible(
     total = len(t.meta.prompt_ids) + len(t.meta.response_ids)
     if total > max_len:
         raise TrajectoryRejected("too_long", "meta.response_ids", total, f"prompt+response exceeds {max_len} tokens")
+    limit = MAX_CHARS_PER_TOKEN * max_len
+    for name, chars in (("prompt", prompt_chars(t.prompt)), ("response", len(t.response))):
+        if chars > limit:
+            raise TrajectoryRejected("text_too_long", name, f"{chars} characters",
+                                     f"more than {MAX_CHARS_PER_TOKEN} characters per token of max_len = {max_len}")
+
+
+def prompt_chars(prompt: str | tuple[Message, ...]) -> int:
+    """Characters of a prompt: its text, or its messages' contents together."""
+    return len(prompt) if isinstance(prompt, str) else sum(len(m.content) for m in prompt)
+
+
+def held_bytes(records: Sequence[Trajectory]) -> int:
+    """What a group of records takes in the learner's memory, estimated from its parts: text at its Python width
+    (1, 2 or 4 bytes a character), 36 bytes per token id (a tuple slot and an int object), 32 per log-prob,
+    8 per loss-mask bit, RECORD_OVERHEAD_BYTES for the rest (docs/security.md compares it with measured RSS)."""
+    total = 0
+    for t in records:
+        texts = [t.prompt] if isinstance(t.prompt, str) else [m.content for m in t.prompt]
+        texts.append(t.response)
+        total += sum(len(x) * _width(x) for x in texts)
+        m = t.meta
+        total += 36 * (len(m.prompt_ids) + len(m.response_ids)) + 32 * len(m.logprobs)
+        total += 8 * len(m.loss_mask or ()) + RECORD_OVERHEAD_BYTES
+    return total
+
+
+def _width(text: str) -> int:
+    """Bytes per character of a Python str (PEP 393): 1 for Latin-1, 2 for the BMP, 4 beyond."""
+    top = max(map(ord, text), default=0) if not text.isascii() else 0
+    return 1 if top < 256 else 2 if top < 65536 else 4
 
 
 def pack(obj: object) -> bytes:

@@ -502,3 +502,60 @@ def test_filtering_keeps_the_counters_and_never_samples_a_flat_group_but_by_fall
         assert s["admitted"] == s["sampled"] + s["evicted"] + s["filtered"] + s["held"]
         assert s["aside_groups"] <= fallback_after
         assert flat_sampled == s["fallback_groups"]
+
+
+# ---------------------------------------------------------------- bytes (issue 34)
+
+
+def _worker_group(gid: str, worker: str, text: str = "", n: int = 2) -> list[Trajectory]:
+    return [t.model_copy(update={"response": text or t.response, "meta": t.meta.model_copy(update={"worker": worker})})
+            for t in group(gid, 0, n)]
+
+
+def test_text_beyond_64_characters_per_token_of_max_len_is_refused_and_counted():
+    from echo2sdk.core.records import MAX_CHARS_PER_TOKEN, Message
+
+    buf = StalenessBuffer(staleness=2, group_size=2)
+    limit = MAX_CHARS_PER_TOKEN * MAX_LEN
+    buf.add_group(_worker_group("ok", "w", "x" * limit), **LIMITS)  # at the bound: admitted
+    with pytest.raises(TrajectoryRejected, match="'response'.*1025 characters") as e:
+        buf.add_group(_worker_group("long", "w", "x" * (limit + 1)), **LIMITS)
+    assert e.value.reason == "text_too_long"
+    chat = tuple(Message(role="user", content="y" * (limit // 2 + 1)) for _ in range(2))  # together over it
+    with pytest.raises(TrajectoryRejected, match="'prompt'"):
+        buf.add_group([t.model_copy(update={"prompt": chat}) for t in group("chat", 0)], **LIMITS)
+    assert buf.stats()["rejected"] == {"text_too_long": 4} and held(buf) == 2
+
+
+def test_a_worker_over_its_byte_budget_loses_its_own_oldest_groups():
+    from echo2sdk.core.records import held_bytes
+
+    one = held_bytes(_worker_group("probe", "w", "x" * 500))
+    buf = StalenessBuffer(staleness=2, group_size=2, bytes_per_worker=3 * one)
+    for i in range(5):
+        buf.add_group(_worker_group(f"big-{i}", "big", "x" * 500), **LIMITS)
+    buf.add_group(_worker_group("small", "honest"), **LIMITS)
+    s = buf.stats()
+    assert s["evicted_by_reason"] == {"worker_bytes": 4} and s["ready_groups"] == 4
+    assert s["held_bytes"] <= 3 * one + held_bytes(_worker_group("s", "honest"))
+    kept = {g[0].meta.group_id for g in buf.sample(4)}
+    assert kept == {"big-2", "big-3", "big-4", "small"}  # the newest three of `big`; the honest group untouched
+
+
+def test_a_pool_holds_its_budget_together_and_the_greediest_member_pays():
+    from echo2sdk.core.records import held_bytes
+
+    one = held_bytes(_worker_group("probe", "t0", "x" * 500))
+    pools = {"t0": ("token", 4 * one), "t1": ("token", 4 * one), "honest": ("token", 4 * one), "cred": None}
+    buf = StalenessBuffer(staleness=2, group_size=2, pool_of=pools.get)
+    buf.add_group(_worker_group("h", "honest", "x" * 500), **LIMITS)
+    for i in range(3):  # one token holder under two ids: 6 groups, the pool holds 4
+        buf.add_group(_worker_group(f"a{i}", "t0", "x" * 500), **LIMITS)
+        buf.add_group(_worker_group(f"b{i}", "t1", "x" * 500), **LIMITS)
+    for i in range(3):  # a credential worker is in no pool
+        buf.add_group(_worker_group(f"c{i}", "cred", "x" * 500), **LIMITS)
+    s = buf.stats()
+    assert s["evicted_by_reason"] == {"pool_bytes": 6}  # 3 groups of 2 records
+    ids = {g[0].meta.group_id for g in buf.sample(s["ready_groups"])}
+    assert "h" in ids and {"c0", "c1", "c2"} <= ids  # the honest member and the credential keep theirs
+    assert len(ids & {"a0", "a1", "a2", "b0", "b1", "b2"}) == 3

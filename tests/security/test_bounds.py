@@ -281,8 +281,10 @@ def test_1000_idle_connections_opened_and_closed_leave_a_bare_coordinator_as_it_
             for s in idle:
                 s.close()
             time.sleep(0.5)
-        time.sleep(3.0)  # closed, counted, trimmed
-        growth_mib = (_rss_kib(p.pid) - before) / 1024
+        deadline = time.monotonic() + 20.0  # closed, counted, trimmed: within 3 s on a quiet machine
+        time.sleep(3.0)
+        while (growth_mib := (_rss_kib(p.pid) - before) / 1024) >= 12 and time.monotonic() < deadline:
+            time.sleep(0.5)  # a loaded machine (the whole suite on 2 cores) handles the closes later
         print(json.dumps({"measure": "idle_connections_rss_growth_mib", "connections": 1000,
                           "growth_mib": round(growth_mib, 1)}))
         assert growth_mib < 12, growth_mib  # was +44 to +73 MiB

@@ -45,6 +45,9 @@ BAD = [
     ("extra-long", dict(meta={"extra": {"note": "x" * 5000}}), "out_of_range", "'meta.extra.note'"),
     ("logprob-low", dict(meta={"logprobs": [-1e30, -0.1]}), "out_of_range", "'meta.logprobs.0' = -1e+30"),
     ("logprob-inf", dict(meta={"logprobs": [-math.inf, -0.1]}), "non_finite", "'meta.logprobs.0' = -inf"),
+    # max_len 64: text beyond 64 characters per token of it (4096) is no decoded response (issue 34)
+    ("text-long", dict(response="x" * 4097), "text_too_long", "'response' = '4097 characters'"),
+    ("prompt-long", dict(prompt="x" * 4097), "text_too_long", "'prompt' = '4097 characters'"),
 ]
 
 
@@ -72,7 +75,7 @@ def test_every_bad_number_is_rejected_counted_and_named(loop, caplog):
     assert coord.buffer.ready_groups() == 1
     for _, _, _, named in BAD[:8]:  # the first 8 rejections of a push are logged one by one
         assert f"field {named}" in caplog.text, named
-    assert "3 more group(s) of the same push rejected" in caplog.text
+    assert f"{len(BAD) - 8} more group(s) of the same push rejected" in caplog.text
 
 
 def test_the_reward_bound_is_the_buffers_and_0_1_as_a_string_is_no_reward():

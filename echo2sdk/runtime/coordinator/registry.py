@@ -133,6 +133,18 @@ class Registry:
         before = self.workers.get(worker_id)
         return before is not None and bool(session) and before.session == session
 
+    def budget_pool(self, worker_id: str) -> tuple[str, int] | None:
+        """The byte-budget pool of `worker_id`'s buffered records (StalenessBuffer.pool_of): its credential's
+        (all the ids one credential connects under share one worker's budget), or the shared token's (every
+        token worker together: the buffer's bytes_per_pool); None without budgets or for an unknown worker."""
+        b = self.buffer
+        info = self.workers.get(worker_id)
+        if info is None or b.bytes_per_worker is None:
+            return None
+        if info.credential:
+            return f"credential:{info.credential}", b.bytes_per_worker
+        return ("token", b.bytes_per_pool) if b.bytes_per_pool is not None else None
+
     def credential_conns(self, hello: Hello) -> int:
         """Live connections of the credential `hello` logs in with, less the one a re-join of the same process
         replaces. Each gets every snapshot pushed: uncapped, one credential could multiply the learner's uplink."""

@@ -76,6 +76,7 @@ class Coordinator:
         self.admission = admission or Admission()
         self.write_limit = WriteLimit(write_timeout_s)
         self.registry = Registry(buffer, revoked or Revocations())
+        buffer.pool_of = self.registry.budget_pool  # byte budgets per credential and for the shared token
         self.intake = Intake(buffer, self.registry, vocab_size=vocab_size, max_len=max_len)
         self.snapshots = Snapshots(self.delivery, self.registry, base=base, q=1.0 / gamma, store=store)
         self.handshake = Handshake(self.registry, self.snapshots, self.admission, token=self.token,

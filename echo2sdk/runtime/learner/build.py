@@ -52,12 +52,24 @@ def learner_args(cfg: Config) -> dict[str, Any]:
 def buffer_args(cfg: Config) -> dict[str, Any]:
     """Keyword arguments of `StalenessBuffer(**buffer_args(cfg))`: S, the group size n, the order, the
     intake's reward bound, dynamic sampling (zero-variance groups filtered; the fallback after patience x k),
-    and the per-worker bound: k x (S + 1) groups, what the learner can train on before they go stale."""
+    and the per-worker bounds: k x (S + 1) groups, what the learner can train on before they go stale, and as many
+    max-length records' bytes; workers under the shared token hold at most max(4, local + standby workers) times
+    that together (per-worker credentials each have their own)."""
     L = cfg.learner
     k = L.trajectories_per_step // cfg.rollout.group_size  # groups per step
+    groups = k * (L.staleness + 1)
+    per_worker = groups * cfg.rollout.group_size * record_budget(L.max_len)
+    token_workers = max(4, cfg.rollout.workers + cfg.scheduler.standby)
     return dict(staleness=L.staleness, group_size=cfg.rollout.group_size, order=L.order, reward_bound=L.reward_bound,
                 filter_zero_variance=L.filter_zero_variance, fallback_after=L.filter_patience * k,
-                groups_per_worker=k * (L.staleness + 1))
+                groups_per_worker=groups, bytes_per_worker=per_worker, bytes_per_pool=per_worker * token_workers)
+
+
+def record_budget(max_len: int) -> int:
+    """Bytes one honest record of at most `max_len` tokens takes held (records.held_bytes): its ids and log-probs
+    (36 + 32 bytes a token), ~8 characters of text a token in each of prompt and response, and the overhead;
+    the per-worker byte budget is k x (S + 1) groups of such records (docs/security.md)."""
+    return 96 * max_len + 2048
 
 
 def worker_config(cfg: Config, model_path: str) -> WorkerConfig:

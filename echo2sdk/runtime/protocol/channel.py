@@ -16,7 +16,7 @@ from typing import Protocol
 
 from echo2sdk.errors import ProtocolError
 from echo2sdk.runtime.protocol.messages import WireMessage, parse, to_header
-from echo2sdk.runtime.protocol.wire import MAX_HEADER, Key, encode_frame, read_frame
+from echo2sdk.runtime.protocol.wire import MAX_HEADER, Key, encode_frame, read_frame_raw
 
 __all__ = ["Keys", "SealedChannel", "SendTimeout", "SEND_SLICE"]
 
@@ -40,6 +40,7 @@ class SealedChannel:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, keys: Keys):
         self.reader, self.writer, self.keys = reader, writer, keys
         self._lock = asyncio.Lock()
+        self.last_frame_bytes = 0  # header + payload of the last frame received
 
     async def send(
         self,
@@ -73,7 +74,9 @@ class SealedChannel:
     ) -> tuple[WireMessage, bytes]:
         """The next message (one of `allowed`) and its payload. Raises asyncio.IncompleteReadError on EOF,
         AuthError on a bad seal and ProtocolError on anything else wrong."""
-        header, payload = await read_frame(self.reader, max_payload, key=self.keys.recv, max_header=MAX_HEADER)
+        f = await read_frame_raw(self.reader, max_payload, key=self.keys.recv, max_header=MAX_HEADER)
+        header, payload = f.header, f.payload
+        self.last_frame_bytes = len(f.raw) + len(payload)
         msg = parse(header, tuple(allowed))
         if payload and not isinstance(msg, payload_types):
             raise ProtocolError(f"a {msg.type} frame with a {len(payload)}-byte payload")
