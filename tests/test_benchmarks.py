@@ -30,6 +30,20 @@ def test_broadcast_ceiling_mode_prints_its_parameters_and_both_measurements():
     assert row["echo2_busiest_thread_cpu_s_per_gb"] <= row["echo2_cpu_s_per_gb"]
 
 
+def test_intake_memory_bench_refuses_huge_text_with_the_bounds_and_prints_both_modes():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "intake_memory.py"), "--workers", "2", "--pushes", "2",
+         "--text-kib", "100,1", "--settle-s", "0.5"],
+        capture_output=True, text=True, timeout=180, check=True,
+    ).stdout
+    rows = {(r["mode"], r["text_kib"]): r for r in (json.loads(x) for x in out.splitlines() if x.startswith("{"))}
+    assert sorted(rows) == [("bounds", 1), ("bounds", 100), ("none", 1), ("none", 100)]
+    assert rows["bounds", 100]["rejected"] == {"text_too_long": 16} and rows["bounds", 100]["held"] == 0
+    assert rows["none", 100]["accepted"] == 16 and rows["bounds", 1]["accepted"] == 16  # 1 KiB is honest text
+    for r in rows.values():
+        assert r["rss_before_mib"] > 0 and r["buffer"]["groups_per_worker"] == 16
+
+
 @pytest.mark.slow
 def test_load_bench_loses_nothing_and_prints_every_figure():
     out = subprocess.run(
