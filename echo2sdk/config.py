@@ -36,6 +36,10 @@ class ModelConfig(_Section):
         "[@revision] (from the Hugging Face cache; downloaded unless HF_HUB_OFFLINE=1)"
     )
     reference: bool = Field(True, description="keep a frozen reference policy for the KL term (used when beta > 0)")
+    trust_remote_code: bool = Field(
+        False, description="let the learner run the model folder's own Python (its config's auto_map); workers "
+        "decide for themselves (echo2 worker --allow-plugin trust_remote_code)"
+    )
 
 
 class TaskConfig(_Section):

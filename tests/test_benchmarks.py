@@ -44,6 +44,18 @@ def test_intake_memory_bench_refuses_huge_text_with_the_bounds_and_prints_both_m
         assert r["rss_before_mib"] > 0 and r["buffer"]["groups_per_worker"] == 16
 
 
+def test_intake_stall_bench_times_the_probe_around_both_kinds_of_push():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "intake_stall.py"), "--mib", "1", "--quiet-s", "0.3"],
+        capture_output=True, text=True, timeout=180, check=True,
+    ).stdout
+    rows = {r["kind"]: r for r in (json.loads(x) for x in out.splitlines() if x.startswith("{"))}
+    assert sorted(rows) == ["maps", "text"]
+    for r in rows.values():
+        assert r["answer"] == "ack" and r["probes_during"] >= 1 and r["probe_worst_during_ms"] > 0
+        assert 0.9 < r["frame_mib"] < 1.1 and r["probe_p50_before_ms"] > 0
+
+
 @pytest.mark.slow
 def test_load_bench_loses_nothing_and_prints_every_figure():
     out = subprocess.run(

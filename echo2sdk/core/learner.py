@@ -102,7 +102,7 @@ class Learner:
         micro_batch: int = 8, precision: str = "auto", temperature: float = 1.0, weight_decay: float = 0.0,
         reference: bool = True, threads: int | None = None, seed: int = 0, weights_from: str | None = None,
         distributed: bool = False, gradient_checkpointing: bool = False, token_budget: int | None = 2048,
-        device: str | None = None,
+        device: str | None = None, trust_remote_code: bool = False,
     ):
         """`model_path`: the initial policy (and the KL reference); `weights_from`: a Hugging Face folder whose
         weights the policy starts from instead (a checkpoint being resumed). `distributed`: shard with FSDP2
@@ -112,7 +112,9 @@ class Learner:
         unit's longest), which bounds the activations a unit keeps for its backward pass: a prompt's rows are
         cut into units that fit, and a row longer than it alone (a long multi-turn episode) runs with gradient
         checkpointing; None: units of micro_batch rows whatever their length. `device`:
-        default the current CUDA device when there is one, else the CPU. The GRPO knobs (`loss_type`,
+        default the current CUDA device when there is one, else the CPU. `trust_remote_code`: run the model
+        folder's own Python (its config's `auto_map`); False refuses such a model at once instead of transformers
+        asking on a terminal. The GRPO knobs (`loss_type`,
         `epsilon`, `epsilon_high`, `scale_rewards`, `max_completion_length`, `is_cap`, `importance_weight`:
         core/grpo.py) and the schedule
         (`updates_per_step` optimizer updates per step, `lr_scheduler` over `total_steps` steps with
@@ -125,8 +127,10 @@ class Learner:
         self.distributed = distributed
         self.rank, self.world = rank_world(distributed)
         self.device = learner_device(device)
+        self.trust_remote_code = bool(trust_remote_code)
         self.model, self.ref = load_policy(model_path, weights_from, self.device, reference=beta > 0 and reference,
-                                           gradient_checkpointing=gradient_checkpointing, token_budget=token_budget)
+                                           gradient_checkpointing=gradient_checkpointing, token_budget=token_budget,
+                                           trust_remote_code=self.trust_remote_code)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self._aliases = tied_aliases(self.model)  # e.g. lm_head.weight, the same tensor as the embeddings
         self._fwd, self._ref_fwd = unit_forwards(self.model, self.ref, gradient_checkpointing=gradient_checkpointing,
@@ -408,4 +412,4 @@ class Learner:
         if tokenizer_from:
             from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)
+            AutoTokenizer.from_pretrained(tokenizer_from, trust_remote_code=self.trust_remote_code).save_pretrained(folder)

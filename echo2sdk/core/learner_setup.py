@@ -45,15 +45,18 @@ def learner_device(device: str | None) -> torch.device:
 
 def load_policy(
     model_path: str, weights_from: str | None, device: torch.device, *, reference: bool, gradient_checkpointing: bool,
-    token_budget: int | None,
+    token_budget: int | None, trust_remote_code: bool = False,
 ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """(pi_theta, pi_ref): the policy in fp32 on `device` from `weights_from` (else `model_path`), in training
     mode without a KV cache; with `reference`, a frozen copy of `model_path`'s weights. Gradient checkpointing
     is set up on the policy when `gradient_checkpointing` (always on) or `token_budget` (off until a long row
-    switches it on, UnitForward)."""
+    switches it on, UnitForward). `trust_remote_code`: transformers' flag, False unless the operator set
+    model.trust_remote_code."""
     from transformers import AutoModelForCausalLM
 
-    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).to(device)  # noqa: E731
+    def load(p: str) -> torch.nn.Module:  # never a model folder's own code unless the operator said so
+        return AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32, trust_remote_code=trust_remote_code).to(device)
+
     model = load(weights_from or model_path)
     model.train()
     model.config.use_cache = False

@@ -483,16 +483,12 @@ def _custom_code_folder(tmp_path: Path) -> Path:
     return folder
 
 
-def test_a_model_with_its_own_code_is_refused_on_a_terminal_without_a_question(tmp_path):
-    """The worker's model folder comes from the coordinator. transformers, left to decide, asks "Do you wish to run
-    the custom code? [y/N]" on a terminal and waits 15 s; the hf backend passes trust_remote_code=False: a
-    BackendError at once, no question, the folder's code never run. Run in a pseudo-terminal, as on a console."""
+def _on_a_terminal(code: str) -> tuple[int, str]:
+    """Run `code` in a Python child on a pseudo-terminal, as on a console: its exit status and what it printed."""
     import os
     import pty
     import select
 
-    folder = _custom_code_folder(tmp_path)
-    code = f"from echo2sdk.backends.hf import HFBackend\nHFBackend({str(folder)!r})\n"
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=slave, close_fds=True)
     os.close(slave)
@@ -510,8 +506,30 @@ def test_a_model_with_its_own_code_is_refused_on_a_terminal_without_a_question(t
     finally:
         proc.kill()
         os.close(master)
-    text = out.decode(errors="replace")
+    return rc, out.decode(errors="replace")
+
+
+def test_a_model_with_its_own_code_is_refused_on_a_terminal_without_a_question(tmp_path):
+    """The worker's model folder comes from the coordinator. transformers, left to decide, asks "Do you wish to run
+    the custom code? [y/N]" on a terminal and waits 15 s; the hf backend passes trust_remote_code=False: a
+    BackendError at once, no question, the folder's code never run. Run in a pseudo-terminal, as on a console."""
+    folder = _custom_code_folder(tmp_path)
+    rc, text = _on_a_terminal(f"from echo2sdk.backends.hf import HFBackend\nHFBackend({str(folder)!r})\n")
     assert rc == 1 and "BackendError: cannot load the model folder" in text and "trust_remote_code" in text, text
     assert "Do you wish to run the custom code" not in text and not (tmp_path / "ran").exists()
     with pytest.raises(ConfigError, match="trust_remote_code must be true or false, got 'yes'"):
         HFBackend("tiny-random", trust_remote_code="yes")
+
+
+def test_the_learner_refuses_a_model_with_its_own_code_unless_the_operator_allows_it(tmp_path):
+    """The learner's model loads the same way (model.trust_remote_code = false by default): refused at once on a
+    terminal, the folder's code never run; the operator's `true` is what the learner is given."""
+    from echo2sdk.config import load_config
+    from echo2sdk.runtime.learner.build import learner_args
+
+    folder = _custom_code_folder(tmp_path)
+    rc, text = _on_a_terminal(f"from echo2sdk.core.learner import Learner\nLearner({str(folder)!r}, lr=1e-5)\n")
+    assert rc == 1 and "trust_remote_code" in text and "Do you wish to run the custom code" not in text, text
+    assert not (tmp_path / "ran").exists()
+    assert learner_args(load_config(None, []))["trust_remote_code"] is False
+    assert learner_args(load_config(None, ["model.trust_remote_code=true"]))["trust_remote_code"] is True

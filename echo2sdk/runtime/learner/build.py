@@ -22,6 +22,7 @@ def learner_args(cfg: Config) -> dict[str, Any]:
     """Keyword arguments of `Learner(model_path, **learner_args(cfg))`."""
     L = cfg.learner
     return dict(
+        trust_remote_code=cfg.model.trust_remote_code,
         lr=L.lr,
         beta=L.beta,
         epsilon=L.epsilon,
