@@ -210,7 +210,8 @@ def prompt_chars(prompt: str | tuple[Message, ...]) -> int:
 def held_bytes(records: Sequence[Trajectory]) -> int:
     """What a group of records takes in the learner's memory, estimated from its parts: text at its Python width
     (1, 2 or 4 bytes a character), 36 bytes per token id (a tuple slot and an int object), 32 per log-prob,
-    8 per loss-mask bit, RECORD_OVERHEAD_BYTES for the rest (docs/security.md compares it with measured RSS)."""
+    8 per loss-mask bit, meta.extra's keys and strings (+64 bytes an entry), RECORD_OVERHEAD_BYTES for the rest
+    (docs/security.md compares it with measured RSS)."""
     total = 0
     for t in records:
         texts = [t.prompt] if isinstance(t.prompt, str) else [m.content for m in t.prompt]
@@ -219,6 +220,7 @@ def held_bytes(records: Sequence[Trajectory]) -> int:
         m = t.meta
         total += 36 * (len(m.prompt_ids) + len(m.response_ids)) + 32 * len(m.logprobs)
         total += 8 * len(m.loss_mask or ()) + RECORD_OVERHEAD_BYTES
+        total += sum(64 + len(k) + (len(v) * _width(v) if isinstance(v, str) else 0) for k, v in m.extra.items())
     return total
 
 

@@ -559,3 +559,15 @@ def test_a_pool_holds_its_budget_together_and_the_greediest_member_pays():
     ids = {g[0].meta.group_id for g in buf.sample(s["ready_groups"])}
     assert "h" in ids and {"c0", "c1", "c2"} <= ids  # the honest member and the credential keep theirs
     assert len(ids & {"a0", "a1", "a2", "b0", "b1", "b2"}) == 3
+
+
+def test_held_bytes_counts_text_by_its_width_and_the_extra_strings():
+    from echo2sdk.core.records import RECORD_OVERHEAD_BYTES, held_bytes
+
+    (t,) = group("g", 0, 1)
+    base = held_bytes([t])
+    assert base == RECORD_OVERHEAD_BYTES + len("p") + len(t.response) + 36 * 3 + 32 * 1
+    wide = t.model_copy(update={"response": "漢" * 100})  # 2 bytes a character in a Python str
+    assert held_bytes([wide]) - base == 200 - len(t.response)
+    noted = t.model_copy(update={"meta": t.meta.model_copy(update={"extra": {"note": "x" * 4096}})})
+    assert held_bytes([noted]) - base == 64 + 4 + 4096
