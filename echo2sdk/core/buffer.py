@@ -110,7 +110,7 @@ class StalenessBuffer:
                 checks.integer(name, value, lo=1, error=ConfigError)
         self.bytes_per_worker, self.bytes_per_pool = bytes_per_worker, bytes_per_pool
         self.pool_of: Callable[[str], tuple[str, int] | None] = pool_of or (lambda worker: None)
-        self._nbytes: dict[GroupKey, int] = {}  # held_bytes of each ready group (kept only with a byte budget)
+        self._bytes = _Bytes()  # ready groups' held_bytes by owner and pool, fixed at admission (with budgets)
         self.order = order
         self.reward_bound = float(reward_bound)
         checks.integer("fallback_after", fallback_after, lo=0, error=ConfigError)
@@ -221,6 +221,7 @@ class StalenessBuffer:
                     records = entry if isinstance(entry, list) else entry[1]
                     if any(t.meta.worker == worker_id for t in records):
                         del store[key]
+                        self._bytes.forget(key) if store is self._ready else None
                         dropped += len(records)
             self._evicted["quarantined"] += dropped
         return dropped
@@ -259,7 +260,7 @@ class StalenessBuffer:
                 keys = list(self._ready)[:num_groups]  # dicts keep arrival order
             else:
                 keys = sorted(self._ready, key=lambda k: (-k[1], self._ready[k][0]))[:num_groups]
-            out = [records for _, records in (self._ready.pop(key) for key in keys)]
+            out = [records for _, records in (self._pop_ready(key) for key in keys)]
             aside = sorted(reversed(list(self._aside)), key=lambda k: -k[1])[:fill]  # the newest filtered groups
             out += [self._aside.pop(key) for key in aside]
             self._fallback_groups += fill
@@ -277,7 +278,7 @@ class StalenessBuffer:
         with self._cond:
             held = sum(len(g) for g in self._pending.values()) + sum(len(g) for _, g in self._ready.values())
             held += sum(len(g) for g in self._aside.values())
-            held_bytes_ = sum(self._nbytes.get(k, 0) for k in self._ready)
+            held_bytes_ = sum(self._bytes.owner.values())
             return {
                 "version": self._version,
                 "admitted": self._admitted,
@@ -356,55 +357,101 @@ class StalenessBuffer:
             return
         self._ready[key] = (self._seq, records)
         self._seq += 1
+        owner = records[0].meta.worker
+        pool = self.pool_of(owner)
+        tracked = self.bytes_per_worker is not None or pool is not None
+        if tracked:
+            self._bytes.add(key, owner, pool, held_bytes(records))
         if self.capacity_groups is not None and len(self._ready) > self.capacity_groups:
             oldest = min(self._ready, key=lambda k: (k[1], self._ready[k][0]))
-            self._evicted["overflow"] += len(self._ready.pop(oldest)[1])
+            self._evicted["overflow"] += len(self._pop_ready(oldest)[1])
         if self.groups_per_worker is not None:
-            owner = records[0].meta.worker
-            mine = [k for k, (_, recs) in self._ready.items() if recs[0].meta.worker == owner]
+            mine = (list(self._bytes.keys.get(owner, ())) if tracked
+                    else [k for k, (_, recs) in self._ready.items() if recs[0].meta.worker == owner])
             if len(mine) > self.groups_per_worker:
                 oldest = min(mine, key=lambda k: (k[1], self._ready[k][0]))
-                self._evicted["worker_overflow"] += len(self._ready.pop(oldest)[1])
-        if self.bytes_per_worker is not None or self.bytes_per_pool is not None or self.pool_of(records[0].meta.worker):
-            self._nbytes[key] = held_bytes(records)
-            self._trim_bytes(records[0].meta.worker)
+                self._evicted["worker_overflow"] += len(self._pop_ready(oldest)[1])
+        if tracked and key in self._ready:
+            self._trim_bytes(owner, pool)
         self._cond.notify_all()
 
-    def _trim_bytes(self, owner: str) -> None:
-        """Hold the byte budgets after `owner`'s group came in: its own, then its pool's."""
-        if len(self._nbytes) > 2 * len(self._ready) + 64:  # forget groups that left the buffer
-            self._nbytes = {k: n for k, n in self._nbytes.items() if k in self._ready}
-        by_worker: dict[str, list[GroupKey]] = {}
-        for k, (_, recs) in self._ready.items():
-            by_worker.setdefault(recs[0].meta.worker, []).append(k)  # oldest first within a worker (arrival)
-        held = {w: sum(self._nbytes.get(k, 0) for k in keys) for w, keys in by_worker.items()}
-        if self.bytes_per_worker is not None:
-            while held.get(owner, 0) > self.bytes_per_worker and by_worker.get(owner):
-                held[owner] -= self._drop_ready(by_worker[owner], "worker_bytes")
-        pool = self.pool_of(owner)
-        if pool is not None:
-            name, budget = pool
-            members = [w for w in by_worker if (self.pool_of(w) or ("",))[0] == name]
-            while sum(held[w] for w in members) > budget:
-                greedy = max((w for w in members if by_worker[w]), key=lambda w: held[w])
-                held[greedy] -= self._drop_ready(by_worker[greedy], "pool_bytes")
+    def _pop_ready(self, key: GroupKey) -> tuple[int, list[Trajectory]]:
+        self._bytes.forget(key)
+        return self._ready.pop(key)
 
-    def _drop_ready(self, keys: list[GroupKey], reason: str) -> int:
-        """Drop the oldest of `keys` (lowest version, then arrival) from the ready groups; its bytes."""
-        oldest = min(keys, key=lambda k: (k[1], self._ready[k][0]))
-        keys.remove(oldest)
-        self._evicted[reason] += len(self._ready.pop(oldest)[1])
-        return self._nbytes.pop(oldest, 0)
+    def _trim_bytes(self, owner: str, pool: tuple[str, int] | None) -> None:
+        """Hold the byte budgets after `owner`'s group came in: its own, then its pool's. A pool over its budget
+        loses the oldest group of the member holding the most above a fair share (one worker's budget); when no
+        member holds more than that, the newcomer's own oldest (so a pool never grows past its budget)."""
+        b = self._bytes
+        if self.bytes_per_worker is not None:
+            while b.owner[owner] > self.bytes_per_worker and b.keys.get(owner):
+                self._evict_bytes(owner, "worker_bytes")
+        if pool is None:
+            return
+        name, budget = pool
+        fair = self.bytes_per_worker or budget
+        while b.pool[name] > budget:
+            over = [w for w in b.members[name] if b.owner[w] > fair]
+            victim = max(over, key=lambda w: (b.owner[w], w)) if over else owner
+            if not b.keys.get(victim):
+                break
+            self._evict_bytes(victim, "pool_bytes")
+
+    def _evict_bytes(self, owner: str, reason: str) -> None:
+        """Drop `owner`'s oldest ready group (lowest version, then arrival), counted under `reason`."""
+        oldest = min(self._bytes.keys[owner], key=lambda k: (k[1], self._ready[k][0]))
+        self._evicted[reason] += len(self._pop_ready(oldest)[1])
 
     def _evict_stale(self) -> None:
         floor = self._version - self.staleness  # v_t - S
         for store in (self._pending, self._ready):
             for key in [k for k in store if k[1] < floor]:
                 entry = store.pop(key)
+                self._bytes.forget(key)
                 records = entry if isinstance(entry, list) else entry[1]
                 self._evicted["stale"] += len(records)
         for key in [k for k in self._aside if k[1] < floor]:  # filtered groups: not counted as evicted
             self._filtered += len(self._aside.pop(key))
+
+
+class _Bytes:
+    """The ready groups' held_bytes, by owner (the group's `meta.worker`) and by pool, each group's owner and pool
+    fixed when it was admitted (a worker the registry later forgets stays in its pool until its groups leave).
+    O(1) per group added or forgotten."""
+
+    def __init__(self) -> None:
+        self.groups: dict[GroupKey, tuple[str, str | None, int]] = {}
+        self.owner: Counter[str] = Counter()
+        self.pool: Counter[str] = Counter()
+        self.keys: dict[str, dict[GroupKey, None]] = {}  # owner -> its groups, in arrival order
+        self.members: dict[str, set[str]] = {}  # pool -> owners holding groups in it
+
+    def add(self, key: GroupKey, owner: str, pool: tuple[str, int] | None, n: int) -> None:
+        name = pool[0] if pool is not None else None
+        self.groups[key] = (owner, name, n)
+        self.owner[owner] += n
+        self.keys.setdefault(owner, {})[key] = None
+        if name is not None:
+            self.pool[name] += n
+            self.members.setdefault(name, set()).add(owner)
+
+    def forget(self, key: GroupKey) -> None:
+        entry = self.groups.pop(key, None)
+        if entry is None:
+            return
+        owner, name, n = entry
+        self.owner[owner] -= n
+        mine = self.keys[owner]
+        del mine[key]
+        if not mine:
+            del self.keys[owner], self.owner[owner]
+        if name is not None:
+            self.pool[name] -= n
+            if not mine:
+                self.members[name].discard(owner)
+                if not self.members[name]:
+                    del self.members[name], self.pool[name]
 
 
 def has_signal(records: Sequence[Trajectory]) -> bool:

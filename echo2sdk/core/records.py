@@ -41,6 +41,7 @@ MAX_EXTRA_TEXT = 4096  # characters of a string in meta.extra
 # text that no max_len tokens decode to (a token holder's padding) is refused ("text_too_long").
 MAX_CHARS_PER_TOKEN = 64
 RECORD_OVERHEAD_BYTES = 1024  # a held record's objects besides its text and token sequences (estimate)
+MESSAGE_BYTES = 512  # a chat message's objects besides its content (measured ~480)
 MAX_EXTRA_KEYS = 256
 MAX_ID_CHARS = 256  # group ids (task ids), worker ids, meta.extra keys
 
@@ -196,6 +197,8 @@ def check_admissible(
     if total > max_len:
         raise TrajectoryRejected("too_long", "meta.response_ids", total, f"prompt+response exceeds {max_len} tokens")
     limit = MAX_CHARS_PER_TOKEN * max_len
+    if not isinstance(t.prompt, str) and len(t.prompt) > max_len:  # every message costs a token at least
+        raise TrajectoryRejected("text_too_long", "prompt", f"{len(t.prompt)} messages", f"more than max_len = {max_len}")
     for name, chars in (("prompt", prompt_chars(t.prompt)), ("response", len(t.response))):
         if chars > limit:
             raise TrajectoryRejected("text_too_long", name, f"{chars} characters",
@@ -210,17 +213,19 @@ def prompt_chars(prompt: str | tuple[Message, ...]) -> int:
 def held_bytes(records: Sequence[Trajectory]) -> int:
     """What a group of records takes in the learner's memory, estimated from its parts: text at its Python width
     (1, 2 or 4 bytes a character), 36 bytes per token id (a tuple slot and an int object), 32 per log-prob,
-    8 per loss-mask bit, meta.extra's keys and strings (+64 bytes an entry), RECORD_OVERHEAD_BYTES for the rest
+    8 per loss-mask bit, MESSAGE_BYTES per chat message, meta.extra's keys and strings (+64 bytes an entry),
+    RECORD_OVERHEAD_BYTES for the rest
     (docs/security.md compares it with measured RSS)."""
     total = 0
     for t in records:
         texts = [t.prompt] if isinstance(t.prompt, str) else [m.content for m in t.prompt]
         texts.append(t.response)
+        total += 0 if isinstance(t.prompt, str) else MESSAGE_BYTES * len(t.prompt)
         total += sum(len(x) * _width(x) for x in texts)
         m = t.meta
         total += 36 * (len(m.prompt_ids) + len(m.response_ids)) + 32 * len(m.logprobs)
         total += 8 * len(m.loss_mask or ()) + RECORD_OVERHEAD_BYTES
-        total += sum(64 + len(k) + (len(v) * _width(v) if isinstance(v, str) else 0) for k, v in m.extra.items())
+        total += sum(64 + len(k) * _width(k) + (len(v) * _width(v) if isinstance(v, str) else 0) for k, v in m.extra.items())
     return total
 
 

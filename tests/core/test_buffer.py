@@ -571,3 +571,25 @@ def test_held_bytes_counts_text_by_its_width_and_the_extra_strings():
     assert held_bytes([wide]) - base == 200 - len(t.response)
     noted = t.model_copy(update={"meta": t.meta.model_copy(update={"extra": {"note": "x" * 4096}})})
     assert held_bytes([noted]) - base == 64 + 4 + 4096
+
+
+def test_a_pool_keeps_counting_ids_the_registry_forgot_and_many_small_ids_evict_only_themselves():
+    from echo2sdk.core.records import held_bytes
+
+    one = held_bytes(_worker_group("probe", "x", "x" * 500))
+    forgotten: set[str] = set()
+
+    def pool_of(worker: str):
+        return None if worker in forgotten else ("token", 4 * one)
+
+    buf = StalenessBuffer(staleness=2, group_size=2, bytes_per_worker=2 * one, pool_of=pool_of)
+    buf.add_group(_worker_group("h0", "honest", "x" * 500), **LIMITS)
+    buf.add_group(_worker_group("h1", "honest", "x" * 500), **LIMITS)  # at its fair share (2 groups)
+    for i in range(300):  # ids that push one group each and leave: the registry forgets them
+        buf.add_group(_worker_group(f"s{i}", f"small-{i}", "x" * 500), **LIMITS)
+        forgotten.add(f"small-{i}")
+    s = buf.stats()
+    assert s["held_bytes"] <= 4 * one + one // 10  # the pool's budget holds, forgotten ids counted in it
+    ids = {g[0].meta.group_id for g in buf.sample(s["ready_groups"])}
+    assert {"h0", "h1"} <= ids  # the honest worker, at its fair share, lost nothing
+    assert s["evicted_by_reason"] == {"pool_bytes": 2 * 298}

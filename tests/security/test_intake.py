@@ -47,7 +47,7 @@ BAD = [
     ("logprob-inf", dict(meta={"logprobs": [-math.inf, -0.1]}), "non_finite", "'meta.logprobs.0' = -inf"),
     # max_len 64: text beyond 64 characters per token of it (4096) is no decoded response (issue 34)
     ("text-long", dict(response="x" * 4097), "text_too_long", "'response' = '4097 characters'"),
-    ("prompt-long", dict(prompt="x" * 4097), "text_too_long", "'prompt' = '4097 characters'"),
+    ("chat-many", dict(prompt=[{"role": "user", "content": ""}] * 65), "text_too_long", "'prompt' = '65 messages'"),
 ]
 
 
@@ -301,3 +301,20 @@ def test_worker_table_is_safe_while_the_coordinator_loop_mutates_a_worker():
         t.join(5)
         sys.setswitchinterval(old)
         c.stop()
+
+
+def test_a_prompt_longer_than_the_text_bound_is_kept_cut_not_refused(loop):
+    """A worker keeps a long document's whole prompt text while its prompt_ids were truncated to fit max_len: the
+    record is admitted with the end of its prompt (64 characters per token of max_len 64 = 4096), a chat prompt
+    with its newest messages."""
+    coord = make_coordinator()
+    try:
+        text = "a" * 3000 + "b" * 3000
+        chat = [{"role": "system", "content": "s" * 3000}, {"role": "user", "content": "u" * 3000}]
+        ack = loop.run(_push(coord.port, [group("doc", prompt=text), group("chat", prompt=chat)]))
+        assert ack["accepted"] == 2 * GROUP and coord.rejected == {}
+        held = {g[0].meta.group_id: g[0].prompt for g in coord.buffer.sample(2)}
+    finally:
+        coord.stop()
+    assert held["doc"] == "a" * 1096 + "b" * 3000
+    assert [(m.role, len(m.content)) for m in held["chat"]] == [("system", 1096), ("user", 3000)]

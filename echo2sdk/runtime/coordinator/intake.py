@@ -11,7 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.core.records import Trajectory
+from echo2sdk.core.records import MAX_CHARS_PER_TOKEN, Trajectory, prompt_chars
 from echo2sdk.errors import TrajectoryRejected
 from echo2sdk.runtime.protocol.messages import Ack, Trajectories, shown
 
@@ -58,7 +58,8 @@ class Intake:
             try:
                 if not isinstance(group, (list, tuple)):
                     raise TrajectoryRejected("schema", "groups[]", type(group).__name__, "a group is a list")
-                records = [_attributed(Trajectory.from_wire(obj), worker_id) for obj in group]
+                records = [_bounded_prompt(_attributed(Trajectory.from_wire(obj), worker_id), self.max_len)
+                           for obj in group]
                 self.buffer.add_group(records, vocab_size=self.vocab_size, max_len=self.max_len)
                 accepted += len(records)
             except TrajectoryRejected as e:
@@ -102,3 +103,22 @@ def _attributed(t: Trajectory, worker_id: str) -> Trajectory:
     if t.meta.worker == worker_id:
         return t
     return t.model_copy(update={"meta": t.meta.model_copy(update={"worker": worker_id})})
+
+
+def _bounded_prompt(t: Trajectory, max_len: int) -> Trajectory:
+    """`t` with its prompt text cut to the text bound (records.MAX_CHARS_PER_TOKEN x max_len characters, the
+    end kept): a worker keeps a long document's whole text while its prompt_ids were truncated to fit max_len,
+    and the learner trains on the ids. A response over the bound is still refused (its text is what its ids
+    decode to), and so is a chat prompt with more messages than max_len."""
+    limit = MAX_CHARS_PER_TOKEN * max_len
+    if prompt_chars(t.prompt) <= limit:
+        return t
+    if isinstance(t.prompt, str):
+        return t.model_copy(update={"prompt": t.prompt[-limit:]})
+    kept, room = [], limit
+    for m in reversed(t.prompt):  # the newest messages, whole, then the end of the one that does not fit
+        if room <= 0:
+            break
+        kept.append(m if len(m.content) <= room else m.model_copy(update={"content": m.content[-room:]}))
+        room -= len(kept[-1].content)
+    return t.model_copy(update={"prompt": tuple(reversed(kept))})
