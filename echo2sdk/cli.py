@@ -65,7 +65,7 @@ def _fleet(args: argparse.Namespace) -> int:
     from echo2sdk.runtime.providers import fleet_down, fleet_status
 
     if args.action == "down":
-        result = fleet_down(args.run_dir)
+        result = fleet_down(args.run_dir, force=args.force)
         for name, said in sorted(result.items()):
             print(f"{name}: {said}")
         if not result:
@@ -80,6 +80,10 @@ def _fleet(args: argparse.Namespace) -> int:
         price = f"{r['price_per_hour']:.3f}" if r["price_per_hour"] is not None else "-"
         why = f"  ({r['reason']})" if r["reason"] else ""
         print(f"{r['machine']:<16} {r['provider']:<9} {r['type'] or '-':<8} {price:>7}  {r['ledger']:<7} {r['now']}{why}")
+    from echo2sdk.runtime.providers.ledger import holder
+
+    if (pid := holder(args.run_dir)) is not None:
+        print(f"the run is still going: process {pid} holds {args.run_dir}/.fleet.lock")
     up = [r for r in rows if r["now"] not in ("down", "gone")]
     print(f"{len(up)} of {len(rows)} recorded machines still up" + (f": echo2 fleet down {args.run_dir}" if up else ""))
     return 0
@@ -257,6 +261,7 @@ def _fleet_parser(sub: argparse._SubParsersAction) -> None:
     f.add_argument("action", choices=["status", "down"])
     f.add_argument("run_dir", metavar="RUN_DIR", help="the run's output folder")
     f.add_argument("--json", action="store_true", help="status as JSON")
+    f.add_argument("--force", action="store_true", help="down: even while the run's learner is still going")
     f.set_defaults(func=_fleet)
 
 

@@ -114,10 +114,15 @@ def fleet_status(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def fleet_down(run_dir: str | os.PathLike) -> dict[str, str]:
+def fleet_down(run_dir: str | os.PathLike, force: bool = False) -> dict[str, str]:
     """End every machine of the run ledger of `run_dir` not recorded as down, through the provider that started it,
-    and record each confirmed end in the ledger. Returns name -> "down" or the error."""
-    from echo2sdk.runtime.providers.ledger import Ledger
+    and record each confirmed end in the ledger. Returns name -> "down" or the error. Refused while the run's
+    learner still holds the folder (its scheduler would launch again), unless `force`."""
+    from echo2sdk.runtime.providers.ledger import Ledger, holder
+
+    if not force and (pid := holder(run_dir)) is not None:
+        raise ConfigError(f"{str(run_dir)!r}: the run is still going (process {pid} holds its .fleet.lock); stop "
+                          "it (its machines go down when it closes), or end them anyway with --force")
 
     out: dict[str, str] = {}
     for provider, machines in _by_provider(run_dir).items():

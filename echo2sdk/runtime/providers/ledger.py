@@ -13,11 +13,14 @@ description: type, resources, $/h, never a secret), ``requested`` (the launch re
 confirmed). A machine's state is its last event; ``handle`` fields added by later events are merged in.
 
 ``echo2 fleet`` trusts this file as much as it trusts the run folder: it refuses one that another user owns or
-that others may write, and it acts only through providers registered as entry points.
+that others may write, and it acts only through providers registered as entry points. A process whose providers
+have written the ledger holds ``RUN_DIR/.fleet.lock`` (flock, with its pid) while it lives: ``echo2 fleet down`` refuses
+to end the machines of a run still going unless forced (a killed learner's lock is gone with it).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -28,9 +31,11 @@ from typing import Any
 
 from echo2sdk.errors import ConfigError
 
-__all__ = ["FILENAME", "Ledger", "Machine", "read_ledger"]
+__all__ = ["FILENAME", "Ledger", "Machine", "read_ledger", "holder"]
 
 FILENAME = "machines.jsonl"
+LOCK = ".fleet.lock"
+_HELD: dict[str, int] = {}  # run folder -> the open lock file this process holds
 EVENTS = ("launch", "requested", "up", "failed", "down")
 
 
@@ -64,6 +69,7 @@ class Ledger:
         line = json.dumps({"t": round(time.time(), 3), "provider": self.provider, **record}, sort_keys=True)
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _hold(self.path.parent)  # from the first record on, for the rest of this process
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             with open(fd, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
@@ -126,3 +132,36 @@ def read_ledger(run_dir: str | os.PathLike) -> dict[str, Machine]:
             if event != "requested":  # part of the launch: the state stays "launch"
                 m.state, m.changed_at, m.reason = event, t, str(rec.get("reason", ""))
     return out
+
+
+def _hold(run_dir: Path) -> None:
+    """Hold RUN_DIR/.fleet.lock for the rest of this process (once per folder; another holder: leave it)."""
+    key = str(run_dir.resolve())
+    if key in _HELD:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD[key] = fd
+
+
+def holder(run_dir: str | os.PathLike) -> int | None:
+    """The pid of another process that holds RUN_DIR/.fleet.lock (a learner still running), else None."""
+    path = Path(run_dir) / LOCK
+    if str(Path(run_dir).resolve()) in _HELD or not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        text = os.read(fd, 32).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else -1
+    finally:
+        os.close(fd)
+    return None

@@ -413,3 +413,23 @@ def test_fleet_down_trusts_a_ledger_no_further_than_the_run(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_fleet_down_refuses_a_run_whose_learner_still_holds_it(tmp_path):
+    import signal
+    import subprocess
+
+    code = ("import sys, time\nfrom echo2sdk.runtime.providers.ledger import Ledger\n"
+            "Ledger(sys.argv[1], 'local').down('nothing')\nprint('held', flush=True)\ntime.sleep(60)\n")
+    learner = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert learner.stdout.readline().strip() == "held"  # its first ledger line took the lock
+        with pytest.raises(ConfigError, match=f"still going \\(process {learner.pid} holds"):
+            fleet_down(tmp_path)
+        assert fleet_down(tmp_path, force=True) == {}
+        learner.send_signal(signal.SIGKILL)
+        learner.wait(10)
+        assert fleet_down(tmp_path) == {}  # a killed learner's lock is gone with it
+    finally:
+        learner.kill()
+        learner.wait(10)
