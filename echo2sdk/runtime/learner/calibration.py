@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,9 @@ class Provisioning:
         self.loop: Any = None
         self.provider: Any = None
         self.initial: list[str] = []  # machines launched before warm-up
+        self.warmup_failed: dict[str, str] = {}  # warm-up launches that failed: name -> reason
+        self._watching = threading.Event()
+        self._watcher: threading.Thread | None = None
         self._events: Any = None
 
     def start(self, cal: dict[str, Any]) -> None:
@@ -123,6 +127,7 @@ class Provisioning:
         from echo2sdk.runtime.learner.live_loop import LiveLoop
 
         cfg, sc = self.cfg, self.cfg.scheduler
+        self._stop_watching()  # the live loop reads the provider's failures from now on
         now = time.monotonic()
         sched = self._scheduler()
         prior = statistics.fmean(list(cal["mu"].values()) or [1.0])
@@ -136,6 +141,9 @@ class Provisioning:
             sched.add_worker(w.worker_id, cal["prices"][w.worker_id], cal["mu"].get(w.worker_id, prior), now=now,
                              kind=kinds.get(w.worker_id))
         self.provider = self._standby(sched, prior, now)
+        for name, reason in self.warmup_failed.items():  # its machine type backs off, as in the live loop
+            if name in sched.workers:
+                sched.mark_launch_failed(name, now, reason)
         try:
             sched.calibrate(T_train=cal["T_train"], T_bcast=cal["T_bcast"], R=cfg.learner.trajectories_per_step,
                             kappa=cfg.kappa)
@@ -148,6 +156,8 @@ class Provisioning:
         for w in self.coordinator.alive_workers():
             self.coordinator.set_active(w.worker_id, w.worker_id in chosen)
         self._events, write = event_log(self.out / "scheduler.jsonl")
+        for name, reason in self.warmup_failed.items():
+            write({"t": now, "event": "launch_failed", "worker": name, "reason": reason, "during": "warm-up"})
         write({"t": now, "event": "provisioned", "mu_target": sched.mu_target, "active": sorted(chosen),
                "standby": sched.standby()})
         self.loop = LiveLoop(sched, self.coordinator, self.provider, period_s=cfg.run.heartbeat_s,
@@ -196,10 +206,40 @@ class Provisioning:
             self.provider.start(name, price)
             self.initial.append(name)
         log.info("launched %d machine(s) for warm-up: %s", len(self.initial), self.initial)
+        if callable(getattr(self.provider, "failures", None)):
+            self._watcher = threading.Thread(target=self._replace_failed, args=(ranked,), daemon=True,
+                                             name="echo2-warmup-launches")
+            self._watcher.start()
         return list(self.initial)
+
+    def _replace_failed(self, ranked: list[tuple[float, str, float]]) -> None:
+        """During warm-up (the live loop is not running yet): a failed launch is replaced by the cheapest machine
+        not tried yet of another type (of any type once every type failed), so the warm-up gets its pool."""
+        kind = {f"{m.name}-{i}": m.name for m in self.cfg.scheduler.machines for i in range(m.count)}
+        tried, failed_kinds = set(self.initial), set()
+        while not self._watching.wait(1.0):
+            for name, reason in self.provider.failures().items():
+                self.warmup_failed[name] = reason
+                failed_kinds.add(kind.get(name, name))
+                untried = [(n, p) for _, n, p in ranked if n not in tried]
+                pick = next(((n, p) for n, p in untried if kind[n] not in failed_kinds), None) or next(iter(untried), None)
+                if pick is None:
+                    log.error("warm-up machine %s failed (%s); no machine left to try", name, reason)
+                    continue
+                log.warning("warm-up machine %s failed (%s); launching %s instead", name, reason, pick[0])
+                tried.add(pick[0])
+                self.provider.start(*pick)
+                self.initial.append(pick[0])
+
+    def _stop_watching(self) -> None:
+        self._watching.set()
+        if self._watcher is not None:
+            self._watcher.join(5)
+            self._watcher = None
 
     def stop(self) -> None:
         """Stop the live loop, the standby machines and the event file (a no-op when never started)."""
+        self._stop_watching()
         if self.loop is not None:
             self.loop.stop()
             self.loop = None

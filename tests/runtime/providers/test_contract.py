@@ -433,3 +433,29 @@ def test_fleet_down_refuses_a_run_whose_learner_still_holds_it(tmp_path):
     finally:
         learner.kill()
         learner.wait(10)
+
+
+def test_a_failed_warm_up_launch_is_replaced_by_another_type_and_backs_that_type_off(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from echo2sdk.config import load_config
+    from echo2sdk.runtime.learner.calibration import Provisioning
+
+    fake = FakeSky(tmp_path / "fake-sky", launch_s=0.05, fail=["^h100-"])
+    monkeypatch.setitem(sys.modules, "sky", fake)  # the provider imports sky when it first needs it
+    cfg = load_config(None, [
+        "scheduler.enabled=true", "scheduler.provider=\"skypilot\"", "scheduler.initial_machines=1",
+        "scheduler.provider_options={connect=\"127.0.0.1:7000\", setup=\"true\"}",
+        "scheduler.machines=[{name=\"h100\", count=2, price_per_hour=2.0, mu=8.0, resources={accelerators=\"H100:1\"}},"
+        " {name=\"l4\", count=2, price_per_hour=0.6, mu=1.0, resources={accelerators=\"L4:1\"}}]"])
+    coordinator = SimpleNamespace(host="127.0.0.1", port=7000, token=TOKEN, worker_config={})
+    prov = Provisioning(cfg, coordinator, metrics=None, out=tmp_path / "run")
+    try:
+        assert prov.launch_initial() == ["h100-0"]  # rho 0.25 < 0.6: the h100 first
+        _eventually(lambda: "h100-0" in prov.warmup_failed and len(prov.initial) == 2, what="replaced")
+        assert prov.initial == ["h100-0", "l4-0"]  # not h100-1: its type failed
+        assert "no capacity" in prov.warmup_failed["h100-0"]
+        _eventually(lambda: set(fake.clusters()) == {prov.provider.cluster("l4-0")}, what="l4-0 up, h100-0 down")
+    finally:
+        prov.stop()
+    assert fake.clusters() == {}
