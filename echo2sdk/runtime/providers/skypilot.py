@@ -302,25 +302,17 @@ class SkyPilotProvider:
         self.ledger.failed(name, reason)
 
     def _teardown(self, name: str, request: Any = None) -> None:
-        """End `name`'s cluster: cancel its launch request and wait for it to end (SkyPilot writes the cluster's
-        record during the launch: a down before that finds nothing), then sky.down."""
-        sky = self.sky
+        """End `name`'s cluster: its launch request ended first (_end_request), then sky.down."""
         if request is not None:
-            for call in (lambda: sky.get(sky.api_cancel(request)), lambda: sky.get(request)):
-                try:
-                    call()
-                except Exception:  # noqa: BLE001 - cancelled, finished or failed: the request is over either way
-                    pass
-        try:
-            sky.get(sky.down(self.cluster(name)))
-        except Exception as e:  # noqa: BLE001
-            if not _gone(e):
-                log.warning("sky.down(%r) failed: %s; run `echo2 fleet down %s`", self.cluster(name),
-                            self._clean(str(e)), self.ledger.path.parent)
-                with self._lock:
-                    self._state[name] = "failed"  # close() tries again; the ledger still names it
-                self._next(name)
-                return
+            _end_request(self.sky, request)
+        error = _down(self.sky, self.cluster(name))
+        if error is not None:
+            log.warning("sky.down(%r) failed: %s; run `echo2 fleet down %s`", self.cluster(name),
+                        self._clean(str(error)), self.ledger.path.parent)
+            with self._lock:
+                self._state[name] = "failed"  # close() tries again; the ledger still names it
+            self._next(name)
+            return
         with self._lock:
             self._state[name] = "down"
         self.ledger.down(name)
@@ -349,13 +341,13 @@ class SkyPilotProvider:
                 self._own(name, self._teardown, name)
                 return
         if state == "launching" and request is not None:
-            threading.Thread(target=self._cancel, args=(request,), daemon=True).start()
+            self._cancel_soon(request)
 
-    def _cancel(self, request: Any) -> None:
-        try:
-            self.sky.get(self.sky.api_cancel(request))
-        except Exception:  # noqa: BLE001 - already over
-            pass
+    def _cancel_soon(self, request: Any) -> None:
+        """Cancel a launch request on a thread of its own: the launch thread's sky.get returns, and it tears
+        down what it started."""
+        sky = self.sky
+        threading.Thread(target=_quietly, args=(lambda: sky.get(sky.api_cancel(request)),), daemon=True).start()
 
     def failures(self) -> dict[str, str]:
         """Launches that failed or timed out since the last call: worker -> reason (the live loop reads this)."""
@@ -365,8 +357,8 @@ class SkyPilotProvider:
         for n in late:
             request = self._requests.get(n)
             self._fail(n, f"not up after launch_timeout_s = {self.launch_timeout_s:g} s")
-            if request is not None:  # the launch thread's sky.get returns, and it tears the cluster down
-                threading.Thread(target=self._cancel, args=(request,), daemon=True).start()
+            if request is not None:
+                self._cancel_soon(request)
         with self._lock:
             out, self._failures = self._failures, {}
         return out
@@ -378,15 +370,14 @@ class SkyPilotProvider:
             ours = [n for n, s in self._state.items() if s in ("launching", "up")]
         if not ours:
             return []
-        sky = self.sky
-        names = [self.cluster(n) for n in ours]
-        listed = {str(r["name"]): _status(r) for r in sky.get(sky.status(cluster_names=names, refresh=_refresh(sky)))}
-        alive = [n for n in ours if listed.get(self.cluster(n)) in UP]
+        listed = _listing(self.sky, [self.cluster(n) for n in ours])
+        now = {n: listed[self.cluster(n)] for n in ours}
+        alive = [n for n in ours if now[n] in UP]
         with self._lock:
             for n in ours:
-                if self._state.get(n) == "up" and listed.get(self.cluster(n)) not in UP:
+                if self._state.get(n) == "up" and now[n] not in UP:
                     self._state[n] = "failed"
-                    self._failures[n] = f"cluster {listed.get(self.cluster(n), 'gone')} (preempted or ended outside the run)"
+                    self._failures[n] = f"cluster {now[n]} (preempted or ended outside the run)"
         return alive + [n for n in ours if n not in alive and self._state.get(n) == "launching"]
 
     def close(self) -> None:
@@ -416,11 +407,7 @@ class SkyPilotProvider:
         """What SkyPilot says of each recorded cluster now: name -> its status, or "gone"."""
         sky = sky or _import_sky()
         names = [str(m.handle.get("cluster", "")) for m in machines]
-        names = [n for n in names if CLUSTER.fullmatch(n)]
-        if not names:
-            return {}
-        listed = {str(r["name"]): _status(r) for r in sky.get(sky.status(cluster_names=names, refresh=_refresh(sky)))}
-        return {n: listed.get(n, "gone") for n in names}
+        return _listing(sky, [n for n in names if CLUSTER.fullmatch(n)])
 
     @classmethod
     def fleet_down(cls, machines: Iterable[Machine], sky: Any = None) -> dict[str, str]:
@@ -430,16 +417,9 @@ class SkyPilotProvider:
 
         def down(cluster: str, request: str | None) -> None:
             if request:  # a launch the killed learner left running on the API server: end it first
-                for call in (lambda: sky.get(sky.api_cancel(request)), lambda: sky.get(request)):
-                    try:
-                        call()
-                    except Exception:  # noqa: BLE001 - cancelled, finished or unknown: over either way
-                        pass
-            try:
-                sky.get(sky.down(cluster))
-                out[cluster] = "down"
-            except Exception as e:  # noqa: BLE001
-                out[cluster] = "down" if _gone(e) else f"failed: {type(e).__name__}: {e}"
+                _end_request(sky, request)
+            error = _down(sky, cluster)
+            out[cluster] = "down" if error is None else f"failed: {type(error).__name__}: {error}"
 
         threads = []
         for m in machines:
@@ -457,9 +437,37 @@ class SkyPilotProvider:
         return out
 
 
-def _refresh(sky: Any) -> Any:
-    """Ask the clouds about spot and autostop clusters (ours are both), not SkyPilot's cached state."""
-    return sky.StatusRefreshMode.AUTO
+def _quietly(call: Any) -> None:
+    try:
+        call()
+    except Exception:  # noqa: BLE001 - cancelled, finished, failed or unknown: the request is over either way
+        pass
+
+
+def _end_request(sky: Any, request: Any) -> None:
+    """Cancel a launch request and wait for it to end (SkyPilot writes the cluster's record during the launch:
+    a down before the request is over finds nothing while the launch goes on)."""
+    _quietly(lambda: sky.get(sky.api_cancel(request)))
+    _quietly(lambda: sky.get(request))
+
+
+def _down(sky: Any, cluster: str) -> Exception | None:
+    """sky.down `cluster`; None once it is down (or never existed), else the error."""
+    try:
+        sky.get(sky.down(cluster))
+    except Exception as e:  # noqa: BLE001
+        return None if _gone(e) else e
+    return None
+
+
+def _listing(sky: Any, clusters: list[str]) -> dict[str, str]:
+    """One sky.status call: each of `clusters` -> its status, or "gone". It asks the clouds about spot and
+    autostop clusters (ours are both), not SkyPilot's cached state."""
+    if not clusters:
+        return {}
+    listed = sky.get(sky.status(cluster_names=clusters, refresh=sky.StatusRefreshMode.AUTO))
+    found = {str(r["name"]): _status(r) for r in listed}
+    return {c: found.get(c, "gone") for c in clusters}
 
 
 def _status(record: Any) -> str:
