@@ -283,6 +283,10 @@ class MachineType(_Section):
     resources: dict[str, Any] = Field(default_factory=dict, description="the provider's launch options for this "
                                       "type (skypilot: accelerators, infra, region, use_spot, disk_size, ...)")
 
+    def workers(self) -> list[str]:
+        """The worker ids of this type's machines: NAME-0, NAME-1, ..."""
+        return [f"{self.name}-{i}" for i in range(self.count)]
+
 
 class SchedulerConfig(_Section):
     """Cost-aware closed-loop activation (paper §3.4, §4.3, C.2.1): echo2sdk.core.scheduler."""

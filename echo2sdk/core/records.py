@@ -27,7 +27,7 @@ from echo2sdk.errors import TrajectoryRejected
 __all__ = [
     "Message", "Meta", "Trajectory", "SCHEMA_VERSION", "check_admissible", "pack", "unpack",
     "REWARD_BOUND", "MIN_LOGPROB", "MAX_EXTRA_NUMBER", "MAX_EXTRA_TEXT", "MAX_EXTRA_KEYS", "sampler_logprob",
-    "bounded_extra", "MAX_CHARS_PER_TOKEN", "held_bytes", "prompt_chars",
+    "bounded_extra", "MAX_CHARS_PER_TOKEN", "held_bytes", "prompt_chars", "text_limit",
 ]
 
 SCHEMA_VERSION = 1
@@ -196,13 +196,18 @@ def check_admissible(
     total = len(t.meta.prompt_ids) + len(t.meta.response_ids)
     if total > max_len:
         raise TrajectoryRejected("too_long", "meta.response_ids", total, f"prompt+response exceeds {max_len} tokens")
-    limit = MAX_CHARS_PER_TOKEN * max_len
+    limit = text_limit(max_len)
     if not isinstance(t.prompt, str) and len(t.prompt) > max_len:  # every message costs a token at least
         raise TrajectoryRejected("text_too_long", "prompt", f"{len(t.prompt)} messages", f"more than max_len = {max_len}")
     for name, chars in (("prompt", prompt_chars(t.prompt)), ("response", len(t.response))):
         if chars > limit:
             raise TrajectoryRejected("text_too_long", name, f"{chars} characters",
                                      f"more than {MAX_CHARS_PER_TOKEN} characters per token of max_len = {max_len}")
+
+
+def text_limit(max_len: int) -> int:
+    """The most characters of a record's prompt text, and of its response text: MAX_CHARS_PER_TOKEN a token."""
+    return MAX_CHARS_PER_TOKEN * max_len
 
 
 def prompt_chars(prompt: str | tuple[Message, ...]) -> int:

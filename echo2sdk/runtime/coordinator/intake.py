@@ -11,7 +11,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.core.records import MAX_CHARS_PER_TOKEN, Trajectory, prompt_chars
+from echo2sdk.core.records import Trajectory, prompt_chars, text_limit
 from echo2sdk.errors import TrajectoryRejected
 from echo2sdk.runtime.protocol.messages import Ack, Trajectories, shown
 
@@ -106,11 +106,11 @@ def _attributed(t: Trajectory, worker_id: str) -> Trajectory:
 
 
 def _bounded_prompt(t: Trajectory, max_len: int) -> Trajectory:
-    """`t` with its prompt text cut to the text bound (records.MAX_CHARS_PER_TOKEN x max_len characters, the
+    """`t` with its prompt text cut to the text bound (records.text_limit: 64 characters a token of max_len, the
     end kept): a worker keeps a long document's whole text while its prompt_ids were truncated to fit max_len,
     and the learner trains on the ids. A response over the bound is still refused (its text is what its ids
     decode to), and so is a chat prompt with more messages than max_len."""
-    limit = MAX_CHARS_PER_TOKEN * max_len
+    limit = text_limit(max_len)
     if prompt_chars(t.prompt) <= limit:
         return t
     if isinstance(t.prompt, str):

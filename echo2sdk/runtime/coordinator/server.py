@@ -236,11 +236,6 @@ class HeapTrim:
         self._last, self.trims = time.monotonic(), self.trims + 1
         self._trim(0)
 
-    def maybe_trim(self) -> None:
-        """trim() when due() (on the calling thread)."""
-        if self.due():
-            self.trim()
-
 
 def _malloc_trim() -> Any:
     import ctypes

@@ -136,7 +136,7 @@ class Provisioning:
             if name not in alive:  # a warm-up machine that never joined bills for nothing: the scheduler relaunches
                 log.warning("warm-up machine %s did not join before warm-up ended: stopping it", name)
                 self.provider.stop(name)
-        kinds = {f"{m.name}-{i}": m.name for m in cfg.scheduler.machines for i in range(m.count)}
+        kinds = {w: m.name for m in cfg.scheduler.machines for w in m.workers()}
         for w in self.coordinator.alive_workers():
             sched.add_worker(w.worker_id, cal["prices"][w.worker_id], cal["mu"].get(w.worker_id, prior), now=now,
                              kind=kinds.get(w.worker_id))
@@ -188,7 +188,7 @@ class Provisioning:
         for i in range(sc.standby):
             sched.add_worker(f"standby-{i}", sc.standby_price, prior, now=now)
         for m in sc.machines:
-            for name in (f"{m.name}-{i}" for i in range(m.count)):
+            for name in m.workers():
                 if name not in sched.workers:  # an initial machine that joined is registered with its measured mu
                     sched.add_worker(name, m.price_per_hour, m.mu or prior, now=now, kind=m.name)
         return provider
@@ -199,8 +199,8 @@ class Provisioning:
         sc = self.cfg.scheduler
         if not (sc.enabled and sc.initial_machines):
             return []
-        ranked = sorted((m.price_per_hour / m.mu, f"{m.name}-{i}", m.price_per_hour)  # type: ignore[operator]
-                        for m in sc.machines for i in range(m.count))  # config checked: every mu given
+        ranked = sorted((m.price_per_hour / m.mu, w, m.price_per_hour)  # type: ignore[operator]
+                        for m in sc.machines for w in m.workers())  # config checked: every mu given
         self.provider = make_provider(self.cfg, self.coordinator, self.out)
         for _, name, price in ranked[: sc.initial_machines]:
             self.provider.start(name, price)
@@ -215,7 +215,7 @@ class Provisioning:
     def _replace_failed(self, ranked: list[tuple[float, str, float]]) -> None:
         """During warm-up (the live loop is not running yet): a failed launch is replaced by the cheapest machine
         not tried yet of another type (of any type once every type failed), so the warm-up gets its pool."""
-        kind = {f"{m.name}-{i}": m.name for m in self.cfg.scheduler.machines for i in range(m.count)}
+        kind = {w: m.name for m in self.cfg.scheduler.machines for w in m.workers()}
         tried, failed_kinds = set(self.initial), set()
         while not self._watching.wait(1.0):
             for name, reason in self.provider.failures().items():

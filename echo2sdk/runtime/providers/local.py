@@ -173,13 +173,18 @@ class LocalProvider:
         return out
 
 
-def process_started(pid: int) -> int | None:
-    """The start time of process `pid` in clock ticks since boot (/proc/PID/stat field 22); None when unknown."""
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first); None when there is no such process."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
         return None
-    return int(stat.rpartition(")")[2].split()[19])
+
+
+def process_started(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (/proc/PID/stat field 22); None when unknown."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None
 
 
 def _same_process(m: Machine) -> bool:
@@ -188,9 +193,10 @@ def _same_process(m: Machine) -> bool:
     pid = m.handle.get("pid")
     if not isinstance(pid, int) or pid <= 1 or not isinstance(m.handle.get("started"), int):
         return False
-    proc = Path(f"/proc/{pid}")
+    proc, fields = Path(f"/proc/{pid}"), _stat(pid)
+    if fields is None:
+        return False
     try:
-        fields = (proc / "stat").read_text().rpartition(")")[2].split()
         argv = (proc / "cmdline").read_bytes().split(b"\0")
         uid = proc.stat().st_uid
     except OSError:
