@@ -66,6 +66,7 @@ from echo2sdk.errors import CapacityError
 __all__ = [
     "Action",
     "Scheduler",
+    "LaunchStats",
     "STANDBY",
     "PRIOR_HOURS",
     "LEAD_SAMPLES",
@@ -104,6 +105,49 @@ class _Worker:
     last_mu: float | None = None  # the last measured mu_i, kept across release for ranking
     kind: str = ""  # the machine type (launch failures back off a kind; lead times are per kind)
     launched_at: float | None = None  # activated by us and no heartbeat since: pending (launching)
+
+
+class LaunchStats:
+    """What launches taught the scheduler: the lead time L per kind of machine (activation to first heartbeat,
+    the median of the last LEAD_SAMPLES), the preemption rate lambda (failures of heartbeating workers per active
+    machine-hour, the prior `preempt_per_hour` weighing as PRIOR_HOURS of observation) and the kinds backed off
+    after a failed launch."""
+
+    def __init__(self, *, lead_prior_s: float, preempt_per_hour: float) -> None:
+        self.lead_prior_s, self.preempt_per_hour = lead_prior_s, preempt_per_hour
+        self.preemptions = 0  # failures of active (heartbeating) workers
+        self.up_hours = 0.0  # active (heartbeating) machine-hours observed
+        self._last: float | None = None
+        self._leads: dict[str | None, deque] = {None: deque(maxlen=LEAD_SAMPLES)}  # kind (None: any) -> last L
+        self._backoff: dict[str, tuple[float, str]] = {}  # kind -> (skipped until, why)
+
+    def note_lead(self, kind: str, lead: float) -> None:
+        self._leads[None].append(lead)
+        self._leads.setdefault(kind, deque(maxlen=LEAD_SAMPLES)).append(lead)
+
+    def lead_s(self, kind: str | None = None) -> float:
+        samples = self._leads.get(kind) or self._leads[None]
+        return statistics.median(samples) if samples else self.lead_prior_s
+
+    def observe(self, now: float, active: int) -> None:
+        """`active` machines were up since the last observation: exposure for lambda."""
+        if self._last is not None and now > self._last:
+            self.up_hours += active * (now - self._last) / 3600.0
+        self._last = now if self._last is None else max(now, self._last)
+
+    def preempt_rate(self) -> float:
+        return (self.preemptions + self.preempt_per_hour * PRIOR_HOURS) / (self.up_hours + PRIOR_HOURS)
+
+    def back_off(self, kind: str, until: float, why: str) -> None:
+        self._backoff[kind] = (max(until, self._backoff.get(kind, (until, ""))[0]), why)
+
+    def backoff(self, kind: str, now: float) -> tuple[float, str] | None:
+        """(skipped until, why) while `kind` is backed off, else None."""
+        b = self._backoff.get(kind)
+        return b if b is not None and now < b[0] else None
+
+    def backed_off_until(self, now: float) -> dict[str, float]:
+        return {k: until for k, (until, _) in self._backoff.items() if until > now}
 
 
 class Scheduler:
@@ -185,11 +229,7 @@ class Scheduler:
         self._failure_pending = False
         self._changes_since_calibration = 0
         self._active_at_calibration = 0
-        self._backoff: dict[str, tuple[float, str]] = {}  # kind -> (skipped until, why)
-        self._leads: dict[str | None, deque] = {None: deque(maxlen=LEAD_SAMPLES)}  # kind (None: any) -> last L
-        self._preemptions = 0  # failures of active (heartbeating) workers
-        self._up_hours = 0.0  # active (heartbeating) machine-hours observed, integrated over step()
-        self._last_step: float | None = None
+        self.launches = LaunchStats(lead_prior_s=self.lead_prior_s, preempt_per_hour=self.preempt_per_hour)
         self.log: list[Action] = []
 
     # ------------------------------------------------------------------ target
@@ -261,16 +301,9 @@ class Scheduler:
         w = self._get(name)
         if w.state == FAILED:
             return None
-        was_active = w.state == ACTIVE
-        if was_active and w.launched_at is None and w.first_beat is not None:
-            self._preemptions += 1
-        self._set_state(w, FAILED, now)
-        if was_active:
-            self._failure_pending = True
-            self._changes_since_calibration += 1
-        action = Action("failed", name, now, reason)
-        self.log.append(action)
-        return action
+        if w.state == ACTIVE and w.launched_at is None and w.first_beat is not None:
+            self.launches.preemptions += 1
+        return self._fail(w, now, reason)
 
     def mark_launch_failed(self, name: str, now: float, reason: str = "launch failed") -> Action | None:
         """The machine of worker `name` could not be launched (the provider said so, or it sent no
@@ -279,17 +312,19 @@ class Scheduler:
         the retry goes to the next-cheapest kind (by rho). Returns the "failed" action (None when the
         worker had already failed; the back-off applies either way)."""
         w = self._get(name)
-        until = now + self.launch_backoff_s
         if self.launch_backoff_s > 0:
-            self._backoff[w.kind] = (max(until, self._backoff.get(w.kind, (until, ""))[0]), reason)
+            self.launches.back_off(w.kind, now + self.launch_backoff_s, reason)
         if w.state == FAILED:
             return None
-        was_active = w.state == ACTIVE
-        self._set_state(w, FAILED, now)
-        if was_active:
+        return self._fail(w, now, f"{reason}; kind {w.kind!r} skipped for {self.launch_backoff_s:.0f} s")
+
+    def _fail(self, w: _Worker, now: float, reason: str) -> Action:
+        """`w` is FAILED now; an active one is to be replaced. The "failed" action, logged."""
+        if w.state == ACTIVE:
             self._failure_pending = True
             self._changes_since_calibration += 1
-        action = Action("failed", name, now, f"{reason}; kind {w.kind!r} skipped for {self.launch_backoff_s:.0f} s")
+        self._set_state(w, FAILED, now)
+        action = Action("failed", w.name, now, reason)
         self.log.append(action)
         return action
 
@@ -316,10 +351,8 @@ class Scheduler:
         if w.first_beat is None:
             w.first_beat = now
         if w.launched_at is not None and w.state == ACTIVE:  # the first since we activated it: up
-            lead = now - w.launched_at
+            self.launches.note_lead(w.kind, now - w.launched_at)
             w.launched_at = None
-            self._leads[None].append(lead)
-            self._leads.setdefault(w.kind, deque(maxlen=LEAD_SAMPLES)).append(lead)
         w.samples.append((now, rollouts, rate, busy_s))
         self._trim(w, now)
 
@@ -407,13 +440,12 @@ class Scheduler:
         """L: seconds from activation to first heartbeat, the median of the last ``LEAD_SAMPLES``
         launches of machines of `kind` (of any kind when None or when none of it was measured yet),
         ``lead_prior_s`` until one is measured."""
-        samples = self._leads.get(kind) or self._leads[None]
-        return statistics.median(samples) if samples else self.lead_prior_s
+        return self.launches.lead_s(kind)
 
     def preempt_rate(self) -> float:
         """lambda: failures of active (heartbeating) workers per active machine-hour, measured, blended
         with the prior ``preempt_per_hour`` as ``PRIOR_HOURS`` machine-hours of observation."""
-        return (self._preemptions + self.preempt_per_hour * PRIOR_HOURS) / (self._up_hours + PRIOR_HOURS)
+        return self.launches.preempt_rate()
 
     def expected_loss(self, now: float) -> float:
         """lambda * L * mu_pool: the capacity preemptions are expected to take while a replacement
@@ -448,7 +480,7 @@ class Scheduler:
         else:
             have = sum(self.workers[n].mu_prior for n in self._activated())
             offers = [WorkerOffer(n, self.workers[n].price_per_hour, self.workers[n].mu_prior)
-                      for n in self.standby() if not self._backed_off(self.workers[n].kind, now)]
+                      for n in self.standby() if self.launches.backoff(self.workers[n].kind, now) is None]
             actions = []
             if have < self.mu_target * (1 - _REL) and offers:
                 sel = select(offers, self.mu_target - have, self.solver)
@@ -465,9 +497,7 @@ class Scheduler:
         self._need_target()
         assert self.mu_target is not None
         actions: list[Action] = []
-        if self._last_step is not None and now > self._last_step:  # exposure for lambda
-            self._up_hours += len(self.active()) * (now - self._last_step) / 3600.0
-        self._last_step = now if self._last_step is None else max(now, self._last_step)
+        self.launches.observe(now, len(self.active()))  # exposure for lambda
         for w in list(self.workers.values()):  # liveness
             if w.state != ACTIVE:
                 continue
@@ -535,7 +565,7 @@ class Scheduler:
             "cost_per_hour_pending": sum(self.workers[n].price_per_hour for n in self.pending()),
             "lead_s": self.lead_s(),
             "preempt_per_hour": self.preempt_rate(),
-            "backoff": {k: until for k, (until, _) in self._backoff.items() if until > now},
+            "backoff": self.launches.backed_off_until(now),
             "recalibration_due": self.recalibration_due,
         }
 
@@ -561,10 +591,6 @@ class Scheduler:
         self._set_state(w, ACTIVE, now)
         w.launched_at = now
 
-    def _backed_off(self, kind: str, now: float) -> bool:
-        b = self._backoff.get(kind)
-        return b is not None and now < b[0]
-
     def _describe(self, now: float, cap: float) -> str:
         """The capacity figure a reason quotes: mu_pool alone while nothing is pending or expected lost."""
         pending, loss = self.mu_pending(now), self.expected_loss(now)
@@ -589,8 +615,8 @@ class Scheduler:
             if cap >= self.mu_target * (1 - _REL):
                 break
             w = self.workers[name]
-            if self._backed_off(w.kind, now):
-                until, why = self._backoff[w.kind]
+            if (backoff := self.launches.backoff(w.kind, now)) is not None:
+                until, why = backoff
                 skipped.setdefault(w.kind, f"kind {w.kind!r} skipped until t={until:.0f} s (launch failed: {why})")
                 continue
             mu_guess = w.last_mu or w.mu_prior
