@@ -43,8 +43,11 @@ def serve(mode: str) -> None:
     logging.getLogger("echo2sdk").setLevel(logging.ERROR)
     cfg = load_config(ROOT / "examples" / "math_smollm2.toml")
     args = buffer_args(cfg)
-    if mode == "none":  # what the intake did before: no text bound, no byte budget
+    if mode == "none":  # what the intake did before: no text bound, no byte budget, no record size bound
+        from echo2sdk.runtime.protocol import groups
+
         records.MAX_CHARS_PER_TOKEN = 1 << 40
+        groups.record_limit = lambda max_len: 1 << 40
         args.update(bytes_per_worker=None, bytes_per_pool=None)
     coord = Coordinator(buffer=StalenessBuffer(**args), tasks=ToyAdapter().tasks(0), worker_config={},
                         vocab_size=49152, max_len=cfg.learner.max_len, token=TOKEN, heartbeat_s=5.0,
@@ -72,7 +75,9 @@ def _group(worker: str, gid: str, text: str) -> list[dict]:
 
 async def push(i: int, port: int, pushes: int, text: str, out: dict) -> None:
     from echo2sdk.runtime.protocol.messages import Hello
-    from echo2sdk.runtime.protocol.wire import MAX_HEADER, encode_frame, read_frame
+    from echo2sdk.runtime.protocol.groups import encode_groups
+    from echo2sdk.runtime.protocol.messages import Trajectories, to_header
+    from echo2sdk.runtime.protocol.wire import MAX_HEADER, read_frame, write_frame
     from echo2sdk.runtime.trust import session
     from echo2sdk.runtime.trust.tls import client_context
 
@@ -82,9 +87,8 @@ async def push(i: int, port: int, pushes: int, text: str, out: dict) -> None:
     keys, answer, _ = await session.client_handshake(reader, writer, TOKEN, hello)
     wid = answer["worker_id"]
     for n in range(pushes):
-        writer.write(encode_frame({"type": "trajectories", "rid": n, "batch": f"{wid}:{n}",
-                                   "groups": [_group(wid, f"{wid}-{n}", text)]}, key=keys.send))
-        await writer.drain()
+        p = encode_groups([_group(wid, f"{wid}-{n}", text)])
+        await write_frame(writer, to_header(Trajectories.of(p, rid=n, batch=f"{wid}:{n}")), p.payload, key=keys.send)
         ack = (await read_frame(reader, 0, key=keys.recv, max_header=MAX_HEADER))[0]
         out["accepted"] += ack["accepted"]
         for reason in ack.get("rejected", ()):

@@ -83,7 +83,9 @@ async def worker(i: int, port: int, tls: bool, until: float, rate: float, stats:
     from echo2sdk.runtime.trust import session
     from echo2sdk.runtime.protocol.messages import Hello
     from echo2sdk.runtime.trust.tls import client_context
-    from echo2sdk.runtime.protocol.wire import MAX_HEADER, encode_frame, read_frame
+    from echo2sdk.runtime.protocol.groups import encode_groups
+    from echo2sdk.runtime.protocol.messages import Trajectories, to_header
+    from echo2sdk.runtime.protocol.wire import MAX_HEADER, read_frame, write_frame
 
     # one loopback address per worker, as 64 machines would have (admission caps pending handshakes per IP)
     reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context() if tls else None,
@@ -93,9 +95,8 @@ async def worker(i: int, port: int, tls: bool, until: float, rate: float, stats:
     wid = answer["worker_id"]
     stats["joined"] += 1
 
-    async def call(header: dict) -> dict:
-        writer.write(encode_frame(header, key=keys.send))
-        await writer.drain()
+    async def call(header: dict, payload: bytes = b"") -> dict:
+        await write_frame(writer, header, payload, key=keys.send)
         return (await read_frame(reader, 0, key=keys.recv, max_header=MAX_HEADER))[0]
 
     n, period = 0, 1.0 / rate
@@ -104,10 +105,10 @@ async def worker(i: int, port: int, tls: bool, until: float, rate: float, stats:
         await asyncio.sleep(max(0.0, next_t - now))
         next_t += period
         await call({"type": "get_tasks", "n": 1, "rid": 2 * n})
-        groups = [_group(wid, f"{wid}-{n}", *sizes)]
+        push = encode_groups([_group(wid, f"{wid}-{n}", *sizes)])  # as a worker encodes it, before the clock
         t0 = time.perf_counter()
         stats["sent"] += GROUP
-        ack = await call({"type": "trajectories", "rid": 2 * n + 1, "batch": f"{wid}:{n}", "groups": groups})
+        ack = await call(to_header(Trajectories.of(push, rid=2 * n + 1, batch=f"{wid}:{n}")), push.payload)
         stats["latency"].append(time.perf_counter() - t0)
         stats["acked"] += ack["accepted"]
         n += 1

@@ -294,7 +294,8 @@ def _adapter_rollout(adapter: Any, backend: Any, tasks: list, n: int, seed: int,
 
 def _adapter_records(adapter: Any, tasks: list, out: list, n: int) -> None:
     """One group of n records per task, one group id each, a wire round trip, loss only on sampled tokens."""
-    from echo2sdk.core.records import Trajectory, pack, unpack
+    from echo2sdk.core.records import Trajectory
+    from echo2sdk.runtime.protocol.groups import decode_record, encode_record
 
     if len(out) != len(tasks):
         _adapter_fail(adapter, "rollout", f"{len(tasks)} tasks gave {len(out)} groups")
@@ -302,7 +303,11 @@ def _adapter_records(adapter: Any, tasks: list, out: list, n: int) -> None:
         if len(group) != n or {r.meta.group_id for r in group} != {t.id}:
             _adapter_fail(adapter, "rollout", f"group {t.id!r}: {len(group)} records with ids {sorted({r.meta.group_id for r in group})}")
         for r in group:
-            if Trajectory.from_wire(unpack(pack(r.to_wire()))) != r:
+            try:
+                back = Trajectory.from_wire(decode_record(encode_record(r.to_wire()), max_len=1 << 20))
+            except (Echo2Error, TypeError, ValueError, OverflowError) as e:
+                _adapter_fail(adapter, "records", f"record of group {t.id!r} cannot cross the wire: {e}")
+            if back != r:
                 _adapter_fail(adapter, "records", f"record of group {t.id!r} does not round-trip through the wire")
             mask = r.meta.loss_mask
             if mask is not None and sum(mask) > 0 and any(lp != 0.0 for lp, m in zip(r.meta.logprobs, mask) if not m):

@@ -44,16 +44,20 @@ def test_intake_memory_bench_refuses_huge_text_with_the_bounds_and_prints_both_m
         assert r["rss_before_mib"] > 0 and r["buffer"]["groups_per_worker"] == 16
 
 
-def test_intake_stall_bench_times_the_probe_around_both_kinds_of_push():
+def test_intake_stall_bench_times_the_probe_around_every_kind_of_push():
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "intake_stall.py"), "--mib", "1", "--quiet-s", "0.3"],
         capture_output=True, text=True, timeout=180, check=True,
     ).stdout
     rows = {r["kind"]: r for r in (json.loads(x) for x in out.splitlines() if x.startswith("{"))}
-    assert sorted(rows) == ["maps", "text"]
+    assert sorted(rows) == ["maps", "maps-cap", "records", "text"]
+    # a header of maps is no push: over the 1 MiB cap it is refused from its prefix, under it it fails to parse
+    assert rows["maps"]["answer"] == rows["maps-cap"]["answer"] == "closed"
+    assert rows["maps"]["header_bytes"] > 1 << 20 > rows["maps-cap"]["header_bytes"] > (1 << 20) - 200
+    assert rows["text"]["answer"] == rows["records"]["answer"] == "ack" and rows["records"]["records"] > 1000
     for r in rows.values():
-        assert r["answer"] == "ack" and r["probes_during"] >= 1 and r["probe_worst_during_ms"] > 0
-        assert 0.9 < r["frame_mib"] < 1.1 and r["probe_p50_before_ms"] > 0
+        assert r["probes_during"] >= 1 and r["probe_worst_during_ms"] > 0 and r["probe_p50_before_ms"] > 0
+        assert 0.9 < r["frame_mib"] < 1.1
 
 
 @pytest.mark.slow

@@ -1,15 +1,16 @@
 """Trajectory records tau = (x, y, r, v, Omega) (paper appendix F.1) and their validation.
 
-Records are immutable values. They cross the wire as msgpack (never pickle); `from_wire` re-validates
-everything, so a peer cannot smuggle a wrong type, a NaN reward or a negative version past intake.
+Records are immutable values. They cross the wire in a typed binary layout (runtime/protocol/groups.py; never
+pickle) that decodes back to the `to_wire` map; `from_wire` re-validates everything, so a peer cannot smuggle a
+wrong type, a NaN reward or a negative version past intake.
 Checks that need context the record does not carry (the learner's version, the vocabulary size, the
 maximum length, the run's reward bound) live in `check_admissible`.
 
 Intake bounds (docs/security.md): every number a record carries is finite and bounded before the learner
 sees it. Log-probs lie in [MIN_LOGPROB, 0]; a loss mask holds 0 and 1 only; task metadata (`meta.extra`) has
 at most MAX_EXTRA_KEYS keys of at most MAX_ID_CHARS characters, numbers with |x| <= MAX_EXTRA_NUMBER (floats
-finite) and strings of at most MAX_EXTRA_TEXT characters; the reward is finite here and |r| <= reward_bound
-in `check_admissible`. Types are strict: "0.1" is not a reward and True is not a mask entry.
+finite) and strings of at most MAX_EXTRA_TEXT characters (MAX_EXTRA_CHARS of keys and strings in all); the reward
+is finite here and |r| <= reward_bound in `check_admissible`. Types are strict: "0.1" is not a reward and True is not a mask entry.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from echo2sdk.errors import TrajectoryRejected
 __all__ = [
     "Message", "Meta", "Trajectory", "SCHEMA_VERSION", "check_admissible", "pack", "unpack",
     "REWARD_BOUND", "MIN_LOGPROB", "MAX_EXTRA_NUMBER", "MAX_EXTRA_TEXT", "MAX_EXTRA_KEYS", "sampler_logprob",
-    "bounded_extra", "MAX_CHARS_PER_TOKEN", "held_bytes", "prompt_chars", "text_limit",
+    "bounded_extra", "MAX_CHARS_PER_TOKEN", "MAX_EXTRA_CHARS", "held_bytes", "prompt_chars", "text_limit",
 ]
 
 SCHEMA_VERSION = 1
@@ -43,6 +44,7 @@ MAX_CHARS_PER_TOKEN = 64
 RECORD_OVERHEAD_BYTES = 1024  # a held record's objects besides its text and token sequences (estimate)
 MESSAGE_BYTES = 512  # a chat message's objects besides its content (measured ~480)
 MAX_EXTRA_KEYS = 256
+MAX_EXTRA_CHARS = 32768  # characters of meta.extra's keys and strings together (a record's bytes stay small)
 MAX_ID_CHARS = 256  # group ids (task ids), worker ids, meta.extra keys
 
 _FROZEN = ConfigDict(frozen=True, strict=True, extra="forbid")
@@ -68,21 +70,36 @@ def sampler_logprob(lp: float) -> float:
 
 def bounded_extra(info: dict[Any, Any]) -> dict[str, Scalar]:
     """The entries of an adapter's `info` a record can carry: scalar values within the meta.extra bounds
-    (strings cut to MAX_EXTRA_TEXT); non-finite or huge numbers, long keys and other types are left out."""
+    (strings cut to MAX_EXTRA_TEXT); non-finite or huge numbers, long keys and other types are left out, and so
+    are the entries past MAX_EXTRA_CHARS characters of keys and strings."""
     out: dict[str, Scalar] = {}
+    chars = 0
     for k, v in info.items():
         if len(out) == MAX_EXTRA_KEYS or not isinstance(k, str) or len(k) > MAX_ID_CHARS:
             continue
         if isinstance(v, str):
-            out[k] = v[:MAX_EXTRA_TEXT]
-        elif v is None or isinstance(v, bool) or (isinstance(v, int | float) and abs(v) <= MAX_EXTRA_NUMBER):
-            out[k] = v  # NaN fails the comparison above
+            v = v[:MAX_EXTRA_TEXT]
+        elif not (v is None or isinstance(v, bool) or (isinstance(v, int | float) and abs(v) <= MAX_EXTRA_NUMBER)):
+            continue  # NaN fails the comparison above
+        n = len(k) + (len(v) if isinstance(v, str) else 0)
+        if chars + n > MAX_EXTRA_CHARS:
+            continue
+        out[k], chars = v, chars + n
     return out
+
+
+def _extra_chars(extra: dict[str, Scalar]) -> dict[str, Scalar]:
+    n = sum(len(k) + (len(v) if isinstance(v, str) else 0) for k, v in extra.items())
+    if n > MAX_EXTRA_CHARS:
+        raise PydanticCustomError("out_of_range", f"meta.extra holds {n} characters of keys and strings, "
+                                  f"more than {MAX_EXTRA_CHARS}")
+    return extra
 
 
 Extra = Annotated[
     dict[Annotated[str, Field(max_length=MAX_ID_CHARS)], Annotated[Scalar, AfterValidator(_bounded_scalar)]],
     Field(max_length=MAX_EXTRA_KEYS),
+    AfterValidator(_extra_chars),
 ]
 LogProb = Annotated[float, Field(allow_inf_nan=False, ge=MIN_LOGPROB, le=0.0)]
 MaskBit = Annotated[int, Field(ge=0, le=1)]

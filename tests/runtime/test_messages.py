@@ -53,8 +53,6 @@ NONCE = b"n" * 32
 FP = b"f" * 32
 MANIFEST = build_manifest(os.urandom(3 * (4 << 10)), 7, 4 << 10, Signer()).to_wire()
 TASK = {"id": "toy-0-1", "messages": [{"role": "user", "content": "Say echo."}], "answer": "echo", "info": {"k": 1}}
-RECORD = {"prompt": "p", "response": "r", "reward": 1.0, "version": 0,
-          "meta": {"group_id": "g", "prompt_ids": [1], "response_ids": [2], "logprobs": [-0.1]}}
 REPORT = FetchReport(
     version=7, ok=True, seconds=0.5, parent="a", served_bps={"a": 1.5e6, "b": 2.0},
     repairs=[{"parent": "b", "reason": "stalled", "chunk": 3, "repair_s": 0.25},
@@ -79,7 +77,7 @@ SAMPLES: dict[type[WireMessage], dict] = {
                             "store": {"url": "s3://bucket/run", "options": {"region": "eu-west-1"}}}},
     GetTasks: {"n": 2, "rid": 9},
     Tasks: {"rid": 9, "tasks": [TASK, {"id": "sandbox-0-0", "messages": []}]},
-    Trajectories: {"rid": 10, "batch": "ab12:0", "groups": unpack(pack([[RECORD, RECORD], "not a group"]))},  # raw
+    Trajectories: {"rid": 10, "batch": "ab12:0", "groups": [2, 0], "sizes": [93, 1000], "sha256": digest(b"x")},
     Ack: {"rid": 10, "accepted": 2, "rejected": ["schema"], "duplicate": False},
     Heartbeat: {"version": 3, "rollouts": 120, "rollouts_per_s": 4.5},
     Snapshot: {"version": 4, "nbytes": 3, "sha256": digest(b"abc")},
@@ -196,7 +194,10 @@ BOUNDS = [
     (Tasks, "tasks.0.id", "t" * 257),
     (Tasks, "tasks.0.answer", "a" * ((1 << 20) + 1)),
     (Tasks, "tasks.0.messages", [{"role": "user", "content": "x"}] * 257),
-    (Trajectories, "groups", [[]] * 1025),
+    (Trajectories, "groups", [0] * 1025),
+    (Trajectories, "groups.0", -1),
+    (Trajectories, "sizes", [0] * ((1 << 16) + 1)),
+    (Trajectories, "sha256", "ab"),
     (Trajectories, "batch", "b" * 129),
     (Ack, "accepted", -1),
     (Ack, "rejected", ["schema"] * 1025),

@@ -15,7 +15,8 @@ import pytest
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime.trust import session
 from echo2sdk.runtime.coordinator import Coordinator
-from echo2sdk.runtime.protocol.messages import Hello, Welcome, parse
+from echo2sdk.runtime.protocol.groups import encode_groups
+from echo2sdk.runtime.protocol.messages import Hello, Trajectories, Welcome, parse, to_header
 from echo2sdk.runtime.trust.tls import Identity, client_context, server_context
 from echo2sdk.runtime.protocol.wire import MAX_HEADER, read_frame, write_frame
 from echo2sdk.testing import ToyAdapter, safetensors_blob
@@ -145,8 +146,12 @@ class _Client:
         client.sealed = sealed  # whether the answer came sealed (a welcome, or a refusal after a verified hello)
         return client
 
-    async def send(self, header: dict) -> None:
-        await write_frame(self.writer, header, key=self.keys.send)
+    async def send(self, header: dict, payload: bytes = b"") -> None:
+        await write_frame(self.writer, header, payload, key=self.keys.send)
+
+    async def push(self, groups: list, *, rid: int | None = None, batch: str | None = None) -> None:
+        p = encode_groups(groups)
+        await self.send(to_header(Trajectories.of(p, rid=rid, batch=batch)), p.payload)
 
     async def recv(self) -> dict:
         return (await read_frame(self.reader, 0, key=self.keys.recv, max_header=MAX_HEADER))[0]
@@ -167,7 +172,7 @@ class _Client:
 async def _raw_client(port: int, token: str, groups: list) -> dict:
     c = await _Client.join(port, token, worker_id="raw")
     assert c.answer["type"] == "welcome"
-    await c.send({"type": "trajectories", "rid": 7, "groups": groups})
+    await c.push(groups, rid=7)
     ack = await c.until("ack")
     await c.close()
     return ack
@@ -193,7 +198,7 @@ def test_bad_trajectories_are_rejected_counted_and_logged(coord, caplog):
 
     groups = [
         group("nan", reward=math.nan),
-        group("mask", meta={"loss_mask": [1, -1]}),
+        group("mask", meta={"loss_mask": [1, 2]}),
         group("oov", meta={"response_ids": [3, 99999]}),
         group("type", reward="high"),
         group("ok"),
@@ -214,7 +219,7 @@ def test_a_record_claiming_a_version_never_installed_quarantines_its_worker(coor
 
     async def push_and_rejoin():
         c = await _Client.join(coord.port, "s3cret", worker_id="raw")
-        await c.send({"type": "trajectories", "rid": 7, "groups": [[_record(version=5) for _ in range(GROUP)]]})
+        await c.push([[_record(version=5) for _ in range(GROUP)]], rid=7)
         with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
             await c.until("ack")
         await c.close()
@@ -238,7 +243,7 @@ def test_records_are_attributed_to_the_authenticated_sender(coord):
 
     async def push_as_another():
         c = await _Client.join(coord.port, "s3cret", worker_id="mallory")
-        await c.send({"type": "trajectories", "rid": 8, "groups": [[_record(meta={"worker": "raw"})] * GROUP]})
+        await c.push([[_record(meta={"worker": "raw"})] * GROUP], rid=8)
         with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
             await c.until("ack")
         await c.close()
@@ -348,7 +353,7 @@ def test_a_resent_batch_is_acknowledged_but_admitted_once(coord):
         group = [_record(meta={"group_id": "g1"}) for _ in range(GROUP)]
         acks = []
         for rid in (1, 2):
-            await c.send({"type": "trajectories", "rid": rid, "batch": "cccc:0", "groups": [group]})
+            await c.push([group], rid=rid, batch="cccc:0")
             acks.append(await c.until("ack"))
         await c.close()
         return acks
@@ -365,17 +370,18 @@ def test_a_batch_whose_push_was_cut_off_is_held_and_pushed_first_after_the_rejoi
     w = RolloutWorker("127.0.0.1:9", "token", worker_id="w-unit")
     sent = []
 
-    async def flaky_request(msg, reply, timeout=60.0):
-        sent.append(msg)
+    async def flaky_request(msg, reply, timeout=60.0, payload=b""):
+        sent.append((msg, payload))
         if len(sent) == 1:
             raise ConnectionError("lost")
         return reply(accepted=3)
 
     w.link.request = flaky_request
-    groups = [[{"x": 1}] * 3]
+    groups = [[_record()] * 3]
     assert asyncio.run(w.loop.push("s:4", groups)) is False and w.loop.held == ("s:4", groups)
     assert asyncio.run(w.loop.push(*w.loop.held)) is True and w.loop.held is None
-    assert [m.batch for m in sent] == ["s:4", "s:4"] and sent[1].groups == tuple(groups)
+    assert [m.batch for m, _ in sent] == ["s:4", "s:4"] and sent[1][0].groups == (3,)
+    assert sent[0][1] == sent[1][1] and len(sent[1][1]) == sum(sent[1][0].sizes)  # the same payload, re-sent
 
 
 def test_a_late_joiner_waits_for_the_snapshot_instead_of_generating_stale_records():

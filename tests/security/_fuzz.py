@@ -7,11 +7,16 @@ packed header; and it lies in the frame prefix (magic, header length, payload le
 corrupts tags and replays or reorders frames. Sealing uses the real session keys, so a header mutated before
 its MAC arrives validly MACed and semantically bad.
 
-`fit` cuts or pads a frame to exactly the bytes the server reads for it (a claimed header length is filled
-with junk, a prefix that is refused is sent alone): the server never waits for bytes that will not come, and
-never closes with unread bytes (which would reset the connection and lose its answer). `judge_*` then run
-the server's own checks (wire.check_prefix, wire.open_frame, messages.parse) on the fitted bytes: that is
-the fate the test expects to observe on the socket.
+A push's records travel in its payload (runtime/protocol/groups.py): `groups` mutates records before they are
+encoded (a value the typed layout cannot carry falls back to flipped bytes of a valid record's encoding) and
+flips bytes of encoded records, and the push's SHA-256 covers what is sent, so those records arrive intact and
+are rejected one group at a time; `payload_lie` changes a payload after its SHA-256 was sealed (fatal).
+
+`fit` cuts or pads a frame to exactly the bytes the server reads for it (a claimed header or payload length is
+filled with junk, a prefix that is refused is sent alone): the server never waits for bytes that will not come,
+and never closes with unread bytes (which would reset the connection and lose its answer). `judge_*` then run
+the server's own checks (wire.check_prefix, wire.open_frame, messages.parse, and a push's payload length and
+SHA-256) on the fitted bytes: that is the fate the test expects to observe on the socket.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ from typing import Any
 from echo2sdk.core.records import Meta, Trajectory
 from echo2sdk.errors import ProtocolError
 from echo2sdk.runtime.protocol import messages as m
+from echo2sdk.runtime.protocol.groups import MAX_PUSH_BYTES, Push, encode_groups, encode_record
 from echo2sdk.runtime.trust.session import FrameKey
 from echo2sdk.runtime.protocol.wire import (
-    MAGIC, MAX_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, SEALED, TAG_BYTES, check_prefix, open_frame,
+    MAGIC, MAX_HEADER, MAX_WORKER_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, SEALED, TAG_BYTES, check_prefix,
+    digest, open_frame,
 )
 
 _PREFIX = struct.Struct(">4sIQ")
@@ -51,7 +58,7 @@ def examples(group_size: int, from_worker: tuple[type[m.WireMessage], ...]) -> d
     n32, n64, rec = bytes(32), bytes(64), record("g", "w")
     manifest = m.WireManifest(version=1, total_bytes=4096, chunk_bytes=4096, chunks=[n32], digest=n32, signature=n64)
     msgs = [
-        m.GetTasks(n=2, rid=1), m.Trajectories(rid=2, batch="b", groups=[[rec] * group_size]),
+        m.GetTasks(n=2, rid=1), m.Trajectories.of(encode_groups([[rec] * group_size]), rid=2, batch="b"),
         m.Heartbeat(version=0, rollouts=3, rollouts_per_s=1.5), m.Installed(version=0, install_s=0.1),
         m.Received(version=1, ok=True, seconds=0.2, parent="p", served_bps={"p": 1e6},
                    repairs=[m.Repair(parent="p", reason="stalled", chunk=0, repair_s=0.1)]),
@@ -170,17 +177,31 @@ class Mutator:
                 del b[r.randrange(len(b) + 1):]
         return bytes(b)
 
-    def groups(self, group_size: int, worker: str) -> list[Any]:
-        """Groups of records for a push: mostly well formed, some records mutated, some groups of the wrong size."""
-        r, out = self.rng, []
+    def groups(self, group_size: int, worker: str) -> Push:
+        """A push of groups: mostly well formed, some records mutated before they are encoded, some encoded
+        records with flipped bytes, some groups of the wrong size."""
+        r, counts, blobs = self.rng, [], []
         for _ in range(r.choice((0, 1, 1, 2, 3))):
             gid = f"fz{r.getrandbits(48):x}"
             size = group_size if r.random() < 0.8 else r.choice((0, 1, group_size + 1))
             recs = [record(gid, worker) for _ in range(size)]
-            if r.random() < 0.3:
-                recs = [self.mutate(x) for x in recs]
-            out.append(recs if r.random() < 0.97 else self.value(1))
-        return out
+            mutated = r.random() < 0.3
+            for rec in recs:
+                blob = encode_record(rec)
+                if mutated:
+                    try:
+                        blob = encode_record(self.mutate(rec))
+                    except (KeyError, TypeError, ValueError, OverflowError, AttributeError, UnicodeError):
+                        blob = self.raw(blob)  # not expressible in the typed layout: broken bytes instead
+                elif r.random() < 0.03:
+                    blob = self.raw(blob)
+                blobs.append(blob)
+            counts.append(size)
+        return Push(counts, [len(b) for b in blobs], b"".join(blobs))
+
+    def payload_lie(self, payload: bytes) -> bytes:
+        """A payload changed after its SHA-256 was sealed: a byte flipped, cut or added."""
+        return self.raw(payload) if payload else self.rng.randbytes(self.rng.randint(1, 64))
 
 
 # -- frames ---------------------------------------------------------------------------------------------
@@ -191,13 +212,13 @@ def tag_at(key: FrameKey, seq: int, data: bytes) -> bytes:
     return k.tag(data)
 
 
-def seal(raw: bytes, key: FrameKey, seq: int) -> bytes:
-    prefix = _PREFIX.pack(SEALED, len(raw), 0)
-    return prefix + tag_at(key, seq, prefix + raw) + raw
+def seal(raw: bytes, key: FrameKey, seq: int, payload: bytes = b"") -> bytes:
+    prefix = _PREFIX.pack(SEALED, len(raw), len(payload))
+    return prefix + tag_at(key, seq, prefix + raw) + raw + payload
 
 
-def plain(raw: bytes) -> bytes:
-    return _PREFIX.pack(MAGIC, len(raw), 0) + raw
+def plain(raw: bytes, payload: bytes = b"") -> bytes:
+    return _PREFIX.pack(MAGIC, len(raw), len(payload)) + raw + payload
 
 
 def prefix_lie(frame: bytes, rng: random.Random) -> bytes:
@@ -209,49 +230,62 @@ def prefix_lie(frame: bytes, rng: random.Random) -> bytes:
     elif op == 1:
         hlen = max(0, hlen + rng.choice((-40, -3, -1, 1, 2, 64, 700)))
     elif op == 2:
-        hlen = rng.choice((MAX_HEADER + 1, (1 << 32) - 1, PREAUTH_MAX_HEADER + 1))
+        hlen = rng.choice((MAX_HEADER + 1, MAX_WORKER_HEADER + 1, (1 << 32) - 1, PREAUTH_MAX_HEADER + 1))
     else:
-        plen = rng.choice((1, 4096, 1 << 40, (1 << 64) - 1))
+        plen = rng.choice((1, 4096, MAX_PUSH_BYTES + 1, 1 << 40, (1 << 64) - 1))
     return _PREFIX.pack(magic, hlen, plen) + frame[PREFIX_BYTES:]
 
 
-def fit(frame: bytes, *, max_header: int, relay: bool = False, rng: random.Random | None = None) -> bytes:
+def fit(frame: bytes, *, max_header: int, max_payload: int = 0, relay: bool = False,
+        rng: random.Random | None = None) -> bytes:
     """Exactly the bytes a server reads for `frame`: the prefix alone if the prefix is refused (a relay refuses
-    an unsealed one at once), else prefix + tag + the claimed header length, cut or padded with junk."""
+    an unsealed one at once), else prefix + tag + the claimed header and payload lengths, cut or padded with junk."""
     try:
-        sealed, hlen, _ = check_prefix(frame[:PREFIX_BYTES], keyed=True, max_header=max_header, max_payload=0)
+        sealed, hlen, plen = check_prefix(frame[:PREFIX_BYTES], keyed=True, max_header=max_header,
+                                          max_payload=max_payload)
     except ProtocolError:
         return frame[:PREFIX_BYTES]
     if relay and not sealed:
         return frame[:PREFIX_BYTES]
-    n = PREFIX_BYTES + (TAG_BYTES if sealed else 0) + hlen
+    n = PREFIX_BYTES + (TAG_BYTES if sealed else 0) + hlen + plen
     pad = n - len(frame)
     return frame[:n] + ((rng or random).randbytes(pad) if pad > 0 else b"")
 
 
-def _opened(frame: bytes, key: FrameKey, seq: int, max_header: int) -> tuple[dict[str, Any], bool]:
-    """The header the server decodes from a fitted frame (and whether it was sealed), or ProtocolError."""
-    sealed, _, _ = check_prefix(frame[:PREFIX_BYTES], keyed=True, max_header=max_header, max_payload=0)
+def _opened(frame: bytes, key: FrameKey, seq: int, max_header: int,
+            max_payload: int = 0) -> tuple[dict[str, Any], bool, bytes]:
+    """The header the server decodes from a fitted frame, whether it was sealed and its payload, or ProtocolError."""
+    sealed, hlen, plen = check_prefix(frame[:PREFIX_BYTES], keyed=True, max_header=max_header,
+                                      max_payload=max_payload)
     k = FrameKey(key.key)
     k.seq = seq
-    return open_frame(frame[:PREFIX_BYTES], frame[PREFIX_BYTES:], k, ())[0], sealed
+    body_end = len(frame) - plen
+    header = open_frame(frame[:PREFIX_BYTES], frame[PREFIX_BYTES:body_end], k, ())[0]
+    return header, sealed, frame[body_end:]
 
 
 def judge_control(
     frame: bytes, key: FrameKey, seq: int, allowed: tuple[type[m.WireMessage], ...]
 ) -> m.WireMessage | None:
     """After authentication: the message the coordinator takes from frame number `seq`, or None (a protocol
-    error, which closes the connection)."""
+    error, which closes the connection): a payload on a message other than a push, or a push's payload of
+    another length than its records' or with another SHA-256 than its header's."""
     try:
-        return m.parse(_opened(frame, key, seq, MAX_HEADER)[0], allowed)
+        header, _, payload = _opened(frame, key, seq, MAX_WORKER_HEADER, MAX_PUSH_BYTES)
+        msg = m.parse(header, allowed)
     except ProtocolError:
         return None
+    if not isinstance(msg, m.Trajectories):
+        return None if payload else msg
+    if len(payload) != msg.nbytes or msg.sha256 != (digest(payload) if payload else ""):
+        return None
+    return msg
 
 
 def judge_hello(frame: bytes, key: FrameKey, allowed: type[m.WireMessage]) -> m.WireMessage | None:
     """Before authentication (a coordinator's hello, a relay's fetch): the parsed message, or None if refused."""
     try:
-        header, sealed = _opened(frame, key, 0, PREAUTH_MAX_HEADER)
+        header, sealed, _ = _opened(frame, key, 0, PREAUTH_MAX_HEADER)
         return m.parse(header, (allowed,)) if sealed else None
     except ProtocolError:
         return None

@@ -11,7 +11,8 @@ from typing import Any
 
 from echo2sdk.core.records import pack
 from echo2sdk.runtime.trust import session
-from echo2sdk.runtime.protocol.messages import Hello
+from echo2sdk.runtime.protocol.groups import encode_groups
+from echo2sdk.runtime.protocol.messages import Hello, Trajectories, to_header
 from echo2sdk.runtime.trust.tls import Identity, client_context, server_context
 from echo2sdk.runtime.protocol.wire import MAX_HEADER, PREFIX_BYTES, TAG_BYTES, read_frame, write_frame
 
@@ -92,8 +93,13 @@ class Client:
         client.sealed = sealed  # whether the answer came sealed (a welcome, or a refusal after a verified hello)
         return client
 
-    async def send(self, header: dict) -> None:
-        await write_frame(self.writer, header, key=self.keys.send)
+    async def send(self, header: dict, payload: bytes = b"") -> None:
+        await write_frame(self.writer, header, payload, key=self.keys.send)
+
+    async def push(self, groups: list, *, rid: int | None = 1, batch: str | None = None) -> None:
+        """A push of `groups` (wire maps), encoded as a worker encodes them (runtime/protocol/groups.py)."""
+        p = encode_groups(groups)
+        await self.send(to_header(Trajectories.of(p, rid=rid, batch=batch)), p.payload)
 
     async def recv(self) -> dict:
         return (await read_frame(self.reader, 0, key=self.keys.recv, max_header=MAX_HEADER))[0]

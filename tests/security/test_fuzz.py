@@ -30,11 +30,12 @@ from echo2sdk.core.records import pack
 from echo2sdk.runtime.trust import session
 from echo2sdk.runtime.trust.admission import Admission
 from echo2sdk.runtime.coordinator import FROM_WORKER, Coordinator
-from echo2sdk.runtime.protocol.messages import Challenge, Fetch, Hello, parse, to_header
+from echo2sdk.runtime.protocol.groups import MAX_PUSH_BYTES
+from echo2sdk.runtime.protocol.messages import Challenge, Fetch, Hello, Trajectories, parse, to_header
 from echo2sdk.runtime.broadcast.relay import RelayNode, Upstream
 from echo2sdk.runtime.trust.session import FrameKey
 from echo2sdk.runtime.trust.tls import client_context, peer_fingerprint
-from echo2sdk.runtime.protocol.wire import MAX_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, TAG_BYTES, decode_header, read_frame
+from echo2sdk.runtime.protocol.wire import MAX_HEADER, MAX_WORKER_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, TAG_BYTES, read_frame
 from echo2sdk.testing import ToyAdapter
 
 pytest.importorskip("torch")
@@ -54,8 +55,7 @@ VOCAB = 49152  # tiny-random has SmolLM2's tokenizer
 PREAUTH_KINDS = {"semantic": 45, "raw": 15, "bad_tag": 8, "wrong_key": 4, "prefix": 12, "plain": 4, "garbage": 4,
                  "cut": 5, "not_tls": 3}
 CONTROL_KINDS = {"valid": 88, "semantic": 6, "raw": 2, "bad_tag": 0.6, "replay": 0.6, "reorder": 0.6,
-                 "reflect": 0.4, "prefix": 1.2, "plain": 0.3, "cut": 0.3}
-FATAL_KINDS = {"bad_tag", "wrong_key", "replay", "reorder", "reflect", "prefix", "plain", "cut", "garbage"}
+                 "reflect": 0.4, "prefix": 1.2, "plain": 0.3, "cut": 0.3, "payload": 0.6}
 
 
 @dataclass
@@ -186,48 +186,53 @@ async def _preauth_answer(reader, msg, nonce: bytes, fp: bytes, frame: bytes, pu
 
 
 # -- after authentication: a session of frames until one is fatal ------------------------------------------
-def valid_header(mu: Mutator, ctx: Ctx, wid: str, batches: list[str]) -> dict[str, Any]:
-    """A well-formed worker message (a push's records may still be bad: those are rejected, not fatal)."""
+def valid_header(mu: Mutator, ctx: Ctx, wid: str, batches: list[str]) -> tuple[dict[str, Any], bytes]:
+    """A well-formed worker message and its payload (a push's records may still be bad: those are rejected, not
+    fatal)."""
     r = mu.rng
     sent_by_workers = {c.model_fields["type"].default for c in FROM_WORKER}
     kinds = [k for k in ("trajectories", "get_tasks", "heartbeat", "installed", "received", "snapshot_rejected",
                          "get_base") if k in ctx.examples and k in sent_by_workers]
     kind = r.choices(kinds, [35, 25, 20, 7, 7, 3, 3][: len(kinds)])[0]
-    h = dict(ctx.examples[kind])
+    h, payload = dict(ctx.examples[kind]), b""
     if kind == "get_tasks":
         h.update(n=r.choice((1, 1, 2, 3, 8, 64, 1024)), rid=r.getrandbits(62))
     elif kind == "trajectories":
         batch = r.choice(batches) if batches and r.random() < 0.05 else f"b{r.getrandbits(40):x}"
         batches.append(batch)
-        h.update(rid=r.getrandbits(62), batch=batch, groups=mu.groups(GROUP, wid))
-    return h
+        push = mu.groups(GROUP, wid)
+        h, payload = to_header(Trajectories.of(push, rid=r.getrandbits(62), batch=batch)), push.payload
+    return h, payload
 
 
-def control_frame(mu: Mutator, kind: str, raw: bytes, keys: session.Session, seq: int, history: list[bytes]) -> bytes:
+def control_frame(mu: Mutator, kind: str, raw: bytes, payload: bytes, keys: session.Session, seq: int,
+                  history: list[bytes]) -> bytes:
     r = mu.rng
     if kind == "bad_tag":
-        f = bytearray(seal(raw, keys.send, seq))
+        f = bytearray(seal(raw, keys.send, seq, payload))
         f[PREFIX_BYTES + r.randrange(TAG_BYTES)] ^= 1 << r.randrange(8)
         return bytes(f)
     if kind == "replay":
-        return r.choice(history) if history else seal(raw, keys.send, seq + 1)
+        return r.choice(history) if history else seal(raw, keys.send, seq + 1, payload)
     if kind == "reorder":
-        return seal(raw, keys.send, seq + r.choice((1, 2)))
+        return seal(raw, keys.send, seq + r.choice((1, 2)), payload)
     if kind == "reflect":  # the server's own direction key: a frame sent back to its sender
-        return seal(raw, keys.recv, seq)
+        return seal(raw, keys.recv, seq, payload)
     if kind == "prefix":
-        return prefix_lie(seal(raw, keys.send, seq), r)
+        return prefix_lie(seal(raw, keys.send, seq, payload), r)
     if kind == "plain":
-        return plain(raw)
-    return seal(raw, keys.send, seq)  # valid, semantic, raw, cut
+        return plain(raw, payload)
+    if kind == "payload":  # the payload changed after its SHA-256 was sealed in the header
+        return seal(raw, keys.send, seq, mu.payload_lie(payload))
+    return seal(raw, keys.send, seq, payload)  # valid, semantic, raw, cut
 
 
-def _parses(raw: bytes) -> bool:
-    try:
-        parse(decode_header(raw), FROM_WORKER)
-    except Exception:  # noqa: BLE001 - ProtocolError, as the coordinator would raise
-        return False
-    return True
+def framed(mu: Mutator, kind: str, raw: bytes, payload: bytes, c: Client, seq: int,
+           history: list[bytes]) -> tuple[bytes, Any]:
+    """The fitted frame number `seq` of this kind, and the message the coordinator takes from it (None: fatal)."""
+    frame = fit(control_frame(mu, kind, raw, payload, c.keys, seq, history), max_header=MAX_WORKER_HEADER,
+                max_payload=MAX_PUSH_BYTES, rng=mu.rng)
+    return frame, judge_control(frame, c.keys.send, seq, FROM_WORKER)
 
 
 async def session_job(mu: Mutator, t: Tally, ctx: Ctx) -> None:
@@ -250,18 +255,20 @@ async def _session(mu: Mutator, t: Tally, ctx: Ctx, c: Client, wid: str) -> None
         kind = pick(mu, CONTROL_KINDS)
         if not t.take(kind):
             break
-        valid = valid_header(mu, ctx, wid, batches)
+        valid, payload = valid_header(mu, ctx, wid, batches)
         header = mu.header(ctx.examples[mu.rng.choice(list(ctx.examples))]) if kind == "semantic" else valid
+        if kind == "semantic" and mu.rng.random() < 0.5:
+            payload = b""  # a mutated header with the push's payload, or with none
         raw = mu.raw(pack(valid)) if kind == "raw" else pack(header)
-        if unconfirmed and (kind in FATAL_KINDS or not _parses(raw)):
-            seq, unconfirmed = await _probe(t, c, seq), 0  # the silent frames before a fatal one were taken
-        frame = control_frame(mu, kind, raw, c.keys, seq, history)
         if kind == "cut":
+            frame = control_frame(mu, kind, raw, payload, c.keys, seq, history)
             c.writer.write(frame[: mu.rng.randrange(len(frame))])
             t.fates["session_cut"] += 1
             return
-        frame = fit(frame, max_header=MAX_HEADER, rng=mu.rng)
-        msg = judge_control(frame, c.keys.send, seq, FROM_WORKER)
+        frame, msg = framed(mu, kind, raw, payload, c, seq, history)
+        if unconfirmed and msg is None:  # the silent frames before a fatal one were taken: confirm them first
+            seq, unconfirmed = await _probe(t, c, seq), 0
+            frame, msg = framed(mu, kind, raw, payload, c, seq, history)
         c.writer.write(frame)
         if msg is None:
             await _expect_close(t, c, kind, frame)
@@ -289,7 +296,7 @@ async def _answered(t: Tally, ctx: Ctx, c: Client, wid: str, msg) -> bool:
     if reply["type"] != REPLIES[msg.type] or reply.get("rid", None) != getattr(msg, "rid", None):
         t.wrong(f"{msg.type}: answered {reply['type']} rid {reply.get('rid')}")
     elif msg.type == "trajectories" and not reply["duplicate"]:
-        t.pushed += sum(len(g) if isinstance(g, (list, tuple)) else 1 for g in msg.groups)
+        t.pushed += sum(msg.groups)
         t.accepted += reply["accepted"]
     t.fates["session_answered"] += 1
     return True

@@ -67,7 +67,7 @@ def test_a_batch_the_learner_step_raises_on_is_dropped_and_the_run_finishes(tmp_
         async def feed():
             c = await Client.join(tr.coordinator.port, token=tr.coordinator.token, worker_id="feeder")
             groups = [_wire_group("empty", mask=[0, 0])] + [_wire_group(f"ok{i}") for i in range(3)]
-            await c.send({"type": "trajectories", "rid": 1, "batch": "b1", "groups": groups})
+            await c.push(groups, rid=1, batch="b1")
             return c, await c.recv()
 
         client, ack = lt.run(feed())

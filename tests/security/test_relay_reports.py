@@ -142,15 +142,19 @@ def test_a_direct_push_hashes_each_snapshot_once(monkeypatch):
 
 
 def test_a_stored_report_is_bounded_whatever_its_size_on_the_wire(chain):
-    """A `received` may carry 4096 repairs with 1 KiB reasons and 4096 rates (~5 MB): kept whole for each worker
-    and each of the last KEEP_VERSIONS versions, a token holder's connections could hold gigabytes. The report
-    kept for the run's record holds at most KEEP_REPORT_ENTRIES repairs and rates; scoring is unchanged."""
+    """A `received` may carry MAX_REPORT repairs with 1 KiB reasons and MAX_REPORT rates (it carried 4096 of each,
+    ~5 MB, before a worker's header was capped at 1 MiB): kept whole for each worker and each of the last
+    KEEP_VERSIONS versions, a token holder's connections could hold a lot. The report kept for the run's record
+    holds at most KEEP_REPORT_ENTRIES repairs and rates; scoring is unchanged."""
     from echo2sdk.runtime.broadcast.chain import KEEP_REPORT_ENTRIES
+    from echo2sdk.runtime.protocol.messages import MAX_REPORT
 
     _publish(chain, 1, ["a", "b"])
+    with pytest.raises(ValueError, match="repairs"):
+        Received(version=1, repairs=[Repair(parent="a", reason="r", chunk=i) for i in range(MAX_REPORT + 1)])
     huge = Received(version=1, ok=True, parent="a",
-                    served_bps={f"n{i:04d}" + "x" * 120: 1e6 for i in range(4095)} | {"a": 5e6},
-                    repairs=[Repair(parent="a", reason="r" * 1024, chunk=i) for i in range(4096)])
+                    served_bps={f"n{i:04d}" + "x" * 120: 1e6 for i in range(MAX_REPORT - 1)} | {"a": 5e6},
+                    repairs=[Repair(parent="a", reason="r" * 1024, chunk=i) for i in range(MAX_REPORT)])
     chain.on_report("b", huge)
     kept = chain.reports[1]["b"]
     assert len(kept["repairs"]) == KEEP_REPORT_ENTRIES and len(kept["served_bps"]) <= KEEP_REPORT_ENTRIES

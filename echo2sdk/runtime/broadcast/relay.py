@@ -56,6 +56,7 @@ from echo2sdk.runtime.trust.gate import Gate
 from echo2sdk.runtime.protocol.messages import (
     Challenge,
     Chunk,
+    MAX_REPORT,
     Fetch,
     Refused,
     Unavailable,
@@ -187,7 +188,11 @@ class FetchReport:
     bad_chunks: int = 0
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        """As the worker reports it (messages.Received): the first MAX_REPORT repairs and parents' rates."""
+        wire = asdict(self)
+        wire["repairs"] = wire["repairs"][:MAX_REPORT]
+        wire["served_bps"] = dict(list(wire["served_bps"].items())[:MAX_REPORT])
+        return wire
 
 
 def _recv_hashed(sock: socket.socket, view: memoryview, deadline: float | None = None) -> bytes:

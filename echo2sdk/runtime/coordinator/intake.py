@@ -1,19 +1,23 @@
-"""Trajectory intake: the groups of records a worker pushes, admitted once per batch id, validated and buffered
-on a thread of the loop's executor (a large push delays no other worker's messages), every record attributed
-to its authenticated sender, and a push whose records lie about their sender or version quarantines it.
+"""Trajectory intake: the groups of records a worker pushes (a sealed header and a binary payload:
+runtime/protocol/groups.py), admitted once per batch id, checked against the header, decoded, validated and
+buffered on a thread of the loop's executor (a large push delays no other worker's messages), every record
+attributed to its authenticated sender, and a push whose records lie about their sender or version quarantines it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.records import Trajectory, prompt_chars, text_limit
-from echo2sdk.errors import TrajectoryRejected
+from echo2sdk.errors import ProtocolError, TrajectoryRejected
+from echo2sdk.runtime.protocol.groups import decode_record
 from echo2sdk.runtime.protocol.messages import Ack, Trajectories, shown
+from echo2sdk.runtime.protocol.wire import digest
 
 if TYPE_CHECKING:
     from echo2sdk.runtime.coordinator.connection import Conn
@@ -35,36 +39,64 @@ class Intake:
         self.vocab_size, self.max_len = vocab_size, max_len
         self.rejected: Counter[str] = Counter()
 
-    async def admit(self, conn: Conn, msg: Trajectories) -> Ack:
+    async def admit(self, conn: Conn, msg: Trajectories, payload: bytes) -> Ack | None:
         """Admit a push of groups once per batch id: a re-sent push is acknowledged, not re-admitted. The
-        records are validated and buffered on an executor thread (the buffer takes its own lock), then
-        counted here, on the loop: a push of a thousand groups holds up no other worker's messages."""
+        payload is checked against the sealed header (its length and SHA-256: ProtocolError if either is wrong),
+        decoded, validated and buffered on an executor thread (the buffer takes its own lock), then counted here,
+        on the loop: a push of a thousand groups holds up no other worker's messages. None, with the worker
+        quarantined, when a record lies about its sender or version (nothing of the push is admitted)."""
+        if len(payload) != msg.nbytes:
+            raise ProtocolError(f"trajectories: a {len(payload)}-byte payload for records of {msg.nbytes} bytes")
+        loop = asyncio.get_running_loop()
+        if msg.sha256 != (await loop.run_in_executor(None, digest, payload) if payload else ""):
+            raise ProtocolError("trajectories: the payload does not match the SHA-256 in its sealed header")
         if msg.batch is not None:
             if msg.batch in conn.info.batches:
                 return Ack(rid=msg.rid, accepted=0, duplicate=True)
             conn.info.batches.append(msg.batch)  # now: a re-send arriving during the intake is a duplicate
-        loop = asyncio.get_running_loop()
-        accepted, rejections = await loop.run_in_executor(None, self._intake, msg.groups, conn.worker_id)
+        accepted, rejections, lie = await loop.run_in_executor(
+            None, self._intake, msg, payload, conn.worker_id, frozenset(conn.info.installed))
+        if lie is not None:
+            self.registry.quarantine(conn.worker_id, lie)
+            return None
         self._count(conn, accepted, rejections)
         return Ack(rid=msg.rid, accepted=accepted, rejected=[e.reason for _, e in rejections])
 
-    def _intake(self, groups: tuple[Any, ...], worker_id: str) -> tuple[int, list[tuple[int, TrajectoryRejected]]]:
-        """Validate and buffer each group of raw records (on an executor thread: it touches only the buffer).
-        Every record is attributed to `worker_id`, the authenticated sender: a record that names no worker would
-        otherwise escape the per-worker cap, the audit's quarantine and revocation (one naming another worker
-        never gets here: claims_lie). Returns the records accepted and, per rejected group, its size and why."""
-        accepted, rejections = 0, []
-        for group in groups:
+    def _intake(self, msg: Trajectories, payload: bytes, worker_id: str, installed: frozenset[int]) -> tuple[
+            int, list[tuple[int, TrajectoryRejected]], str | None]:
+        """Decode and validate every group, then buffer them (on an executor thread: it touches only the
+        buffer). Every record is attributed to `worker_id`, the authenticated sender: a record that names no
+        worker would otherwise escape the per-worker cap, the audit's quarantine and revocation. Returns the
+        records accepted, per rejected group its size and why, and the lie that quarantines the sender (a record
+        naming another worker, or a version it never reported installed, of the `installed` ones): then nothing
+        is buffered."""
+        decoded: list[list[Trajectory] | TrajectoryRejected] = []
+        view, at = memoryview(payload), 0
+        sizes = iter(msg.sizes)
+        for n in msg.groups:
+            blobs = []
+            for size in itertools.islice(sizes, n):
+                blobs.append(view[at:at + size])
+                at += size
             try:
-                if not isinstance(group, (list, tuple)):
-                    raise TrajectoryRejected("schema", "groups[]", type(group).__name__, "a group is a list")
-                records = [_bounded_prompt(_attributed(Trajectory.from_wire(obj), worker_id), self.max_len)
-                           for obj in group]
+                decoded.append([Trajectory.from_wire(decode_record(b, max_len=self.max_len)) for b in blobs])
+            except TrajectoryRejected as e:
+                decoded.append(e)
+        for records in decoded:
+            lie = None if isinstance(records, TrajectoryRejected) else _lie(records, worker_id, installed)
+            if lie is not None:
+                return 0, [], lie
+        accepted, rejections = 0, []
+        for n, records in zip(msg.groups, decoded):
+            try:
+                if isinstance(records, TrajectoryRejected):
+                    raise records
+                records = [_bounded_prompt(_attributed(t, worker_id), self.max_len) for t in records]
                 self.buffer.add_group(records, vocab_size=self.vocab_size, max_len=self.max_len)
                 accepted += len(records)
             except TrajectoryRejected as e:
-                rejections.append((len(group) if isinstance(group, (list, tuple)) else 1, e))
-        return accepted, rejections
+                rejections.append((n, e))
+        return accepted, rejections, None
 
     def _count(self, conn: Conn, accepted: int, rejections: list[tuple[int, TrajectoryRejected]]) -> None:
         """Count a push's outcome by reason, and log its first rejections one by one (the rest in one line)."""
@@ -79,23 +111,16 @@ class Intake:
             log.warning("worker %s: %d more group(s) of the same push rejected: %s", conn.worker_id,
                         len(rejections) - LOGGED_REJECTIONS, dict(more))
 
-    # -- worker audit (core/audit.py) ---------------------------------------------------------------------
-    def claims_lie(self, conn: Conn, groups: tuple[Any, ...]) -> bool:
-        """True, with the worker quarantined, when a pushed record names another worker or claims a version
-        (other than the initial 0) this worker never reported installed. Malformed records are left to intake."""
-        installed = conn.info.installed
-        for obj in (o for g in groups if isinstance(g, (list, tuple)) for o in g if isinstance(o, dict)):
-            meta, v = obj.get("meta"), obj.get("version")
-            who = meta.get("worker") if isinstance(meta, dict) else None
-            if isinstance(who, str) and who != conn.worker_id:
-                reason = f"a record names worker {shown(who, 60)}"
-            elif type(v) is int and v > 0 and v not in installed:
-                reason = f"a record claims version {v}, which it never reported installed"
-            else:
-                continue
-            self.registry.quarantine(conn.worker_id, reason)
-            return True
-        return False
+
+def _lie(records: list[Trajectory], worker_id: str, installed: frozenset[int]) -> str | None:
+    """Why the push is a lie (core/audit.py: the sender is quarantined), or None: a record names another worker,
+    or claims a version (other than the initial 0) the sender never reported installed."""
+    for t in records:
+        if t.meta.worker and t.meta.worker != worker_id:
+            return f"a record names worker {shown(t.meta.worker, 60)}"
+        if t.version > 0 and t.version not in installed:
+            return f"a record claims version {t.version}, which it never reported installed"
+    return None
 
 
 def _attributed(t: Trajectory, worker_id: str) -> Trajectory:

@@ -21,6 +21,7 @@ from echo2sdk.runtime.coordinator.handshake import Handshake
 from echo2sdk.runtime.coordinator.intake import Intake
 from echo2sdk.runtime.coordinator.registry import Registry
 from echo2sdk.runtime.coordinator.snapshots import Snapshots
+from echo2sdk.runtime.protocol.groups import MAX_PUSH_BYTES
 from echo2sdk.runtime.protocol.messages import (
     GetBase,
     GetTasks,
@@ -37,6 +38,7 @@ from echo2sdk.runtime.protocol.messages import (
     WorkerConfig,
     shown,
 )
+from echo2sdk.runtime.protocol.wire import MAX_WORKER_HEADER
 
 __all__ = ["Server", "FROM_WORKER"]
 
@@ -140,9 +142,10 @@ class Server:
                 return
             await self._welcome(conn)
             while True:
-                msg, _ = await conn.channel.recv(FROM_WORKER)
+                msg, payload = await conn.channel.recv(FROM_WORKER, max_header=MAX_WORKER_HEADER,
+                                                       max_payload=MAX_PUSH_BYTES, payload_types=(Trajectories,))
                 conn.info.last_seen = time.monotonic()
-                await self._dispatch(conn, msg)
+                await self._dispatch(conn, msg, payload)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass  # peer went away
         except asyncio.CancelledError:
@@ -167,16 +170,16 @@ class Server:
                                 broadcast=bcast))
         await self.snapshots.send_latest(conn)
 
-    async def _dispatch(self, conn: Conn, msg: WireMessage) -> None:
+    async def _dispatch(self, conn: Conn, msg: WireMessage, payload: bytes = b"") -> None:
         if isinstance(msg, GetTasks):
             tasks = self._next_tasks(msg.n) if conn.info.active else []  # an inactive worker idles
             await conn.send(Tasks(rid=msg.rid, tasks=tasks))
         elif isinstance(msg, Trajectories):
             self.heap.received += conn.channel.last_frame_bytes
             self.heap.received_at = time.monotonic()
-            if self.intake.claims_lie(conn, msg.groups):  # quarantined: no ack, the connection is closing
-                return
-            await conn.send(await self.intake.admit(conn, msg))
+            ack = await self.intake.admit(conn, msg, payload)
+            if ack is not None:  # None: quarantined, no ack (the connection is closing)
+                await conn.send(ack)
         elif isinstance(msg, Heartbeat):
             conn.info.version, conn.info.rollouts_per_s = msg.version, msg.rollouts_per_s
             conn.info.adapter_failures, conn.info.groups_dropped = dict(msg.failures), msg.groups_dropped

@@ -71,10 +71,11 @@ class SealedChannel:
         *,
         max_payload: int = 0,
         payload_types: tuple[type[WireMessage], ...] = (),
+        max_header: int = MAX_HEADER,
     ) -> tuple[WireMessage, bytes]:
         """The next message (one of `allowed`) and its payload. Raises asyncio.IncompleteReadError on EOF,
         AuthError on a bad seal and ProtocolError on anything else wrong."""
-        f = await read_frame_raw(self.reader, max_payload, key=self.keys.recv, max_header=MAX_HEADER)
+        f = await read_frame_raw(self.reader, max_payload, key=self.keys.recv, max_header=max_header)
         header, payload = f.header, f.payload
         self.last_frame_bytes = len(f.raw) + len(payload)
         msg = parse(header, tuple(allowed))

@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from echo2sdk.core.broadcast.manifest import MAX_CHUNKS, MIN_CHUNK_BYTES
 from echo2sdk.core.checks import shown
 from echo2sdk.core.failures import MAX_REASONS
 from echo2sdk.errors import ConfigError, ProtocolError
-from echo2sdk.runtime.protocol.wire import DEFAULT_MAX_PAYLOAD
+from echo2sdk.runtime.protocol.groups import MAX_PUSH_BYTES, MAX_RECORDS, Push
+from echo2sdk.runtime.protocol.wire import DEFAULT_MAX_PAYLOAD, digest
 
 __all__ = [
     "WireMessage", "WorkerConfig", "Sampling", "BroadcastInfo", "StoreInfo", "WireTask", "WireManifest", "Repair",
@@ -36,7 +37,7 @@ __all__ = [
     "Snapshot", "SnapshotPlan", "SnapshotInStore", "Received", "Installed", "SnapshotRejected", "Shutdown", "GetBase", "BaseFile",
     "BaseFiles",
     "Fetch", "Unavailable", "Wait", "Chunk",
-    "parse", "to_header", "clip", "shown", "MAX_ID", "MAX_REASON", "MAX_REASONS", "MAX_RELAY_KEYS",
+    "parse", "to_header", "clip", "shown", "MAX_REPORT", "MAX_ID", "MAX_REASON", "MAX_REASONS", "MAX_RELAY_KEYS",
 ]
 
 # -- bounds -----------------------------------------------------------------------------------------
@@ -47,7 +48,8 @@ MAX_REASON = 1024  # why something was refused or repaired (senders `clip` their
 MAX_TEXT = 1 << 20  # one chat message's content, a task's answer
 MAX_BATCH = 1024  # tasks per request, groups per push
 MAX_ENTRIES = 256  # keys of an options or info map, messages of one task
-MAX_PEERS = 4096  # nodes of an upstream list, and so repairs and rates of one fetch
+MAX_PEERS = 4096  # nodes of an upstream list
+MAX_REPORT = 64  # repairs, and parents' rates, one fetch reports (relay.FetchReport.to_wire keeps the first)
 # MAX_REASONS (core.failures): distinct reasons of a counter a peer reports (adapter failures)
 MAX_INT = (1 << 63) - 1  # versions, counts, request ids
 MAX_RATE = 1e6  # rollouts per second one worker claims (the scheduler's calibration averages them)
@@ -242,10 +244,33 @@ class Tasks(WireMessage):
 
 
 class Trajectories(WireMessage):
+    """A push of GRPO groups; the payload holds the records one after the other (runtime/protocol/groups.py)."""
+
     type: Literal["trajectories"] = "trajectories"
     rid: Count | None = None
     batch: Id | None = None  # the worker's id for this push: a re-sent push is acknowledged, not re-admitted
-    groups: Annotated[Seq[Any], Field(max_length=MAX_BATCH)]  # raw records: Trajectory.from_wire checks them
+    groups: Annotated[Seq[Annotated[int, Field(ge=0, le=MAX_BATCH)]], Field(max_length=MAX_BATCH)]  # records each
+    sizes: Annotated[Seq[Annotated[int, Field(ge=0, le=MAX_PUSH_BYTES)]], Field(max_length=MAX_RECORDS)] = ()
+    sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")  # of the payload ("": no records)
+
+    @model_validator(mode="after")
+    def _records_add_up(self) -> Trajectories:
+        if sum(self.groups) != len(self.sizes):
+            raise ValueError(f"groups hold {sum(self.groups)} records, sizes name {len(self.sizes)}")
+        if sum(self.sizes) > MAX_PUSH_BYTES:
+            raise ValueError(f"records of {sum(self.sizes)} bytes, more than a push's {MAX_PUSH_BYTES}")
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        """The payload's length."""
+        return sum(self.sizes)
+
+    @classmethod
+    def of(cls, push: Push, *, batch: str | None = None, rid: int | None = None) -> Trajectories:
+        """The header that carries `push` (groups.encode_groups, groups.split_pushes); its payload is push.payload."""
+        return cls(rid=rid, batch=batch, groups=push.groups, sizes=push.sizes,
+                   sha256=digest(push.payload) if push.payload else "")
 
 
 class Ack(WireMessage):
@@ -301,8 +326,8 @@ class Received(WireMessage):
     ok: bool = False
     seconds: NonNeg = 0.0
     parent: Id = ""  # who delivered the last chunk
-    served_bps: Annotated[dict[Id, NonNeg], Field(max_length=MAX_PEERS)] = Field(default_factory=dict)
-    repairs: Annotated[Seq[Repair], Field(max_length=MAX_PEERS)] = ()
+    served_bps: Annotated[dict[Id, NonNeg], Field(max_length=MAX_REPORT)] = Field(default_factory=dict)
+    repairs: Annotated[Seq[Repair], Field(max_length=MAX_REPORT)] = ()
     bad_chunks: Count = 0
 
 

@@ -9,7 +9,8 @@ A sealed frame's tag is HMAC-SHA256(direction key, seq | prefix | header) (`sess
 checked before the header is decoded, and the payload is not MACed (a direct-push snapshot's SHA-256
 and a chunk's index are in the MACed header; chunk bytes are checked against the signed manifest).
 Every length is checked against a limit before anything is read or allocated for it: a few KiB
-(`PREAUTH_MAX_HEADER`) unless the caller, past authentication, allows more. Headers decode with msgpack
+(`PREAUTH_MAX_HEADER`) unless the caller, past authentication, allows more (1 MiB from a worker, whose records
+travel in a push's payload, 16 MiB from the coordinator). Headers decode with msgpack
 limits on every string, bytes, array and map, and without extension types.
 """
 
@@ -28,7 +29,7 @@ from echo2sdk.core.records import pack
 from echo2sdk.errors import AuthError, ProtocolError
 
 __all__ = [
-    "MAGIC", "SEALED", "PREFIX_BYTES", "TAG_BYTES", "PREAUTH_MAX_HEADER", "MAX_HEADER", "DEFAULT_MAX_PAYLOAD",
+    "MAGIC", "SEALED", "PREFIX_BYTES", "TAG_BYTES", "PREAUTH_MAX_HEADER", "MAX_HEADER", "MAX_WORKER_HEADER", "DEFAULT_MAX_PAYLOAD",
     "Frame", "read_frame", "read_frame_raw", "write_frame", "encode_frame", "send_frame", "recv_frame",
     "recv_exactly_into", "check_prefix", "open_frame", "decode_header", "digest", "DeadlineExceeded",
     "check_deadline",
@@ -40,7 +41,8 @@ _PREFIX = struct.Struct(">4sIQ")
 PREFIX_BYTES = _PREFIX.size
 TAG_BYTES = 32
 PREAUTH_MAX_HEADER = 4 << 10  # every frame before authentication (challenge, hello, fetch, refused) fits
-MAX_HEADER = 16 << 20  # after authentication
+MAX_HEADER = 16 << 20  # after authentication, from the coordinator (a worker's frames: MAX_WORKER_HEADER)
+MAX_WORKER_HEADER = 1 << 20  # after authentication, from a worker: its records travel in the payload
 DEFAULT_MAX_PAYLOAD = 8 << 30
 MAX_ARRAY = 1 << 20  # msgpack limits per container (strings and bytes: the header's own length)
 MAX_MAP = 1 << 12

@@ -56,9 +56,9 @@ class CoordinatorLink:
         """The session's sealed channel, once the handshake gave its keys."""
         self.channel = SealedChannel(reader, writer, keys)
 
-    async def send(self, msg: WireMessage) -> None:
+    async def send(self, msg: WireMessage, payload: bytes = b"") -> None:
         assert self.channel is not None
-        await self.channel.send(msg)
+        await self.channel.send(msg, payload)
 
     async def notify(self, msg: WireMessage) -> None:
         """A report the coordinator can live without (it re-sends the latest snapshot when we re-join)."""
@@ -67,15 +67,15 @@ class CoordinatorLink:
         except (ConnectionError, OSError) as e:
             log.debug("could not report %s: %s", msg.type, e)
 
-    async def request(self, msg: WireMessage, reply: type[R], timeout: float = 60.0) -> R:
-        """Send `msg` under a fresh request id and wait for the coordinator's `reply` to it."""
+    async def request(self, msg: WireMessage, reply: type[R], timeout: float = 60.0, payload: bytes = b"") -> R:
+        """Send `msg` (and its `payload`) under a fresh request id and wait for the coordinator's `reply` to it."""
         if self.stop.is_set():  # the read loop has ended: nobody would ever answer (it fails the waiters it saw)
             raise ConnectionError("coordinator connection closed")
         rid = next(self.rids)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self.waiters[rid] = fut
         try:
-            await self.send(msg.model_copy(update={"rid": rid}))
+            await self.send(msg.model_copy(update={"rid": rid}), payload)
             answer = await asyncio.wait_for(fut, timeout)
         finally:
             self.waiters.pop(rid, None)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from echo2sdk.core.contracts import SamplingParams, Task
 from echo2sdk.errors import ProtocolError
+from echo2sdk.runtime.protocol.groups import MAX_PUSH_BYTES, split_pushes
 from echo2sdk.runtime.protocol.messages import Ack, GetTasks, Tasks, Trajectories, WireTask, WorkerConfig, shown
 from echo2sdk.runtime.worker.link import CoordinatorLink
 from echo2sdk.runtime.worker.snapshots import SnapshotInbox
@@ -110,19 +111,26 @@ class RolloutLoop:
         return True
 
     async def push(self, batch_id: str, groups: list[list[dict[str, Any]]]) -> bool:
-        """Push one batch's groups. When the connection is lost on the way they are held and pushed again
-        after the re-join under the same id: the coordinator admits a batch once (staleness is judged
-        then, as for any record), so nothing generated is lost and nothing is counted twice."""
-        try:
-            ack = await self.link.request(Trajectories(batch=batch_id, groups=groups), Ack)
-        except (ConnectionError, TimeoutError, ProtocolError):
-            self.held = (batch_id, groups)
-            return False
+        """Push one batch's groups (in several pushes when their records are over groups.MAX_PUSH_BYTES, each under
+        its own id). When the connection is lost on the way they are held and pushed again after the re-join
+        under the same ids: the coordinator admits a batch once (staleness is judged then, as for any record),
+        so nothing generated is lost and nothing is counted twice."""
+        pushes, dropped = await asyncio.to_thread(split_pushes, groups)
+        if dropped:
+            log.warning("%d group(s) of batch %s left out: one group's records are over the %d-byte push limit",
+                        dropped, batch_id, MAX_PUSH_BYTES)
+        for i, p in enumerate(pushes):
+            part = batch_id if len(pushes) == 1 else f"{batch_id}/{i}"
+            try:
+                ack = await self.link.request(Trajectories.of(p, batch=part), Ack, payload=p.payload)
+            except (ConnectionError, TimeoutError, ProtocolError):
+                self.held = (batch_id, groups)
+                return False
+            if ack.duplicate:
+                log.info("batch %s had reached the coordinator before the connection was lost", part)
+            if ack.rejected:
+                log.warning("coordinator rejected %d group(s): %s", len(ack.rejected), shown(list(ack.rejected), 200))
         self.held = None
-        if ack.duplicate:
-            log.info("batch %s had reached the coordinator before the connection was lost", batch_id)
-        if ack.rejected:
-            log.warning("coordinator rejected %d group(s): %s", len(ack.rejected), shown(list(ack.rejected), 200))
         return True
 
 
