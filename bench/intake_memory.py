@@ -44,10 +44,11 @@ def serve(mode: str) -> None:
     cfg = load_config(ROOT / "examples" / "math_smollm2.toml")
     args = buffer_args(cfg)
     if mode == "none":  # what the intake did before: no text bound, no byte budget, no record size bound
+        from echo2sdk.runtime.coordinator import intake
         from echo2sdk.runtime.protocol import groups
 
         records.MAX_CHARS_PER_TOKEN = 1 << 40
-        groups.record_limit = lambda max_len: 1 << 40
+        groups.record_limit = intake.record_limit = lambda max_len: 1 << 40
         args.update(bytes_per_worker=None, bytes_per_pool=None)
     coord = Coordinator(buffer=StalenessBuffer(**args), tasks=ToyAdapter().tasks(0), worker_config={},
                         vocab_size=49152, max_len=cfg.learner.max_len, token=TOKEN, heartbeat_s=5.0,

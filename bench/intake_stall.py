@@ -5,7 +5,7 @@ probe worker asks for tasks every `--probe-ms` and times each answer (a get_task
 worker's heartbeats, tasks and acks wait behind). After `--quiet-s` of probing, a second worker sends one push:
 
 - `maps`: a header of about `--mib` MiB of empty maps (the most objects per byte msgpack decodes); a worker's
-  header is capped at 1 MiB (wire.MAX_WORKER_HEADER), so over the cap it is refused from its prefix
+  header is capped at 256 KiB (wire.MAX_WORKER_HEADER), so over the cap it is refused from its prefix
 - `maps-cap`: the same, just under the cap: the most header decoding a worker can cause
 - `text`: one group of 4 records whose responses fill about `--mib` MiB of payload
 - `records`: `--mib` MiB of payload in as many small valid records as a push may hold (groups.MAX_RECORDS)
@@ -64,7 +64,7 @@ def _frame(kind: str, mib: float, wid: str) -> tuple[dict, bytes]:
     if kind == "text":
         push = encode_groups([[rec(i, "x" * ((budget - 4096) // 4)) for i in range(4)]])
     else:  # records: as many as fit (groups of 4, larger past MAX_BATCH groups: those are decoded, then refused)
-        one = len(encode_record(rec(0, "")))
+        one = len(encode_record(rec(MAX_RECORDS, "")))  # the longest group id
         n = min(MAX_RECORDS, budget // one)
         per = max(4, -(-n // MAX_BATCH))
         push = encode_groups([[rec(i, "") for i in range(g, min(g + per, n))] for g in range(0, n, per)])

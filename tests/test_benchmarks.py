@@ -51,13 +51,13 @@ def test_intake_stall_bench_times_the_probe_around_every_kind_of_push():
     ).stdout
     rows = {r["kind"]: r for r in (json.loads(x) for x in out.splitlines() if x.startswith("{"))}
     assert sorted(rows) == ["maps", "maps-cap", "records", "text"]
-    # a header of maps is no push: over the 1 MiB cap it is refused from its prefix, under it it fails to parse
+    # a header of maps is no push: over the 256 KiB cap it is refused from its prefix, under it it fails to parse
     assert rows["maps"]["answer"] == rows["maps-cap"]["answer"] == "closed"
-    assert rows["maps"]["header_bytes"] > 1 << 20 > rows["maps-cap"]["header_bytes"] > (1 << 20) - 200
+    assert rows["maps"]["header_bytes"] > 256 << 10 > rows["maps-cap"]["header_bytes"] > (256 << 10) - 200
     assert rows["text"]["answer"] == rows["records"]["answer"] == "ack" and rows["records"]["records"] > 1000
     for r in rows.values():
         assert r["probes_during"] >= 1 and r["probe_worst_during_ms"] > 0 and r["probe_p50_before_ms"] > 0
-        assert 0.9 < r["frame_mib"] < 1.1
+        assert 0.9 < r["frame_mib"] < 1.1 or r["kind"] == "maps-cap"
 
 
 @pytest.mark.slow

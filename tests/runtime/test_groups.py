@@ -1,6 +1,6 @@
 """Trajectory groups on the wire (runtime/protocol/groups.py): the binary record layout round-trips every record,
 refuses a broken or oversized one with a TrajectoryRejected before building anything for it, and a worker's
-headers fit the coordinator's 1 MiB header cap."""
+headers fit the coordinator's 256 KiB header cap."""
 
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ def test_a_push_header_must_add_up():
         parse({**to_header(msg), "groups": (2,), "sizes": (MAX_PUSH_BYTES, 1)}, (Trajectories,))
 
 
-def test_the_largest_headers_a_worker_may_send_fit_the_1_MiB_cap():
+def test_the_largest_headers_a_worker_may_send_fit_the_header_cap():
     """Every worker message at its bounds, with 4-byte characters wherever a string may hold them: under
     wire.MAX_WORKER_HEADER, so an honest worker is never cut off by the cap."""
     wide = "🙂"
@@ -180,8 +180,8 @@ def test_the_largest_headers_a_worker_may_send_fit_the_1_MiB_cap():
     ids = [i[-MAX_ID:] for i in ids]
     received = Received(version=1, ok=True, seconds=1.0, parent=ids[0], served_bps={i: 1e9 for i in ids},
                         repairs=[Repair(parent=i, reason=wide * MAX_REASON, chunk=1 << 40, repair_s=1.0) for i in ids])
-    push = Trajectories(rid=1 << 62, batch=wide * MAX_ID, groups=[64] * 1024, sizes=[256] * MAX_RECORDS,
-                        sha256="0" * 64)
+    push = Trajectories(rid=1 << 62, batch=wide * MAX_ID, groups=[MAX_RECORDS // 1024] * 1024,
+                        sizes=[MAX_PUSH_BYTES // MAX_RECORDS] * MAX_RECORDS, sha256="0" * 64)
     from echo2sdk.core.failures import MAX_REASONS
     beat = Heartbeat(version=1 << 62, rollouts=1 << 62, rollouts_per_s=1.5,
                      failures={(wide * MAX_ID + str(i))[-MAX_ID:]: 1 << 62 for i in range(MAX_REASONS)})

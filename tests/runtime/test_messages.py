@@ -196,7 +196,7 @@ BOUNDS = [
     (Tasks, "tasks.0.messages", [{"role": "user", "content": "x"}] * 257),
     (Trajectories, "groups", [0] * 1025),
     (Trajectories, "groups.0", -1),
-    (Trajectories, "sizes", [0] * ((1 << 16) + 1)),
+    (Trajectories, "sizes", [0] * ((1 << 14) + 1)),
     (Trajectories, "sha256", "ab"),
     (Trajectories, "batch", "b" * 129),
     (Ack, "accepted", -1),

@@ -316,3 +316,30 @@ def test_a_prompt_longer_than_the_text_bound_is_kept_cut_not_refused(loop):
         coord.stop()
     assert held["doc"] == "a" * 1096 + "b" * 3000
     assert [(m.role, len(m.content)) for m in held["chat"]] == [("system", 1096), ("user", 3000)]
+
+
+def test_a_record_larger_than_any_admissible_one_is_read_past_not_held(loop):
+    """A record over groups.record_limit(max_len) is refused from its size alone: the coordinator reads past it in
+    64 KiB slices (hashing them for the push's SHA-256) and never holds it; the next group of the push is admitted."""
+    from echo2sdk.runtime.coordinator import intake
+    from echo2sdk.runtime.protocol.groups import record_limit
+
+    coord = make_coordinator()
+    held: list[int] = []
+    read = intake.Intake._read
+
+    async def spy(self, conn, msg):
+        blobs = await read(self, conn, msg)
+        held.extend(len(b) if b is not None else -1 for b in blobs)
+        return blobs
+
+    intake.Intake._read = spy
+    try:
+        huge = "x" * (record_limit(64) + 1)
+        ack = loop.run(_push(coord.port, [group("huge", response=huge), group("ok")]))
+    finally:
+        intake.Intake._read = read
+        coord.stop()
+    assert ack["accepted"] == GROUP and list(ack["rejected"]) == ["too_long"]
+    assert coord.rejected == {"too_long": GROUP} and coord.buffer.ready_groups() == 1
+    assert held[:GROUP] == [-1] * GROUP and all(0 < n < 1000 for n in held[GROUP:])  # never held, the rest small

@@ -7,17 +7,18 @@ attributed to its authenticated sender, and a push whose records lie about their
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
+import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.records import Trajectory, prompt_chars, text_limit
 from echo2sdk.errors import ProtocolError, TrajectoryRejected
-from echo2sdk.runtime.protocol.groups import decode_record
+from echo2sdk.runtime.protocol.groups import decode_record, record_limit
 from echo2sdk.runtime.protocol.messages import Ack, Trajectories, shown
-from echo2sdk.runtime.protocol.wire import digest
 
 if TYPE_CHECKING:
     from echo2sdk.runtime.coordinator.connection import Conn
@@ -28,6 +29,7 @@ __all__ = ["Intake", "LOGGED_REJECTIONS"]
 log = logging.getLogger("echo2sdk.coordinator")
 
 LOGGED_REJECTIONS = 8  # rejected groups of one push logged one by one; the rest in one summary line
+READ_SPAN = 1 << 20  # records read from the connection in one await, at most (a larger record alone)
 
 
 class Intake:
@@ -39,31 +41,67 @@ class Intake:
         self.vocab_size, self.max_len = vocab_size, max_len
         self.rejected: Counter[str] = Counter()
 
-    async def admit(self, conn: Conn, msg: Trajectories, payload: bytes) -> Ack | None:
-        """Admit a push of groups once per batch id: a re-sent push is acknowledged, not re-admitted. The
-        payload is checked against the sealed header (its length and SHA-256: ProtocolError if either is wrong),
-        decoded, validated and buffered on an executor thread (the buffer takes its own lock), then counted here,
-        on the loop: a push of a thousand groups holds up no other worker's messages. None, with the worker
-        quarantined, when a record lies about its sender or version (nothing of the push is admitted)."""
-        if len(payload) != msg.nbytes:
-            raise ProtocolError(f"trajectories: a {len(payload)}-byte payload for records of {msg.nbytes} bytes")
-        loop = asyncio.get_running_loop()
-        if msg.sha256 != (await loop.run_in_executor(None, digest, payload) if payload else ""):
-            raise ProtocolError("trajectories: the payload does not match the SHA-256 in its sealed header")
+    async def admit(self, conn: Conn, msg: Trajectories) -> Ack | None:
+        """Admit a push of groups once per batch id: a re-sent push is acknowledged, not re-admitted. The payload
+        is read from the connection record by record (`_read`), checked against the sealed header (its length and
+        SHA-256: ProtocolError if either is wrong), then decoded, validated and buffered on an executor thread (the
+        buffer takes its own lock) and counted here, on the loop: a push of a thousand groups holds up no other
+        worker's messages. None, with the worker quarantined, when a record lies about its sender or version
+        (nothing of the push is admitted)."""
+        if conn.channel.unread != msg.nbytes:
+            raise ProtocolError(f"trajectories: a {conn.channel.unread}-byte payload for records of {msg.nbytes} bytes")
+        blobs = await self._read(conn, msg)
         if msg.batch is not None:
             if msg.batch in conn.info.batches:
                 return Ack(rid=msg.rid, accepted=0, duplicate=True)
             conn.info.batches.append(msg.batch)  # now: a re-send arriving during the intake is a duplicate
+        loop = asyncio.get_running_loop()
         accepted, rejections, lie = await loop.run_in_executor(
-            None, self._intake, msg, payload, conn.worker_id, frozenset(conn.info.installed))
+            None, self._intake, msg, blobs, conn.worker_id, frozenset(conn.info.installed))
         if lie is not None:
             self.registry.quarantine(conn.worker_id, lie)
             return None
         self._count(conn, accepted, rejections)
         return Ack(rid=msg.rid, accepted=accepted, rejected=[e.reason for _, e in rejections])
 
-    def _intake(self, msg: Trajectories, payload: bytes, worker_id: str, installed: frozenset[int]) -> tuple[
-            int, list[tuple[int, TrajectoryRejected]], str | None]:
+    async def _read(self, conn: Conn, msg: Trajectories) -> list[memoryview | None]:
+        """Each record's bytes, read and hashed on the loop in spans of at most READ_SPAN bytes (a span is one
+        await: many small records are not one await each); a record larger than any admissible one
+        (groups.record_limit) is read past and never held (None). ProtocolError unless the payload's SHA-256 is
+        the header's."""
+        hasher, limit = hashlib.sha256(), record_limit(self.max_len)
+        blobs: list[memoryview | None] = []
+        span: list[int] = []  # the sizes of the records read in one await, `pending` bytes in all
+        pending = 0
+
+        async def flush() -> None:
+            nonlocal pending
+            data = memoryview(await conn.channel.read_payload(pending)) if pending else memoryview(b"")
+            hasher.update(data)
+            at = 0
+            for n in span:
+                blobs.append(data[at:at + n])
+                at += n
+            span.clear()
+            pending = 0
+
+        for size in msg.sizes:
+            if size > limit:
+                await flush()
+                await conn.channel.skip_payload(size, hasher)
+                blobs.append(None)
+                continue
+            if span and pending + size > READ_SPAN:
+                await flush()
+            span.append(size)
+            pending += size
+        await flush()
+        if msg.sha256 != (hasher.hexdigest() if msg.nbytes else ""):
+            raise ProtocolError("trajectories: the payload does not match the SHA-256 in its sealed header")
+        return blobs
+
+    def _intake(self, msg: Trajectories, blobs: list[memoryview | None], worker_id: str,
+                installed: frozenset[int]) -> tuple[int, list[tuple[int, TrajectoryRejected]], str | None]:
         """Decode and validate every group, then buffer them (on an executor thread: it touches only the
         buffer). Every record is attributed to `worker_id`, the authenticated sender: a record that names no
         worker would otherwise escape the per-worker cap, the audit's quarantine and revocation. Returns the
@@ -71,15 +109,12 @@ class Intake:
         naming another worker, or a version it never reported installed, of the `installed` ones): then nothing
         is buffered."""
         decoded: list[list[Trajectory] | TrajectoryRejected] = []
-        view, at = memoryview(payload), 0
-        sizes = iter(msg.sizes)
+        records = iter(zip(blobs, msg.sizes))
         for n in msg.groups:
-            blobs = []
-            for size in itertools.islice(sizes, n):
-                blobs.append(view[at:at + size])
-                at += size
+            time.sleep(0)  # let the event loop's thread take the interpreter lock between groups (it waits 5 ms else)
+            group = list(itertools.islice(records, n))  # taken whole: a bad record must not shift the next group
             try:
-                decoded.append([Trajectory.from_wire(decode_record(b, max_len=self.max_len)) for b in blobs])
+                decoded.append([Trajectory.from_wire(self._decode(b, size)) for b, size in group])
             except TrajectoryRejected as e:
                 decoded.append(e)
         for records in decoded:
@@ -97,6 +132,12 @@ class Intake:
             except TrajectoryRejected as e:
                 rejections.append((n, e))
         return accepted, rejections, None
+
+    def _decode(self, blob: memoryview | None, size: int) -> dict:
+        if blob is None:  # over the limit: read past, never held
+            raise TrajectoryRejected("too_long", "record", f"{size} bytes", f"more than any record of max_len = "
+                                     f"{self.max_len} tokens takes ({record_limit(self.max_len)})")
+        return decode_record(blob, max_len=self.max_len)
 
     def _count(self, conn: Conn, accepted: int, rejections: list[tuple[int, TrajectoryRejected]]) -> None:
         """Count a push's outcome by reason, and log its first rejections one by one (the rest in one line)."""

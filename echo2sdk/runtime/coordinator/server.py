@@ -142,10 +142,10 @@ class Server:
                 return
             await self._welcome(conn)
             while True:
-                msg, payload = await conn.channel.recv(FROM_WORKER, max_header=MAX_WORKER_HEADER,
-                                                       max_payload=MAX_PUSH_BYTES, payload_types=(Trajectories,))
+                msg, _ = await conn.channel.recv(FROM_WORKER, max_header=MAX_WORKER_HEADER, max_payload=MAX_PUSH_BYTES,
+                                                 payload_types=(Trajectories,), streamed=(Trajectories,))
                 conn.info.last_seen = time.monotonic()
-                await self._dispatch(conn, msg, payload)
+                await self._dispatch(conn, msg)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass  # peer went away
         except asyncio.CancelledError:
@@ -170,14 +170,14 @@ class Server:
                                 broadcast=bcast))
         await self.snapshots.send_latest(conn)
 
-    async def _dispatch(self, conn: Conn, msg: WireMessage, payload: bytes = b"") -> None:
+    async def _dispatch(self, conn: Conn, msg: WireMessage) -> None:
         if isinstance(msg, GetTasks):
             tasks = self._next_tasks(msg.n) if conn.info.active else []  # an inactive worker idles
             await conn.send(Tasks(rid=msg.rid, tasks=tasks))
         elif isinstance(msg, Trajectories):
             self.heap.received += conn.channel.last_frame_bytes
             self.heap.received_at = time.monotonic()
-            ack = await self.intake.admit(conn, msg, payload)
+            ack = await self.intake.admit(conn, msg)  # reads the push's payload from the connection
             if ack is not None:  # None: quarantined, no ack (the connection is closing)
                 await conn.send(ack)
         elif isinstance(msg, Heartbeat):

@@ -5,22 +5,25 @@ the handshake (runtime/trust/session.py gives the two per-direction keys).
 payload's slices never interleave with another frame, and with `slice_timeout_s` each slice must be taken by
 the peer within that time or `SendTimeout` is raised (a peer that stops reading holds up nobody else).
 `recv` reads one sealed frame and parses it into one of the `allowed` message types; a payload is accepted only
-on the types in `payload_types` (anything else with one is a ProtocolError).
+on the types in `payload_types` (anything else with one is a ProtocolError). A type in `streamed` leaves its
+payload on the stream (`unread` bytes): the caller takes it in parts with `read_payload` and `skip_payload`, so
+it never has to hold bytes it will refuse; what it leaves is skipped before the next frame.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from echo2sdk.errors import ProtocolError
 from echo2sdk.runtime.protocol.messages import WireMessage, parse, to_header
 from echo2sdk.runtime.protocol.wire import MAX_HEADER, Key, encode_frame, read_frame_raw
 
-__all__ = ["Keys", "SealedChannel", "SendTimeout", "SEND_SLICE"]
+__all__ = ["Keys", "SealedChannel", "SendTimeout", "SEND_SLICE", "SKIP_SLICE"]
 
 SEND_SLICE = 1 << 20  # a payload goes out in slices: at most one slice per peer waits in memory
+SKIP_SLICE = 1 << 16  # what skipping a streamed payload holds at a time
 
 
 class Keys(Protocol):
@@ -41,6 +44,7 @@ class SealedChannel:
         self.reader, self.writer, self.keys = reader, writer, keys
         self._lock = asyncio.Lock()
         self.last_frame_bytes = 0  # header + payload of the last frame received
+        self.unread = 0  # bytes of a streamed payload still on the stream
 
     async def send(
         self,
@@ -72,16 +76,37 @@ class SealedChannel:
         max_payload: int = 0,
         payload_types: tuple[type[WireMessage], ...] = (),
         max_header: int = MAX_HEADER,
+        streamed: tuple[type[WireMessage], ...] = (),
     ) -> tuple[WireMessage, bytes]:
-        """The next message (one of `allowed`) and its payload. Raises asyncio.IncompleteReadError on EOF,
-        AuthError on a bad seal and ProtocolError on anything else wrong."""
-        f = await read_frame_raw(self.reader, max_payload, key=self.keys.recv, max_header=max_header)
-        header, payload = f.header, f.payload
-        self.last_frame_bytes = len(f.raw) + len(payload)
-        msg = parse(header, tuple(allowed))
-        if payload and not isinstance(msg, payload_types):
-            raise ProtocolError(f"a {msg.type} frame with a {len(payload)}-byte payload")
-        return msg, payload
+        """The next message (one of `allowed`) and its payload (b"" for a `streamed` type: `unread` bytes are left
+        on the stream). Raises asyncio.IncompleteReadError on EOF, AuthError on a bad seal and ProtocolError on
+        anything else wrong."""
+        await self.skip_payload(self.unread)
+        f = await read_frame_raw(self.reader, max_payload, key=self.keys.recv, max_header=max_header,
+                                 read_payload=False)
+        self.last_frame_bytes = len(f.raw) + f.payload_len
+        msg = parse(f.header, tuple(allowed))
+        if f.payload_len and not isinstance(msg, payload_types):
+            raise ProtocolError(f"a {msg.type} frame with a {f.payload_len}-byte payload")
+        if isinstance(msg, streamed):
+            self.unread = f.payload_len
+            return msg, b""
+        return msg, await self.reader.readexactly(f.payload_len) if f.payload_len else b""
+
+    async def read_payload(self, n: int) -> bytes:
+        """The next `n` bytes of a streamed payload."""
+        if n > self.unread:
+            raise ProtocolError(f"reading {n} bytes of a payload with {self.unread} left")
+        self.unread -= n
+        return await self.reader.readexactly(n)
+
+    async def skip_payload(self, n: int, hasher: Any = None) -> None:
+        """Read past `n` bytes of a streamed payload, SKIP_SLICE at a time (fed to `hasher` if given), holding none."""
+        while n:
+            chunk = await self.read_payload(min(n, SKIP_SLICE))
+            if hasher is not None:
+                hasher.update(chunk)
+            n -= len(chunk)
 
     def close(self) -> None:
         self.writer.close()

@@ -36,7 +36,7 @@ __all__ = ["Push", "encode_record", "decode_record", "encode_groups", "split_pus
            "MAX_PUSH_BYTES", "MAX_RECORDS", "NO_MASK"]
 
 MAX_PUSH_BYTES = 16 << 20  # one push's payload; a worker splits a larger batch into several pushes (by groups)
-MAX_RECORDS = 1 << 16  # records of one push
+MAX_RECORDS = 1 << 14  # records of one push
 NO_MASK = 0xFFFFFFFF  # no loss mask: every response token carries loss
 _HEAD = struct.Struct("<6I")
 _META_KEYS = frozenset({"reward", "version", "group_id", "worker", "off_policy", "extra", "roles"})

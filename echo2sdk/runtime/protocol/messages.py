@@ -49,7 +49,7 @@ MAX_TEXT = 1 << 20  # one chat message's content, a task's answer
 MAX_BATCH = 1024  # tasks per request, groups per push
 MAX_ENTRIES = 256  # keys of an options or info map, messages of one task
 MAX_PEERS = 4096  # nodes of an upstream list
-MAX_REPORT = 64  # repairs, and parents' rates, one fetch reports (relay.FetchReport.to_wire keeps the first)
+MAX_REPORT = 16  # repairs, and parents' rates, one fetch reports (relay.FetchReport.to_wire keeps the first)
 # MAX_REASONS (core.failures): distinct reasons of a counter a peer reports (adapter failures)
 MAX_INT = (1 << 63) - 1  # versions, counts, request ids
 MAX_RATE = 1e6  # rollouts per second one worker claims (the scheduler's calibration averages them)

@@ -9,7 +9,7 @@ A sealed frame's tag is HMAC-SHA256(direction key, seq | prefix | header) (`sess
 checked before the header is decoded, and the payload is not MACed (a direct-push snapshot's SHA-256
 and a chunk's index are in the MACed header; chunk bytes are checked against the signed manifest).
 Every length is checked against a limit before anything is read or allocated for it: a few KiB
-(`PREAUTH_MAX_HEADER`) unless the caller, past authentication, allows more (1 MiB from a worker, whose records
+(`PREAUTH_MAX_HEADER`) unless the caller, past authentication, allows more (256 KiB from a worker, whose records
 travel in a push's payload, 16 MiB from the coordinator). Headers decode with msgpack
 limits on every string, bytes, array and map, and without extension types.
 """
@@ -42,7 +42,7 @@ PREFIX_BYTES = _PREFIX.size
 TAG_BYTES = 32
 PREAUTH_MAX_HEADER = 4 << 10  # every frame before authentication (challenge, hello, fetch, refused) fits
 MAX_HEADER = 16 << 20  # after authentication, from the coordinator (a worker's frames: MAX_WORKER_HEADER)
-MAX_WORKER_HEADER = 1 << 20  # after authentication, from a worker: its records travel in the payload
+MAX_WORKER_HEADER = 256 << 10  # after authentication, from a worker: its records travel in the payload
 DEFAULT_MAX_PAYLOAD = 8 << 30
 MAX_ARRAY = 1 << 20  # msgpack limits per container (strings and bytes: the header's own length)
 MAX_MAP = 1 << 12
@@ -58,9 +58,10 @@ class Key(Protocol):
 
 class Frame(NamedTuple):
     header: dict[str, Any]
-    payload: bytes
+    payload: bytes  # b"" when it was left on the stream (read_frame_raw's `read_payload`)
     raw: bytes  # the header's msgpack bytes, as MACed
     sealed: bool
+    payload_len: int
 
 
 def decode_header(raw: bytes) -> dict[str, Any]:
@@ -128,15 +129,18 @@ async def read_frame_raw(
     key: Key | None = None,
     max_header: int = PREAUTH_MAX_HEADER,
     plain: tuple[str, ...] = (),
+    read_payload: bool = True,
 ) -> Frame:
-    """Read one frame. Raises asyncio.IncompleteReadError on EOF, AuthError on a bad tag and ProtocolError
-    on anything else wrong. The stream reader holds only bytes that arrived; nothing is pre-allocated."""
+    """Read one frame (with `read_payload` false its payload is left on the stream for the caller, who must read
+    `payload_len` bytes before the next frame). Raises asyncio.IncompleteReadError on EOF, AuthError on a bad
+    tag and ProtocolError on anything else wrong. The stream reader holds only bytes that arrived; nothing is
+    pre-allocated."""
     prefix = await reader.readexactly(PREFIX_BYTES)
     sealed, hlen, plen = check_prefix(prefix, keyed=key is not None, max_header=max_header, max_payload=max_payload)
     body = await reader.readexactly(hlen + (TAG_BYTES if sealed else 0))
     header, raw = open_frame(prefix, body, key, plain)
-    payload = await reader.readexactly(plen) if plen else b""
-    return Frame(header, payload, raw, sealed)
+    payload = await reader.readexactly(plen) if plen and read_payload else b""
+    return Frame(header, payload, raw, sealed, plen)
 
 
 async def read_frame(
