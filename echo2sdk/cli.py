@@ -226,8 +226,13 @@ def _simulate(args: argparse.Namespace) -> int:
 
         print("\n".join(launch_lines(run_launch(args.out, quick=args.quick))))
         return 0
+    if args.scenario == "filter":  # dynamic sampling's filter rate x provisioning on raw or useful rollouts
+        from echo2sdk.sim.filtering import filter_lines, run_filter
+
+        print("\n".join(filter_lines(run_filter(args.out, quick=args.quick))))
+        return 0
     if args.scenario != "paper":
-        raise ConfigError(f"echo2 simulate: unknown scenario {args.scenario!r} (known: paper, launch)")
+        raise ConfigError(f"echo2 simulate: unknown scenario {args.scenario!r} (known: paper, launch, filter)")
     from echo2sdk.sim.paper import run_paper, summary_lines
 
     results = run_paper(args.out, plots=not args.no_plots, quick=args.quick, delta_ratio=args.delta_ratio,
@@ -338,8 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_plan)
     sm = sub.add_parser("simulate", help="paper-scale experiments on the discrete-event simulator")
-    sm.add_argument("scenario", choices=["paper", "launch"], help="'paper': Fig. 3(c), Fig. 4, Tables 2 and 4, cost; "
-                    "'launch': launch latency x spot preemptions x early activation (writes DIR/launch.json)")
+    sm.add_argument("scenario", choices=["paper", "launch", "filter"], help="'paper': Fig. 3(c), Fig. 4, Tables 2 and "
+                    "4, cost; 'launch': launch latency x spot preemptions x early activation (writes DIR/launch.json); "
+                    "'filter': dynamic sampling's filter rate x a pool sized on raw or on useful rollouts "
+                    "(writes DIR/filter.json)")
     sm.add_argument("--out", default="runs/paper", help="output folder for paper.json and the PNGs")
     sm.add_argument("--quick", action="store_true", help="smaller sweeps (seconds, for a smoke test)")
     sm.add_argument("--no-plots", action="store_true", help="write paper.json only (no matplotlib needed)")

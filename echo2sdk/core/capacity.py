@@ -9,6 +9,8 @@ Pure functions over the measurable quantities, named as in the paper:
 - ``R``        trajectories consumed per learner step
 - ``mu_pool``  summed effective throughput of the active workers, sum_{i in A} mu_i (rollouts/s)
 - ``B0, Bw``   learner uplink and per-worker link bandwidth (same unit)
+- ``f``        filter rate: the share of GRPO groups with zero reward variance, which dynamic sampling drops
+               (beyond the paper: only (1 - f) of the rollouts are useful, so the pool is sized on mu_pool * (1 - f))
 
 Inputs that are NaN, infinite or out of range raise :class:`~echo2sdk.errors.CapacityError` naming the
 value; nothing here imports numpy or torch.
@@ -34,6 +36,9 @@ __all__ = [
     "num_chains",
     "mu_target",
     "t_bcast_quantile",
+    "filter_rate",
+    "useful_rate",
+    "raw_rate",
 ]
 
 # Relative tolerance for rounding: a ratio that should be an integer but comes out as 2.0000000001
@@ -191,6 +196,37 @@ def t_bcast_quantile(delays: Iterable[float], n_workers: int, q: float) -> float
     need = max(1, _ceil(n_workers * q))
     ordered = sorted(delays)
     return ordered[need - 1] if len(ordered) >= need else None
+
+
+def filter_rate(p: float, G: int) -> float:
+    """Predicted filter rate of binary rewards: a group of G samples that each succeed with probability p has zero
+    reward variance when all succeed or all fail,
+
+        f = p^G + (1 - p)^G
+
+    (0.66 at p = 0.10 and 0.85 at p = 0.96 with G = 4; 1 for G = 1). CapacityError unless p in [0, 1], G >= 1."""
+    p = checks.real("p", p, lo=0, hi=1, error=CapacityError)
+    G = checks.integer("G", G, lo=1, error=CapacityError)
+    return p**G + (1 - p) ** G
+
+
+def _f(f: object) -> float:
+    f = checks.real("f", f, lo=0, error=CapacityError)
+    if f >= 1:
+        raise CapacityError(f"filter rate f must be < 1 (every group filtered: no rollout is useful), got f={f!r}")
+    return f
+
+
+def useful_rate(mu_pool: float, f: float) -> float:
+    """Useful rollouts per second of a pool generating mu_pool: mu_pool * (1 - f), the groups that pass the
+    zero-variance filter. The capacity rule holds in useful rollouts: useful_rate(mu_pool, f) >= mu_min."""
+    return quantity("mu_pool", mu_pool, allow_zero=True) * (1 - _f(f))
+
+
+def raw_rate(mu_useful: float, f: float) -> float:
+    """The raw throughput that yields mu_useful useful rollouts per second at filter rate f: mu_useful / (1 - f)
+    (the pool to provision for mu_min useful rollouts is raw_rate(mu_min, f); CapacityError for f >= 1)."""
+    return quantity("mu_useful", mu_useful, allow_zero=True) / (1 - _f(f))
 
 
 def bubble_ratio(T_idle: float, T_train: float) -> float:

@@ -125,6 +125,7 @@ class Simulation:
         # own streams, so that launch latencies and preemptions leave the request durations as they were
         self.launch_rng = random.Random(f"launch-{cfg.seed}")
         self.preempt_rng = random.Random(f"preempt-{cfg.seed}")
+        self.filter_rng = random.Random(f"filter-{cfg.seed}")  # which groups dynamic sampling drops
         self._preempted: set[str] = set()  # dead by preemption, not yet declared failed by the scheduler
 
     @property
@@ -150,7 +151,7 @@ class Simulation:
             names = [s.name for s in cfg.pool]
         else:
             chosen, _, _ = provision(
-                offers, T_train=t_train, R=cfg.R, kappa=cfg.k, gamma=cfg.gamma, net=cfg.net.typical(),
+                offers, T_train=t_train, R=cfg.R_provision, kappa=cfg.k, gamma=cfg.gamma, net=cfg.net.typical(),
                 link_mbps=links, order=cfg.activation, rng=self.rng, solver=cfg.solver,
             )
             names = [o.name for o in chosen]
@@ -184,13 +185,13 @@ class Simulation:
             for s in cfg.pool:
                 self.sched.add_worker(s.name, s.price_per_hour, s.mu, active=s.name in names, kind=s.kind)
             try:
-                mu_target = self.sched.calibrate(T_train=t_train, T_bcast=t_bcast, R=cfg.R, kappa=cfg.k)
+                mu_target = self.sched.calibrate(T_train=t_train, T_bcast=t_bcast, R=cfg.R_provision, kappa=cfg.k)
                 mu_min = self.sched.mu_min
             except CapacityError:
                 self.sched = None  # infeasible: run open loop with the chosen pool
         else:
             try:
-                mu_min = capacity.mu_min(t_train, t_bcast, cfg.R, cfg.k)
+                mu_min = capacity.mu_min(t_train, t_bcast, cfg.R_provision, cfg.k)
                 mu_target = capacity.mu_target(mu_min, cfg.gamma)
             except CapacityError:
                 pass
@@ -286,6 +287,9 @@ class Simulation:
         w.generated += n * self.cfg.groups_per_request
         w.busy_s += self.now - began
         for _ in range(self.cfg.groups_per_request):
+            if self.cfg.filter_rate and self.filter_rng.random() < self.cfg.filter_rate:
+                self.ledger.groups_filtered += 1  # zero reward variance: dropped, generated all the same
+                continue
             self._gid += 1
             meta = Meta.model_construct(
                 group_id=f"g{self._gid}", prompt_ids=(1,), response_ids=(1,), logprobs=(0.0,),

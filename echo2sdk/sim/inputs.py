@@ -80,6 +80,10 @@ class SimConfig:
     seed: int = 0
     record_timeline: bool = False
     max_time_s: float = math.inf  # stop when the virtual clock passes this (default: 50 * steps * T_train)
+    # dynamic sampling: each completed GRPO group has zero reward variance (and is dropped) with probability f
+    filter_rate: float = 0.0
+    # the pool is sized on "useful" rollouts (R / (1 - filter_rate) raw ones a step) or on "raw" ones (the paper's R)
+    provision_for: Literal["useful", "raw"] = "useful"
 
     def __post_init__(self) -> None:
         if not self.pool:
@@ -111,10 +115,20 @@ class SimConfig:
             raise ConfigError(f"active names workers not in the pool: {sorted(unknown)}")
         if self.max_time_s == math.inf:
             self.max_time_s = 50.0 * self.steps * self.T_train
+        if not (isinstance(self.filter_rate, int | float) and 0 <= self.filter_rate < 1):
+            raise ConfigError(f"filter_rate must be a number in [0, 1), got filter_rate={self.filter_rate!r}")
+        if self.provision_for not in ("useful", "raw"):
+            raise ConfigError(f"provision_for must be 'useful' or 'raw', got provision_for={self.provision_for!r}")
 
     @property
     def k(self) -> int:
         return capacity.publication_period(self.S, self.kappa)
+
+    @property
+    def R_provision(self) -> float:
+        """The rollouts a step the pool is sized for: R / (1 - f) generated to yield R useful ones
+        (provision_for="useful"), or R (the paper's rule, blind to filtering)."""
+        return capacity.raw_rate(self.R, self.filter_rate) if self.provision_for == "useful" else float(self.R)
 
     def _check_launch(self) -> None:
         v = self.launch_s

@@ -48,6 +48,8 @@ class SimResult:
     delivered_log: list[tuple[float, int]]
     ready_log: list[tuple[float, str]]
     stuck: str | None
+    groups_filtered: int = 0  # dropped for zero reward variance (dynamic sampling)
+    filter_rate: float = 0.0  # measured: groups_filtered / groups completed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,4 +128,6 @@ def summarize(
         delivered_log=ledger.delivered_log,
         ready_log=ledger.ready_log,
         stuck=stuck,
+        groups_filtered=ledger.groups_filtered,
+        filter_rate=ledger.groups_filtered / max(1, ledger.groups_filtered + buffer_stats["admitted"]),
     )

@@ -1,0 +1,62 @@
+"""Dynamic sampling against the capacity rule (issue 35): the predicted filter rate, the rule in useful rollouts,
+and the simulator's learner starving on a pool sized on raw rollouts but not on one sized on useful ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from echo2sdk.core import capacity
+from echo2sdk.errors import CapacityError, ConfigError
+from echo2sdk.sim import simulate
+from echo2sdk.sim.paper import base_config, paper_pool
+
+
+def test_filter_rate_of_binary_rewards():
+    assert capacity.filter_rate(0.10, 4) == pytest.approx(0.6562)
+    assert capacity.filter_rate(0.96, 4) == pytest.approx(0.8493, abs=1e-4)
+    assert capacity.filter_rate(0.5, 16) == pytest.approx(2 * 0.5**16)
+    assert capacity.filter_rate(0.3, 1) == 1.0  # one sample has no variance
+    assert capacity.useful_rate(10.0, 0.75) == pytest.approx(2.5)
+    assert capacity.raw_rate(2.5, 0.75) == pytest.approx(10.0)
+    with pytest.raises(CapacityError, match="f must be < 1"):
+        capacity.raw_rate(1.0, 1.0)
+    with pytest.raises(CapacityError, match="p"):
+        capacity.filter_rate(1.5, 4)
+    with pytest.raises(CapacityError, match="G"):
+        capacity.filter_rate(0.5, 0)
+
+
+def test_no_filtering_leaves_the_simulation_as_it_was():
+    a = simulate(base_config(paper_pool(16), steps=12, seed=3))
+    b = simulate(base_config(paper_pool(16), steps=12, seed=3, filter_rate=0.0, provision_for="raw"))
+    assert (a.bubble_ratio, a.cost_total, a.machines_mean, a.mu_target) == (
+        b.bubble_ratio, b.cost_total, b.machines_mean, b.mu_target)
+    assert a.groups_filtered == 0 and a.filter_rate == 0.0
+
+
+def test_a_pool_sized_on_raw_rollouts_starves_the_learner_and_one_sized_on_useful_rollouts_does_not():
+    raw = simulate(base_config(paper_pool(40), steps=14, seed=0, filter_rate=0.5, provision_for="raw"))
+    useful = simulate(base_config(paper_pool(40), steps=14, seed=0, filter_rate=0.5, provision_for="useful"))
+    assert raw.bubble_ratio > 0.15 and useful.bubble_ratio < 0.02, (raw.bubble_ratio, useful.bubble_ratio)
+    assert useful.mu_target == pytest.approx(2 * raw.mu_target, rel=0.05)  # R / (1 - f) raw rollouts a step
+    assert useful.machines_mean > raw.machines_mean
+    assert useful.cost_per_step_steady < raw.cost_per_step_steady  # an idle learner costs more than the workers
+    assert 0.4 < useful.filter_rate < 0.6 and useful.groups_filtered > 0
+
+
+def test_a_bad_filter_rate_or_basis_is_named():
+    with pytest.raises(ConfigError, match="filter_rate"):
+        base_config(paper_pool(4), filter_rate=1.0)
+    with pytest.raises(ConfigError, match="provision_for"):
+        base_config(paper_pool(4), provision_for="bytes")
+
+
+def test_echo2_simulate_filter_prints_the_grid(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "echo2sdk.cli", "simulate", "filter", "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| 0")]
+    assert len(rows) == 6 and (tmp_path / "filter.json").exists()
+    assert "| 0.8 | raw |" in out and "| 0.8 | useful |" in out
