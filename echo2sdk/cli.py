@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import sys
+from typing import Any
 
 __all__ = ["main"]
 
@@ -208,6 +209,7 @@ def _plan(args: argparse.Namespace) -> int:
         solver=args.solver,
         delta_ratio=args.delta_ratio,
         anchor_every=args.anchor_every,
+        **_filter_rate(args),
     )
     if sky:
         plan.warnings[:0] = sky.warnings
@@ -216,6 +218,24 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         print((sky_catalog.format_offerings(sky) + "\n" if sky else "") + format_plan(plan))
     return 0 if plan.feasible else 1
+
+
+def _filter_rate(args: argparse.Namespace) -> dict[str, Any]:
+    """echo2 plan's filter rate: --filter-rate F as given, or predicted from --accuracy P and --group-size G."""
+    from echo2sdk.core import capacity
+    from echo2sdk.errors import ConfigError
+
+    if args.filter_rate is not None and args.accuracy is not None:
+        raise ConfigError("give --filter-rate or --accuracy (with --group-size), not both")
+    if args.accuracy is not None:
+        if args.group_size is None:
+            raise ConfigError("--accuracy needs --group-size: f = p^G + (1 - p)^G")
+        f = capacity.filter_rate(args.accuracy, args.group_size)
+        return {"filter_rate": f, "filter_rate_source": f"predicted from accuracy p = {args.accuracy:g}, G = "
+                                                         f"{args.group_size}: p^G + (1 - p)^G"}
+    if args.group_size is not None:
+        raise ConfigError("--group-size goes with --accuracy")
+    return {"filter_rate": args.filter_rate or 0.0, "filter_rate_source": "given"}
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -340,6 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "publications (default 10)")
     pl.add_argument("--solver", choices=["exact", "greedy"], default="exact",
                     help="worker selection: exact min-cost cover (default) or the paper's greedy cheapest-rho prefix")
+    pl.add_argument("--filter-rate", type=float, help="f: the share of GRPO groups dynamic sampling drops (zero reward "
+                    "variance); the pool is sized on useful rollouts, R / (1 - f) generated a step")
+    pl.add_argument("--accuracy", type=float, help="predict f from the policy's accuracy p on the task and --group-size "
+                    "G (binary rewards): f = p^G + (1 - p)^G")
+    pl.add_argument("--group-size", type=int, help="G, samples per prompt (with --accuracy)")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_plan)
     sm = sub.add_parser("simulate", help="paper-scale experiments on the discrete-event simulator")

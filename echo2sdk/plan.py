@@ -176,6 +176,9 @@ class Plan:
     cost_per_hour_workers_greedy: float = 0.0  # ... and as the paper's greedy rule picks them
     warnings: list[str] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
+    filter_rate: float = 0.0  # f: the share of groups dynamic sampling drops; the pool is sized on useful rollouts
+    filter_rate_source: str = ""  # "given", or the accuracy and group size it was predicted from
+    R_raw: float = 0.0  # rollouts generated per step for R useful ones: R / (1 - f)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -228,12 +231,16 @@ def make_plan(
     solver: Solver = "exact",
     delta_ratio: float | None = None,
     anchor_every: int = 10,
+    filter_rate: float = 0.0,
+    filter_rate_source: str = "given",
 ) -> Plan:
     """The provisioning decision; see the module docstring. The workers are chosen by `solver`
-    ("exact" or "greedy"); the other solver's cost is reported beside it. Raises CapacityError /
-    ConfigError naming the bad input; an infeasible configuration is a Plan with feasible=False and
-    fixes, not an error."""
+    ("exact" or "greedy"); the other solver's cost is reported beside it. With a `filter_rate` f (dynamic
+    sampling drops that share of the groups) the pool is sized on useful rollouts: R / (1 - f) generated a step,
+    so mu_min and mu_target are in raw rollouts/s. Raises CapacityError / ConfigError naming the bad input; an
+    infeasible configuration is a Plan with feasible=False and fixes, not an error."""
     kappa, solver = _checked(S, kappa, gamma, T_train, R, solver, learner_price_per_hour)
+    R_useful, R = R, capacity.raw_rate(R, filter_rate)
     offers = expand(catalog)
     if not offers:
         raise ConfigError("the worker catalog is empty")
@@ -244,10 +251,11 @@ def make_plan(
     exact, greedy = decide(solver="exact"), decide(solver="greedy")  # both costs are reported
     best = exact if solver == "exact" else greedy
     tb = best.T_bcast
-    plan = Plan(T_train=float(T_train), T_bcast=float(tb), T_bcast_source=source, R=float(R), S=S, kappa=kappa,
+    plan = Plan(T_train=float(T_train), T_bcast=float(tb), T_bcast_source=source, R=float(R_useful), S=S, kappa=kappa,
                 gamma=float(gamma), mu_min=best.mu_min, mu_target=None, feasible=best.feasible, solver=solver,
                 cost_per_hour_workers_exact=exact.selection.cost_per_hour,
-                cost_per_hour_workers_greedy=greedy.selection.cost_per_hour)
+                cost_per_hour_workers_greedy=greedy.selection.cost_per_hour, filter_rate=float(filter_rate),
+                filter_rate_source=filter_rate_source if filter_rate else "", R_raw=float(R))
     plan.cost_per_hour_learner = float(learner_price_per_hour)
     plan.delta_max_tightened = capacity.delta_max_tightened(T_train, tb, kappa)
     sel = best.selection
@@ -267,6 +275,11 @@ def make_plan(
             f"{100 * plan.idle_share:.1f}% of the time"
         )
         _fixes(plan, catalog, offers, estimate, learner_price_per_hour)
+        if filter_rate and sum(o.mu for o in offers) >= capacity.mu_target(
+                capacity.mu_min(T_train, tb, R_useful, kappa), gamma):
+            plan.warnings.append(
+                f"short because of filtering: only {100 * (1 - filter_rate):.0f}% of the rollouts are useful (f = "
+                f"{filter_rate:.3g}); without it the catalog would suffice")
     _warn_staleness(plan, S)
     return plan
 
@@ -307,19 +320,20 @@ def _fill(plan: Plan, sel: Selection, origin: dict[str, CatalogEntry]) -> None:
     plan.mu_pool = sel.mu_pool
     plan.cost_per_hour_workers = sel.cost_per_hour
     plan.cost_per_hour = plan.cost_per_hour_learner + sel.cost_per_hour
-    plan.idle_share = idle_share(plan.T_train, plan.T_bcast, plan.R, plan.kappa, sel.mu_pool)
-    plan.idle_share_overlap = idle_share_overlap(plan.T_train, plan.R, sel.mu_pool)
+    plan.idle_share = idle_share(plan.T_train, plan.T_bcast, plan.R_raw, plan.kappa, sel.mu_pool)
+    plan.idle_share_overlap = idle_share_overlap(plan.T_train, plan.R_raw, sel.mu_pool)
     step_s = plan.T_train / (1 - plan.idle_share) if plan.idle_share < 1 else math.inf
     plan.cost_per_step = plan.cost_per_hour * step_s / 3600
     if sel.mu_pool > 0:
-        plan.delta_max_conservative = capacity.delta_max_conservative(plan.T_train, plan.T_bcast, plan.R, plan.kappa, sel.mu_pool)
+        plan.delta_max_conservative = capacity.delta_max_conservative(plan.T_train, plan.T_bcast, plan.R_raw, plan.kappa,
+                                                                      sel.mu_pool)
 
 
 def _fixes(plan: Plan, catalog: list[CatalogEntry], offers: list[WorkerOffer], estimate: Any, learner_price: float) -> None:
     """What would make the configuration feasible: more workers, a larger S, a faster broadcast."""
     best = min(catalog, key=lambda e: (e.price_per_hour / e.mu, e.name))
     all_mu = sum(o.mu for o in offers)
-    k, T, R = plan.kappa, plan.T_train, plan.R
+    k, T, R = plan.kappa, plan.T_train, plan.R_raw
     if plan.mu_target is not None:
         more = math.ceil((plan.mu_target - all_mu) / best.mu - 1e-9)
         plan.fixes.append(
@@ -354,6 +368,10 @@ def format_plan(plan: Plan) -> str:
         f"inputs    T_train = {plan.T_train:g} s, T_bcast = {plan.T_bcast:.4g} s ({plan.T_bcast_source}), "
         f"R = {plan.R:g}, S = {plan.S}, kappa = {plan.kappa}, gamma = {plan.gamma:g}",
     ]
+    if plan.filter_rate:
+        out.append(f"filtering f = {plan.filter_rate:.3g} of the groups have zero reward variance "
+                   f"({plan.filter_rate_source}): R = {plan.R:g} useful rollouts a step take {plan.R_raw:.4g} generated; "
+                   "the pool is sized on useful rollouts (rates below are raw)")
     if plan.mu_min is not None:
         out.append(f"capacity  mu_min = {plan.mu_min:.4g} rollouts/s, mu_target = {plan.mu_target:.4g} rollouts/s")
     cons = "n/a" if plan.delta_max_conservative is None else plan.delta_max_conservative

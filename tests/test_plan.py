@@ -174,3 +174,31 @@ def test_cli_plan_prints_json_and_signals_infeasible_plans():
     assert bad.returncode == 1 and "feasible  NO" in bad.stdout and "fix" in bad.stdout
     err = _cli("--catalog", "missing.csv", "--t-train", "1", "--R", "2", "--S", "3", "--t-bcast", "0")
     assert err.returncode == 2 and "missing.csv" in err.stderr and "Traceback" not in err.stderr
+
+
+def test_a_filter_rate_sizes_the_pool_on_useful_rollouts():
+    """Dynamic sampling drops a share f of the groups: R useful rollouts a step take R / (1 - f) generated, so the
+    plan's mu_min is the raw rule's for R / (1 - f) (issue 35)."""
+    plain = make_plan(CAT, T_train=1631.2, R=2048, S=3, T_bcast=1437.0)
+    f = capacity.filter_rate(0.1, 4)
+    p = make_plan(CAT, T_train=1631.2, R=2048, S=3, T_bcast=1437.0, filter_rate=f)
+    assert p.R == 2048 and p.R_raw == pytest.approx(2048 / (1 - f)) and p.filter_rate == f
+    assert p.mu_min == pytest.approx(capacity.mu_min(1631.2, 1437.0, 2048 / (1 - f), 2))
+    assert p.mu_min == pytest.approx(plain.mu_min / (1 - f)) and p.workers > plain.workers
+    assert "filtering f = 0.656" in format_plan(p) and "filtering" not in format_plan(plain)
+    with pytest.raises(CapacityError, match="f must be < 1"):
+        make_plan(CAT, T_train=1631.2, R=2048, S=3, T_bcast=1437.0, filter_rate=1.0)
+
+
+def test_cli_plan_predicts_the_filter_rate_from_an_accuracy():
+    cat = str(EXAMPLES / "catalog_5090.toml")
+    base = ("--catalog", cat, "--t-train", "1631.2", "--R", "2048", "--S", "3", "--t-bcast", "1437", "--json")
+    out = _cli(*base, "--accuracy", "0.5", "--group-size", "4")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["filter_rate"] == pytest.approx(0.125) and "accuracy p = 0.5" in data["filter_rate_source"]
+    assert data["chosen"][0]["count"] > 9  # 9 without filtering (test_cli_plan_prints_json...)
+    both = _cli(*base, "--accuracy", "0.5", "--group-size", "4", "--filter-rate", "0.5")
+    assert both.returncode == 2 and "not both" in both.stderr
+    alone = _cli(*base, "--accuracy", "0.5")
+    assert alone.returncode == 2 and "--group-size" in alone.stderr
