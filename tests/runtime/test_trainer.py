@@ -20,6 +20,8 @@ ROW = {
     "t_backward_s": float, "t_optim_s": float, "t_publish_s": float, "t_step_wall_s": float,
     "learner_wait_s": float, "reward_mean": float, "reward_std": float, "accuracy": (float, None),
     "rollout_reward_mean": (float, None), "rollout_accuracy": (float, None),
+    "filter_rate": (float, int, None), "filter_rate_predicted": (float, int, None), "rollouts_per_s": (float, int, None),
+    "useful_rollouts_per_s": (float, int, None), "learner_wait_filtered_s": float, "learner_wait_empty_s": float,
     "staleness_max": int, "staleness_mean": float, "trajectories": int, "tokens": int, "rejected": int,
     "evicted": int, "groups_filtered": int, "groups_filtered_frac": float, "loss": float, "kl": float,
     "clip_frac": float, "is_weight_mean": float, "is_truncated_frac": float, "grad_norm": float, "lr": float,
@@ -73,6 +75,13 @@ def test_run_writes_metrics_summary_and_checkpoint(tiny_run):
         assert r["trajectories"] == tiny_run.R and r["version"] == r["step"]
     assert any(r["t_bcast_s"] is not None for r in rows)  # snapshots reached the workers (kappa = 1)
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == steps == summary["steps"]
+    for r in rows:  # the wait split by cause adds up to it (1 ms of rounding each)
+        assert abs(r["learner_wait_filtered_s"] + r["learner_wait_empty_s"] - r["learner_wait_s"]) < 2e-3, r
+    cap = summary["capacity"]  # the capacity rule judged in useful rollouts (issue 35)
+    f = summary["buffer"]["filtered_groups"] / max(summary["buffer"]["completed_groups"], 1)
+    assert cap["filter_rate"] == round(f, 4) and cap["mu_pool_useful"] == pytest.approx(cap["mu_pool_raw"] * (1 - f))
+    assert cap["enough"] in (True, False, None) and cap["learner_wait_s"] == pytest.approx(
+        sum(r["learner_wait_s"] for r in rows), abs=1e-2)
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint")
@@ -93,7 +102,7 @@ def test_calibrate_measures_decides_and_hands_the_pool_to_the_scheduler(tmp_path
     tr = Trainer(_cfg(tmp_path, steps=2, S=3, extra=prices))
     try:
         cal = tr.calibrate(steps=2)
-        assert list(cal) == ["T_train", "T_train_steps", "T_bcast", "mu", "prices", "plan", "decision"]
+        assert list(cal) == ["T_train", "T_train_steps", "T_bcast", "mu", "filter_rate", "prices", "plan", "decision"]
         assert len(cal["T_train_steps"]) == 2 and cal["T_train"] > 0 and cal["T_bcast"] >= 0
         assert set(cal["mu"]) <= {"local-0", "local-1"} and cal["prices"] == {"local-0": 0.3, "local-1": 0.5}
         assert json.loads((tmp_path / "calibration.json").read_text())["decision"] == cal["decision"]
@@ -130,10 +139,17 @@ def test_metrics_row_keys_and_types_without_a_run():
 def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
     from echo2sdk.runtime.learner.metrics import rollout_means
 
-    before, now = (8, 4.4, 8, 4), (16, 10.0, 12, 7)  # 8 more records, 4 of them scored, 3 of those correct
-    assert rollout_means(before, now) == {"rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75}
-    assert rollout_means(now, now) == {"rollout_reward_mean": None, "rollout_accuracy": None}
-    assert rollout_means((0, 0.0, 0, 0), (4, -2.0, 0, 0)) == {"rollout_reward_mean": -0.5, "rollout_accuracy": None}
+    # 8 more records, 4 of them scored, 3 of those correct; 2 more groups (of 4), 1 of them filtered
+    before, now = (8, 4.4, 8, 4, 2, 0), (16, 10.0, 12, 7, 4, 1)
+    got = rollout_means(before, now, group_size=4, seconds=2.0)
+    assert got == {"rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75, "filter_rate": 0.5,
+                   "filter_rate_predicted": round(0.75**4 + 0.25**4, 4), "rollouts_per_s": 4.0,
+                   "useful_rollouts_per_s": 2.0}
+    none = {"rollout_reward_mean": None, "rollout_accuracy": None, "filter_rate": None, "filter_rate_predicted": None,
+            "rollouts_per_s": None, "useful_rollouts_per_s": None}
+    assert rollout_means(now, now) == none
+    assert rollout_means((0, 0.0, 0, 0, 0, 0), (4, -2.0, 0, 0, 1, 0)) == {
+        **none, "rollout_reward_mean": -0.5, "filter_rate": 0.0}
 
 
 def test_builders_fit_the_constructors(tmp_path):

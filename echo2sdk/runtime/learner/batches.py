@@ -64,6 +64,8 @@ class Batches:
         self.last: list = []  # the last batch sampled
         self.dropped = 0  # batches the learner step raised on (dropped, training went on)
         self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
+        # the last step's waiting by cause: "filtered" (groups completed, all of zero reward variance) or "empty"
+        self.wait_causes: dict[str, float] = {"filtered": 0.0, "empty": 0.0}
 
     def learn(self, k: int, v_t: int, learner: Any) -> tuple[float, float, list, StepStats]:
         """Wait for k groups, sample them and step the learner on them. A batch the step raises on (ValueError
@@ -73,6 +75,7 @@ class Batches:
         the same way, without counting as a drop. Returns (time waited, when the stepped batch was taken, the
         batch, the step's stats)."""
         t_wait, drops = 0.0, 0
+        self.wait_causes = {"filtered": 0.0, "empty": 0.0}
         while True:
             t_wait += self.wait(k)
             t0 = time.perf_counter()
@@ -96,25 +99,36 @@ class Batches:
 
     def wait(self, k: int) -> float:
         """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
-        core/buffer.py); the time spent is learner_wait_s. Every 30 s of waiting while groups are being filtered
-        for zero reward variance, a warning says so. Raises Stopped when `stop` is set."""
+        core/buffer.py); the time spent is learner_wait_s, split in `wait_causes`: each second of it in which a
+        group was filtered for zero reward variance counts as "filtered", the others as "empty". Every 30 s of
+        waiting while groups are being filtered, a warning says so. Raises Stopped when `stop` is set."""
         t0 = time.perf_counter()
-        last_progress = last_note = t0
+        last_progress = last_note = mark = t0
         have, filtered = self.buffer.ready_groups(), self.buffer.stats()["filtered_groups"]
+        seen = filtered
         while not self.buffer.wait_for(k, timeout=1.0):
             if self.stop.is_set():
                 raise Stopped()
             now = time.perf_counter()
+            seen, mark = self._note_cause(seen, mark, now)
             if now - last_note >= 30.0:
                 last_note = now
                 self._note_filtered(k, now - t0, filtered)
             if self.buffer.ready_groups() != have:
                 have, last_progress = self.buffer.ready_groups(), now
             self._check_progress(now - last_progress, filtered)
+        self._note_cause(seen, mark, time.perf_counter())
         if self.buffer.ready_groups() < k:
             log.info("step fills its batch with %d zero-variance group(s): learner.filter_patience=%d x %d groups "
                      "were filtered while it waited", k - self.buffer.ready_groups(), self.limits.filter_patience, k)
         return time.perf_counter() - t0
+
+    def _note_cause(self, seen: int, since: float, now: float) -> tuple[int, float]:
+        """Add the wait from `since` to `now` to its cause: "filtered" when groups were filtered meanwhile (the
+        buffer's count went past `seen`), else "empty". Returns the new (count, time) to measure from."""
+        filtered = self.buffer.stats()["filtered_groups"]
+        self.wait_causes["filtered" if filtered > seen else "empty"] += now - since
+        return filtered, now
 
     def _check_progress(self, idle_s: float, filtered_before: int) -> None:
         """Raise when waiting cannot end: every local worker exited and none is connected, or no admissible

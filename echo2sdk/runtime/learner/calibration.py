@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2sdk.config import Config
+from echo2sdk.core import capacity
 from echo2sdk.errors import CapacityError, Echo2Error
 from echo2sdk.runtime.learner.batches import Batches
 from echo2sdk.runtime.learner.console import event_log
@@ -32,8 +33,9 @@ def decide(
     from echo2sdk.plan import CatalogEntry, format_plan, make_plan
 
     catalog = [CatalogEntry(wid, prices[wid], m) for wid, m in sorted(measured["mu"].items())]
+    f = measured.get("filter_rate", 0.0)
     plan = make_plan(catalog, T_train=measured["T_train"], R=R, S=S, kappa=kappa, gamma=gamma, T_bcast=measured["T_bcast"],
-                     solver=solver)
+                     solver=solver, filter_rate=f, filter_rate_source="measured during warm-up")
     return {**measured, "prices": prices, "plan": plan.to_dict(), "decision": format_plan(plan)}
 
 
@@ -145,8 +147,8 @@ class Provisioning:
             if name in sched.workers:
                 sched.mark_launch_failed(name, now, reason)
         try:
-            sched.calibrate(T_train=cal["T_train"], T_bcast=cal["T_bcast"], R=cfg.learner.trajectories_per_step,
-                            kappa=cfg.kappa)
+            sched.calibrate(T_train=cal["T_train"], T_bcast=cal["T_bcast"], kappa=cfg.kappa,
+                            R=capacity.raw_rate(cfg.learner.trajectories_per_step, cal.get("filter_rate", 0.0)))
         except CapacityError as e:
             log.warning("scheduler off: %s; every worker stays active", e)
             return

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,10 @@ __all__ = ["metrics_row", "rollout_means", "shown_level", "RunMetrics", "summary
 
 log = logging.getLogger("echo2sdk.trainer")
 
-#: the buffer's counters of every completed group, filtered or not (rollout_reward_mean, rollout_accuracy)
-COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct")
+#: the buffer's counters of every completed group, filtered or not (rollout_reward_mean, rollout_accuracy, the
+#: filter rate and the rollout rates)
+COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct", "completed_groups",
+             "filtered_groups")
 
 
 def _worker_stats(stats: Mapping[str, Any] | None, field: str) -> dict[str, float | None]:
@@ -45,6 +48,8 @@ def metrics_row(
     replay: dict[str, Any] | None = None, replay_s: float = 0.0, batches_dropped: int = 0, batches_withheld: int = 0,
     records_withheld: int = 0, groups_filtered: int = 0, groups_filtered_frac: float = 0.0,
     rollout_reward_mean: float | None = None, rollout_accuracy: float | None = None,
+    filter_rate: float | None = None, filter_rate_predicted: float | None = None, rollouts_per_s: float | None = None,
+    useful_rollouts_per_s: float | None = None, wait_causes: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
     (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
@@ -62,6 +67,15 @@ def metrics_row(
         # batch's reward and accuracy are not under dynamic sampling (it keeps the groups with mixed rewards)
         "rollout_reward_mean": rollout_reward_mean,
         "rollout_accuracy": rollout_accuracy,
+        # capacity in useful rollouts (issue 35): the share of the groups completed since the previous step that
+        # dynamic sampling dropped, the share predicted from their accuracy (binary rewards), the workers' rates
+        "filter_rate": filter_rate,
+        "filter_rate_predicted": filter_rate_predicted,
+        "rollouts_per_s": rollouts_per_s,
+        "useful_rollouts_per_s": useful_rollouts_per_s,
+        # learner_wait_s by cause: groups were completing but filtered (no informative group), or none came
+        "learner_wait_filtered_s": round((wait_causes or {}).get("filtered", 0.0), 4),
+        "learner_wait_empty_s": round((wait_causes or {}).get("empty", 0.0), 4),
         "staleness_max": max(deltas), "staleness_mean": statistics.fmean(deltas),
         "trajectories": len(records), "tokens": st.tokens, "rejected": rejected, "evicted": evicted,
         "groups_filtered": groups_filtered,  # so far: zero-variance groups not trained on (dynamic sampling)
@@ -84,14 +98,22 @@ def metrics_row(
     }
 
 
-def rollout_means(before: tuple, now: tuple) -> dict[str, float | None]:
-    """rollout_reward_mean and rollout_accuracy of the groups completed between two readings of the buffer's
-    (completed_records, completed_reward_sum, completed_scored, completed_correct); None where none (or no
-    scored record) completed."""
-    (n0, reward0, scored0, correct0), (n, reward, scored, correct) = before, now
+def rollout_means(before: tuple, now: tuple, *, group_size: int = 0, seconds: float = 0.0) -> dict[str, float | None]:
+    """What the workers delivered between two readings of the buffer's COMPLETED counters, `seconds` apart:
+    rollout_reward_mean and rollout_accuracy of the groups completed; filter_rate, the share of them dynamic
+    sampling dropped (zero reward variance), and filter_rate_predicted, p^G + (1 - p)^G at their accuracy p and
+    group size G (binary rewards); rollouts_per_s and useful_rollouts_per_s (those of groups not filtered). None
+    where none (or no scored record) completed."""
+    (n0, reward0, scored0, correct0, g0, f0), (n, reward, scored, correct, g, f) = before, now
+    acc = (correct - correct0) / (scored - scored0) if scored > scored0 else None
+    rate = (f - f0) / (g - g0) if g > g0 else None
     return {
         "rollout_reward_mean": (reward - reward0) / (n - n0) if n > n0 else None,
-        "rollout_accuracy": (correct - correct0) / (scored - scored0) if scored > scored0 else None,
+        "rollout_accuracy": acc,
+        "filter_rate": None if rate is None else round(rate, 4),
+        "filter_rate_predicted": round(capacity.filter_rate(acc, group_size), 4) if acc is not None and group_size else None,
+        "rollouts_per_s": round((n - n0) / seconds, 4) if seconds > 0 else None,
+        "useful_rollouts_per_s": round((n - n0) * (1 - rate) / seconds, 4) if seconds > 0 and rate is not None else None,
     }
 
 
@@ -118,11 +140,12 @@ class RunMetrics:
     """The run's metrics rows (restored from metrics.jsonl on a resume), written through the sinks as they come.
     Read by the status page (`rows`, a list the learner thread appends to) and the live scheduler (`remeasure`)."""
 
-    def __init__(self, out: Path, sinks: Sinks | None, R: int, kappa: int):
-        self.out, self.sinks, self.R, self.kappa = out, sinks, R, kappa
+    def __init__(self, out: Path, sinks: Sinks | None, R: int, kappa: int, group_size: int = 0):
+        self.out, self.sinks, self.R, self.kappa, self.group_size = out, sinks, R, kappa, group_size
         self.rows: list[dict[str, Any]] = []
         self.bytes = 0  # length of metrics.jsonl after the last row (a checkpoint records it)
-        self._completed_seen = (0, 0.0, 0, 0)  # the buffer's completed_* counters at the previous step
+        self._completed_seen: tuple = (0, 0.0, 0, 0, 0, 0)  # the buffer's COMPLETED counters at the previous step
+        self._seen_at = time.perf_counter()
 
     def restore(self, length: int) -> None:
         """metrics.jsonl as it was at a checkpoint (`length` bytes): rows written after it (updates the crash lost)
@@ -147,9 +170,9 @@ class RunMetrics:
 
     def rollout_since_last(self, buffer_stats: Mapping[str, Any]) -> dict[str, float | None]:
         """rollout_means of the groups completed since the previous call."""
-        done = tuple(buffer_stats[k] for k in COMPLETED)
-        before, self._completed_seen = self._completed_seen, done
-        return rollout_means(before, done)
+        done, now = tuple(buffer_stats[k] for k in COMPLETED), time.perf_counter()
+        (before, self._completed_seen), (then, self._seen_at) = (self._completed_seen, done), (self._seen_at, now)
+        return rollout_means(before, done, group_size=self.group_size, seconds=now - then)
 
     def log_batch(self, step: int, records: list, deltas: list[int], samples_every: int, samples: int) -> None:
         """The batch's staleness histogram every step, a table of its completions every `samples_every`."""
@@ -164,8 +187,14 @@ class RunMetrics:
         bcasts = [r["t_bcast_s"] for r in self.rows if r.get("t_bcast_s") is not None]
         if len(rows) < 5 or not bcasts:
             return None
-        return {"T_train": statistics.median(r["t_train_s"] for r in rows), "T_bcast": bcasts[-1], "R": self.R,
-                "kappa": self.kappa}
+        return {"T_train": statistics.median(r["t_train_s"] for r in rows), "T_bcast": bcasts[-1],
+                "R": capacity.raw_rate(self.R, self.filter_rate()), "kappa": self.kappa}
+
+    def filter_rate(self, steps: int = 5) -> float:
+        """The filter rate f of the last `steps` steps (the mean of their measured rates; 0 before any), capped at
+        0.95: the pool is sized on R / (1 - f) rollouts a step (issue 35)."""
+        rates = [r["filter_rate"] for r in self.rows[-steps:] if r.get("filter_rate") is not None]
+        return min(0.95, statistics.fmean(rates)) if rates else 0.0
 
 
 @dataclass(frozen=True)
@@ -200,6 +229,8 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
         mu_min: float | str = capacity.mu_min(t.T_train, t.T_bcast, R, kappa)
     except CapacityError as e:
         mu_min = str(e)
+    buf = rest.get("buffer") or {}
+    f = buf.get("filtered_groups", 0) / max(buf.get("completed_groups", 0), 1)
     return {
         "steps": len(rows),
         "wall_s": round(wall_s, 2),
@@ -215,5 +246,27 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
         "mu_pool_measured": mu_pool,
         "mu_min": mu_min,
         "bubble_ratio": capacity.bubble_ratio(t.wait, t.busy),  # T_idle / (T_idle + T_train,active)
+        "capacity": verdict(mu_pool, f, mu_min, rows),
         **rest,
     }
+
+
+def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The capacity rule judged in useful rollouts (issue 35): the pool's raw rate, the run's filter rate f (groups
+    dropped for zero reward variance), the useful rate mu_pool * (1 - f) against mu_min, and what the learner's
+    wait was spent on. `enough` is None when mu_min could not be computed."""
+    useful = mu_pool * (1 - f)
+    enough = None if isinstance(mu_min, str) else useful >= mu_min
+    out = {
+        "mu_pool_raw": mu_pool, "filter_rate": round(f, 4), "mu_pool_useful": useful, "mu_min": mu_min,
+        "enough": enough,
+        "short_because_of_filtering": bool(not enough and enough is not None and mu_pool >= mu_min),
+        "learner_wait_s": round(sum(r["learner_wait_s"] for r in rows), 3),
+        "learner_wait_filtered_s": round(sum(r.get("learner_wait_filtered_s", 0.0) for r in rows), 3),
+        "learner_wait_empty_s": round(sum(r.get("learner_wait_empty_s", 0.0) for r in rows), 3),
+    }
+    if enough is False:
+        out["why"] = (f"useful rollouts {useful:.3g}/s < mu_min {mu_min:.3g}/s" +
+                      (f": {100 * f:.0f}% of the groups were filtered (zero reward variance), so the raw "
+                       f"{mu_pool:.3g}/s was not enough" if out["short_because_of_filtering"] else ""))
+    return out

@@ -72,7 +72,7 @@ class Trainer:
         self.ops: distributed.Lockstep | None = None  # the learner calls that are collectives under torchrun
         self.coordinator: Coordinator | None = None
         self._run_log: Any = None  # the handler writing run.log, removed at close
-        self.metrics = RunMetrics(self.out, None, cfg.learner.trajectories_per_step, cfg.kappa)
+        self.metrics = RunMetrics(self.out, None, cfg.learner.trajectories_per_step, cfg.kappa, cfg.rollout.group_size)
         self.last_checkpoint: dict[str, Any] | None = None
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
         self._stop = threading.Event()  # set by the first SIGTERM/SIGINT
@@ -299,7 +299,8 @@ class Trainer:
         self.metrics.log_batch(step, records, deltas, self.cfg.run.log_samples_every, self.cfg.run.log_samples)
         row = metrics_row(step, self.version, records, deltas, st, time_s=now - t_start, wall_s=now - t0 + t_wait,
                           wait_s=t_wait, publish_s=t_pub, t_bcast=t_bcast, audit=audit, replay=self.replay.replay,
-                          replay_s=self.replay.replay_s, **self._pool_counters())
+                          replay_s=self.replay.replay_s, wait_causes=self.batches.wait_causes,
+                          **self._pool_counters())
         self.metrics.record(row)
         return row
 
@@ -417,6 +418,8 @@ class Trainer:
                           workers=cfg.rollout.workers + len(initial), logs=self.out / "workers")
         measured, state = cal.measure(self._groups_per_step(), steps, join_timeout_s)
         self._keep(state)
+        buf = self.buffer.stats()  # the warm-up's filter rate: the pool is sized on useful rollouts (issue 35)
+        measured["filter_rate"] = min(0.95, buf["filtered_groups"] / max(buf["completed_groups"], 1))
         out = decide(measured, cal.prices(sc.prices), R=L.trajectories_per_step, S=L.staleness, kappa=cfg.kappa,
                      gamma=sc.gamma, solver=cfg.provisioning.solver)
         log.info("warm-up calibration:\n%s", out["decision"])
