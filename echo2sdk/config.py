@@ -121,6 +121,12 @@ class LearnerConfig(_Section):
         "waits fills its batch with the newest of them (0: wait for informative groups only; "
         "learner.data_timeout_s ends a run that gets none)"
     )
+    max_wait_s: float | None = Field(
+        None, gt=0, description="a step that has waited this long for its R/n informative groups trains on the "
+        "ones it has (at least learner.min_groups; with loss_type dapo the loss is a mean over loss tokens, so a "
+        "smaller batch keeps its scale); none: wait for R (the paper's Algorithm 1)"
+    )
+    min_groups: int = Field(1, ge=1, description="the fewest groups a step trains on after learner.max_wait_s")
     is_cap: float = Field(2.0, gt=0, description="C: truncation of min(pi_old / pi_sampler, C)")
     importance_weight: bool = Field(
         True, description="multiply each token's loss by w_t = min(pi_old / pi_sampler, C), the correction for "

@@ -68,3 +68,15 @@ def test_worker_truncates_long_prompts_from_the_left_and_counts_them():
     w.max_prompt_length = 3
     assert truncate_prompt([1, 2, 3], w.max_prompt_length, w.stats) == [1, 2, 3] and w.stats.prompts_truncated == 0
     assert truncate_prompt([1, 2, 3, 4, 5], w.max_prompt_length, w.stats) == [3, 4, 5] and w.stats.prompts_truncated == 1
+
+
+def test_max_wait_s_is_off_by_default_and_reaches_the_batches():
+    from echo2sdk.errors import ConfigError
+
+    L = _cfg().learner
+    assert (L.max_wait_s, L.min_groups) == (None, 1)
+    L = _cfg("learner.max_wait_s=2.5", "learner.min_groups=2").learner
+    assert (L.max_wait_s, L.min_groups) == (2.5, 2)
+    for bad in ("learner.max_wait_s=0", "learner.min_groups=0"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):
+            _cfg(bad)

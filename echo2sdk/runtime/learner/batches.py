@@ -46,12 +46,15 @@ class LocalWorkers(Protocol):
 @dataclass(frozen=True)
 class DataLimits:
     """How long the learner waits: learner.data_timeout_s without progress, 5 heartbeats once every local worker
-    has exited and none is connected; learner.filter_patience for the zero-variance note; where worker logs are."""
+    has exited and none is connected; learner.filter_patience for the zero-variance note; where worker logs are;
+    learner.max_wait_s and learner.min_groups: after that long a step trains on the informative groups it has."""
 
     data_timeout_s: float
     heartbeat_s: float
     filter_patience: int
     logs: Path
+    max_wait_s: float | None = None
+    min_groups: int = 1
 
 
 class Batches:
@@ -66,6 +69,7 @@ class Batches:
         self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
         # the last step's waiting by cause: "filtered" (groups completed, all of zero reward variance) or "empty"
         self.wait_causes: dict[str, float] = {"filtered": 0.0, "empty": 0.0}
+        self.partial = 0  # steps that trained on fewer than k groups (learner.max_wait_s)
 
     def learn(self, k: int, v_t: int, learner: Any) -> tuple[float, float, list, StepStats]:
         """Wait for k groups, sample them and step the learner on them. A batch the step raises on (ValueError
@@ -79,7 +83,12 @@ class Batches:
         while True:
             t_wait += self.wait(k)
             t0 = time.perf_counter()
-            groups = self.last = self.buffer.sample(k)
+            n = k if self.buffer.wait_for(k, timeout=0) else min(k, self.buffer.ready_groups())  # max_wait_s: fewer
+            try:
+                groups = self.last = self.buffer.sample(n)
+            except ValueError:  # a partial batch's groups went stale meanwhile: wait again
+                continue
+            self.partial += n < k
             try:
                 return t_wait, t0, groups, learner.step(groups, self.audit.screen(v_t, groups))
             except BatchWithheld as e:
@@ -99,18 +108,22 @@ class Batches:
 
     def wait(self, k: int) -> float:
         """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
-        core/buffer.py); the time spent is learner_wait_s, split in `wait_causes`: each second of it in which a
-        group was filtered for zero reward variance counts as "filtered", the others as "empty". Every 30 s of
-        waiting while groups are being filtered, a warning says so. Raises Stopped when `stop` is set."""
+        core/buffer.py), or, with learner.max_wait_s, until that long has passed with learner.min_groups ready
+        (`learn` then trains on those); the time spent is learner_wait_s, split in `wait_causes`: each second of it
+        in which a group was filtered for zero reward variance counts as "filtered", the others as "empty". Every
+        30 s of waiting while groups are being filtered, a warning says so. Raises Stopped when `stop` is set."""
         t0 = time.perf_counter()
         last_progress = last_note = mark = t0
         have, filtered = self.buffer.ready_groups(), self.buffer.stats()["filtered_groups"]
         seen = filtered
-        while not self.buffer.wait_for(k, timeout=1.0):
+        lim = self.limits
+        while not self.buffer.wait_for(k, timeout=self._poll(t0)):
             if self.stop.is_set():
                 raise Stopped()
             now = time.perf_counter()
             seen, mark = self._note_cause(seen, mark, now)
+            if lim.max_wait_s is not None and now - t0 >= lim.max_wait_s and self.buffer.ready_groups() >= lim.min_groups:
+                break
             if now - last_note >= 30.0:
                 last_note = now
                 self._note_filtered(k, now - t0, filtered)
@@ -122,6 +135,12 @@ class Batches:
             log.info("step fills its batch with %d zero-variance group(s): learner.filter_patience=%d x %d groups "
                      "were filtered while it waited", k - self.buffer.ready_groups(), self.limits.filter_patience, k)
         return time.perf_counter() - t0
+
+    def _poll(self, t0: float) -> float:
+        """How long one wait for the batch may block: 1 s, less when learner.max_wait_s is due sooner."""
+        if self.limits.max_wait_s is None:
+            return 1.0
+        return min(1.0, max(0.01, t0 + self.limits.max_wait_s - time.perf_counter()))
 
     def _note_cause(self, seen: int, since: float, now: float) -> tuple[int, float]:
         """Add the wait from `since` to `now` to its cause: "filtered" when groups were filtered meanwhile (the

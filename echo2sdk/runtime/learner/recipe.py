@@ -203,7 +203,8 @@ class Trainer:
         self.local = LocalProvider(f"{host}:{port}", self.coordinator.token, log_dir=self.out / "workers",
                                    threads=ro.threads, nice=ro.nice, allow=allowances(self.coordinator.worker_config),
                                    plaintext=not cfg.run.tls, grace_s=LOCAL_GRACE_S, run_dir=self.out)
-        limits = DataLimits(L.data_timeout_s, cfg.run.heartbeat_s, L.filter_patience, self.out / "workers")
+        limits = DataLimits(L.data_timeout_s, cfg.run.heartbeat_s, L.filter_patience, self.out / "workers",
+                            max_wait_s=L.max_wait_s, min_groups=L.min_groups)
         self.batches = Batches(self.buffer, self.coordinator, self.local, self.replay, limits, self._stop)
         self.provisioning = Provisioning(cfg, self.coordinator, self.metrics, self.out)
 
@@ -391,6 +392,7 @@ class Trainer:
             learner_ranks=self.topo.world,
             quarantined=dict(coord.quarantined),  # worker id -> why (core/audit.py)
             batches_dropped=self.batches.dropped,  # the learner step raised on them; training went on
+            batches_partial=self.batches.partial,  # trained on fewer than R/n groups after learner.max_wait_s
             batches_dropped_records_by_worker=dict(self.batches.dropped_by_worker),
             batches_withheld=self.replay.batches_withheld,  # the audit's screen withheld every record (not trained on)
             records_withheld_by_worker=dict(self.replay.withheld_by_worker),  # by the audit's screen (core/audit.py)

@@ -1,0 +1,82 @@
+"""The learner's wait for a batch (runtime/learner/batches.py) against the real buffer: learner.max_wait_s trains on
+the informative groups it has instead of idling (issue 35), and the wait is split by cause. The learner and the
+audit are stand-ins here (what they do with a batch is tested in tests/core and by the real runs of
+tests/runtime/test_trainer.py, which wait for whole batches)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.core.records import Meta, Trajectory
+from echo2sdk.runtime.learner.batches import Batches, DataLimits
+
+G = 2
+
+
+def _group(gid: str, rewards: tuple[float, ...]) -> list[Trajectory]:
+    meta = Meta(group_id=gid, prompt_ids=(1,), response_ids=(2,), logprobs=(-0.1,))
+    return [Trajectory(prompt="p", response="r", reward=r, version=0, meta=meta) for r in rewards]
+
+
+class _Learner:
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def step(self, groups, screen):
+        self.batches.append(len(groups))
+        return SimpleNamespace()
+
+
+def _batches(buffer: StalenessBuffer, **limits) -> Batches:
+    pool = SimpleNamespace(alive_workers=lambda: [object()])
+    local = SimpleNamespace(started=lambda: [], exited=lambda: [])
+    audit = SimpleNamespace(screen=lambda v, groups: None)
+    return Batches(buffer, pool, local, audit, DataLimits(60.0, 0.5, 0, Path("."), **limits), threading.Event())
+
+
+def _feed(buffer: StalenessBuffer, groups: list[list[Trajectory]], every_s: float) -> threading.Thread:
+    def run() -> None:
+        for g in groups:
+            time.sleep(every_s)
+            buffer.add_group(g, vocab_size=8, max_len=8)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_after_max_wait_s_a_step_trains_on_the_informative_groups_it_has():
+    buffer = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
+    buffer.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
+    feeder = _feed(buffer, [_group(f"flat-{i}", (1.0, 1.0)) for i in range(6)], 0.1)  # filtered, never ready
+    b, learner = _batches(buffer, max_wait_s=0.4), _Learner()
+    t0 = time.perf_counter()
+    waited, _, groups, _ = b.learn(4, 0, learner)
+    feeder.join()
+    assert 0.35 < time.perf_counter() - t0 < 1.5 and 0.35 < waited < 1.5
+    assert learner.batches == [1] and [g[0].meta.group_id for g in groups] == ["ok-0"] and b.partial == 1
+    assert b.wait_causes["filtered"] > 0 and abs(sum(b.wait_causes.values()) - waited) < 0.01
+
+
+def test_without_max_wait_s_a_step_waits_for_all_of_its_groups():
+    buffer = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
+    feeder = _feed(buffer, [_group(f"ok-{i}", (0.0, 1.0)) for i in range(4)], 0.15)
+    b, learner = _batches(buffer), _Learner()
+    waited, _, groups, _ = b.learn(4, 0, learner)
+    feeder.join()
+    assert learner.batches == [4] and len(groups) == 4 and b.partial == 0 and waited > 0.4
+    assert b.wait_causes["filtered"] == 0 and abs(b.wait_causes["empty"] - waited) < 0.01
+
+
+def test_max_wait_s_needs_min_groups_ready():
+    buffer = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
+    buffer.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
+    feeder = _feed(buffer, [_group("ok-1", (0.0, 1.0))], 0.6)
+    b, learner = _batches(buffer, max_wait_s=0.2, min_groups=2), _Learner()
+    waited, _, groups, _ = b.learn(4, 0, learner)
+    feeder.join()
+    assert learner.batches == [2] and waited > 0.55 and b.partial == 1
