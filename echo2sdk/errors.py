@@ -71,7 +71,10 @@ class TrajectoryRejected(Echo2Error):
     """A trajectory failed validation on intake. `reason` is a short counter key."""
 
     def __init__(self, reason: str, field: str, value: object, detail: str = ""):
-        shown = repr(value)
+        try:
+            shown = repr(value)
+        except RecursionError:  # a peer's value nested deeper than repr goes
+            shown = f"<{type(value).__name__} nested too deep to show>"
         if len(shown) > 80:
             shown = shown[:77] + "..."
         msg = f"trajectory rejected ({reason}): field {field!r} = {shown}"

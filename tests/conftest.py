@@ -28,6 +28,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path not in slow)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ECHO2_TEST_TIMES=FILE, one line per test phase: test process, phase, seconds, test id (the data behind
+    the suite's balance between its two processes; scripts/test_times.py sums it)."""
+    path = os.environ.get("ECHO2_TEST_TIMES")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}\t{report.when}\t{report.duration:.3f}\t"
+                     f"{report.nodeid}\n")
+
+
 @pytest.fixture
 def example_diff():
     """diff(name): the keys of the lines where examples/<name>.toml differs from examples/math_smollm2.toml,

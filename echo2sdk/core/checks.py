@@ -69,5 +69,8 @@ def integer(
 
 def shown(value: object, limit: int = 80) -> str:
     """`repr(value)`, cut to `limit` characters: how a peer- or plug-in-supplied value appears in logs and errors."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # a value nested deeper than repr goes (a peer's msgpack can nest a thousand levels)
+        text = f"<{type(value).__name__} nested too deep to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."

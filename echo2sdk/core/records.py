@@ -45,6 +45,9 @@ RECORD_OVERHEAD_BYTES = 1024  # a held record's objects besides its text and tok
 MESSAGE_BYTES = 512  # a chat message's objects besides its content (measured ~480)
 MAX_EXTRA_KEYS = 256
 MAX_EXTRA_CHARS = 32768  # characters of meta.extra's keys and strings together (a record's bytes stay small)
+# what bounded_extra leaves of those for an adapter's info: the runtime adds its own keys after it (correct, turns,
+# failed, aborted, ...)
+_INFO_KEYS, _INFO_CHARS = MAX_EXTRA_KEYS - 16, MAX_EXTRA_CHARS - 1024
 MAX_ID_CHARS = 256  # group ids (task ids), worker ids, meta.extra keys
 
 _FROZEN = ConfigDict(frozen=True, strict=True, extra="forbid")
@@ -71,18 +74,19 @@ def sampler_logprob(lp: float) -> float:
 def bounded_extra(info: dict[Any, Any]) -> dict[str, Scalar]:
     """The entries of an adapter's `info` a record can carry: scalar values within the meta.extra bounds
     (strings cut to MAX_EXTRA_TEXT); non-finite or huge numbers, long keys and other types are left out, and so
-    are the entries past MAX_EXTRA_CHARS characters of keys and strings."""
+    are the entries past MAX_EXTRA_KEYS - 16 keys or MAX_EXTRA_CHARS - 1024 characters of keys and strings (room
+    for the keys the runtime adds)."""
     out: dict[str, Scalar] = {}
     chars = 0
     for k, v in info.items():
-        if len(out) == MAX_EXTRA_KEYS or not isinstance(k, str) or len(k) > MAX_ID_CHARS:
+        if len(out) == _INFO_KEYS or not isinstance(k, str) or len(k) > MAX_ID_CHARS:
             continue
         if isinstance(v, str):
             v = v[:MAX_EXTRA_TEXT]
         elif not (v is None or isinstance(v, bool) or (isinstance(v, int | float) and abs(v) <= MAX_EXTRA_NUMBER)):
             continue  # NaN fails the comparison above
         n = len(k) + (len(v) if isinstance(v, str) else 0)
-        if chars + n > MAX_EXTRA_CHARS:
+        if chars + n > _INFO_CHARS:
             continue
         out[k], chars = v, chars + n
     return out
@@ -119,13 +123,14 @@ class Meta(BaseModel):
 
     model_config = _FROZEN
     group_id: Id = Field(min_length=1, description="GRPO group: n samples of one prompt under one version")
-    prompt_ids: tuple[int, ...] = Field(min_length=1, description="prompt token ids as the sampler saw them")
-    response_ids: tuple[int, ...] = Field(min_length=1, description="sampled response token ids")
+    # fail_fast: a sequence stops at its first bad item (a peer's 16 MiB of NaN log-probs is one error, not 2M)
+    prompt_ids: tuple[int, ...] = Field(min_length=1, fail_fast=True, description="prompt token ids as the sampler saw them")
+    response_ids: tuple[int, ...] = Field(min_length=1, fail_fast=True, description="sampled response token ids")
     logprobs: tuple[LogProb, ...] = Field(
-        description="the sampler's per-token log-probs of response_ids (pi_sampler), in [MIN_LOGPROB, 0]"
+        fail_fast=True, description="the sampler's per-token log-probs of response_ids (pi_sampler), in [MIN_LOGPROB, 0]"
     )
     loss_mask: tuple[MaskBit, ...] | None = Field(
-        default=None, description="1 where a response token carries loss (multi-turn); None = all"
+        default=None, fail_fast=True, description="1 where a response token carries loss (multi-turn); None = all"
     )
     off_policy: bool = Field(
         default=False,
@@ -165,14 +170,17 @@ class Trajectory(BaseModel):
 
     @classmethod
     def from_wire(cls, obj: object) -> Trajectory:
-        """Validate a decoded wire object; raise TrajectoryRejected naming the first bad field."""
+        """Validate a decoded wire object; raise TrajectoryRejected naming the first bad field. The error holds
+        neither the ValidationError nor its context (a rejected record's objects are freed at once)."""
         try:
             return cls.model_validate(obj)
         except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or "<record>"
-            reason = "nan_reward" if field == "reward" and _is_nan(err.get("input")) else _REASONS.get(err["type"], "schema")
-            raise TrajectoryRejected(reason, field, err.get("input"), err["msg"]) from None
+            err = e.errors(include_url=False, include_context=False)[0]
+        field = ".".join(str(p) for p in err["loc"]) or "<record>"
+        reason = "nan_reward" if field == "reward" and _is_nan(err.get("input")) else _REASONS.get(err["type"], "schema")
+        value = err.get("input")
+        raise TrajectoryRejected(reason, field, value if isinstance(value, (int, float, str, type(None))) else
+                                 f"{type(value).__name__} of {_size(value)}", err["msg"])
 
 
 # pydantic error types -> rejection reasons (counter keys); any other violation is "schema"
@@ -185,6 +193,13 @@ _REASONS = {
     "too_long": "out_of_range",
     "out_of_range": "out_of_range",
 }
+
+
+def _size(value: object) -> str:
+    try:
+        return f"{len(value)} items"  # type: ignore[arg-type]
+    except TypeError:
+        return "?"
 
 
 def _is_nan(x: object) -> bool:

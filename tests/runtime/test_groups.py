@@ -117,7 +117,7 @@ def test_layout_checks_name_the_field_and_refuse_before_building():
     wire = _record().to_wire()
     bad_meta = bytearray(encode_record(wire))
     n_meta = struct.unpack_from("<I", bad_meta)[0]
-    meta = pack({"reward": 1.0, "version": 3, "roles": None, "group_id": "g", "worker": "", "off_policy": False,
+    meta = pack({"reward": 1.0, "version": 3, "chat": False, "group_id": "g", "worker": "", "off_policy": False,
                  "extra": {}, "evil": 1})
     blob = struct.pack("<I", len(meta)) + bad_meta[4:24] + meta + bad_meta[24 + n_meta:]
     with pytest.raises(TrajectoryRejected, match=r"\(schema\).*record.meta.*'evil'"):
@@ -153,12 +153,15 @@ def test_split_pushes_keeps_groups_whole_under_the_limit():
     groups = [[_record(response="x" * 1000, group_id=f"g{i}").to_wire()] * 4 for i in range(10)]
     one = encode_groups(groups)
     pushes, dropped = split_pushes(groups, limit=len(one.payload) // 3)
-    assert dropped == 0 and len(pushes) == 4 and all(len(p.payload) <= len(one.payload) // 3 for p in pushes)
+    assert dropped == {} and len(pushes) == 4 and all(len(p.payload) <= len(one.payload) // 3 for p in pushes)
     assert [n for p in pushes for n in p.groups] == [4] * 10
     assert b"".join(p.payload for p in pushes) == one.payload
     pushes, dropped = split_pushes(groups, limit=len(one.payload) // 20)  # one group alone is over: left out
-    assert pushes == [] and dropped == 10
-    assert split_pushes(groups) == ([one], 0)
+    assert pushes == [] and dropped == {"over_push_limit": 10}
+    assert split_pushes(groups) == ([one], {})
+    bad = [[_record(response_ids=(3, 1 << 31), group_id="bad").to_wire()] * 4] + groups[:1]  # an id outside int32
+    pushes, dropped = split_pushes(bad)
+    assert dropped == {"unencodable": 1} and [p.groups for p in pushes] == [[4]]
 
 
 def test_a_push_header_must_add_up():
@@ -169,7 +172,9 @@ def test_a_push_header_must_add_up():
     with pytest.raises(ProtocolError, match="groups hold 3 records, sizes name 2"):
         parse({**to_header(msg), "groups": (3,)}, (Trajectories,))
     with pytest.raises(ProtocolError, match=f"more than a push's {MAX_PUSH_BYTES}"):
-        parse({**to_header(msg), "groups": (2,), "sizes": (MAX_PUSH_BYTES, 1)}, (Trajectories,))
+        parse({**to_header(msg), "groups": (2,), "sizes": struct.pack("<2I", MAX_PUSH_BYTES, 1)}, (Trajectories,))
+    with pytest.raises(ProtocolError, match="not a whole number of u32"):
+        parse({**to_header(msg), "sizes": b"\0" * 7}, (Trajectories,))
 
 
 def test_the_largest_headers_a_worker_may_send_fit_the_header_cap():
@@ -181,7 +186,8 @@ def test_the_largest_headers_a_worker_may_send_fit_the_header_cap():
     received = Received(version=1, ok=True, seconds=1.0, parent=ids[0], served_bps={i: 1e9 for i in ids},
                         repairs=[Repair(parent=i, reason=wide * MAX_REASON, chunk=1 << 40, repair_s=1.0) for i in ids])
     push = Trajectories(rid=1 << 62, batch=wide * MAX_ID, groups=[MAX_RECORDS // 1024] * 1024,
-                        sizes=[MAX_PUSH_BYTES // MAX_RECORDS] * MAX_RECORDS, sha256="0" * 64)
+                        sizes=struct.pack(f"<{MAX_RECORDS}I", *[MAX_PUSH_BYTES // MAX_RECORDS] * MAX_RECORDS),
+                        sha256="0" * 64)
     from echo2sdk.core.failures import MAX_REASONS
     beat = Heartbeat(version=1 << 62, rollouts=1 << 62, rollouts_per_s=1.5,
                      failures={(wide * MAX_ID + str(i))[-MAX_ID:]: 1 << 62 for i in range(MAX_REASONS)})
@@ -197,3 +203,54 @@ def test_extra_over_its_character_budget_is_cut_by_the_worker_and_refused_at_int
     assert sum(len(k) + len(v) for k, v in kept.items()) <= MAX_EXTRA_CHARS and len(kept) == 7
     assert _back(_record(extra=kept)).meta.extra == kept
     assert text_limit(MAX_LEN) == 64 * MAX_LEN
+
+
+def test_nothing_in_a_record_nests_and_nothing_nested_escapes():
+    """The meta map holds no arrays (roles are bytes), so a meta map of nested array headers is refused at once;
+    a reward nested a thousand maps deep is a schema rejection, never a RecursionError."""
+    import time
+
+    wire = _record().to_wire()
+    good = encode_record(wire)
+    n_meta = struct.unpack_from("<I", good)[0]
+    nested = b"\x81\xa6reward" + b"\xdd" + struct.pack(">I", 1025) * 1000
+    blob = struct.pack("<I", len(nested)) + good[4:24] + nested + good[24 + n_meta:]
+    t0 = time.perf_counter()
+    with pytest.raises(TrajectoryRejected, match=r"\(schema\).*record"):
+        decode_record(blob, max_len=1024)
+    assert time.perf_counter() - t0 < 0.005
+    deep: dict = {}
+    for _ in range(2000):
+        deep = {"k": deep}
+    with pytest.raises(TrajectoryRejected, match=r"\(schema\)") as e:
+        Trajectory.from_wire({**wire, "reward": deep})
+    assert "nested too deep" in str(e.value) or "dict" in str(e.value)
+
+
+def test_the_worker_cuts_a_long_prompt_text_to_the_bound_instead_of_losing_the_record():
+    """A long document's prompt text beside truncated ids: the worker cuts the text to records.text_limit(max_len)
+    (its end), as the intake does, so the record is not refused for its size."""
+    long_text = "x" * 200_000 + "THE END"
+    chat = tuple(Message(role="user", content="y" * 150_000) for _ in range(2))
+    pushes, dropped = split_pushes([[_record(prompt=long_text).to_wire(), _record(prompt=chat).to_wire()]],
+                                   max_len=MAX_LEN)
+    assert dropped == {} and len(pushes) == 1
+    blobs, at = [], 0
+    for n in pushes[0].sizes:
+        blobs.append(pushes[0].payload[at:at + n])
+        at += n
+    text, msgs = (Trajectory.from_wire(decode_record(b, max_len=MAX_LEN)).prompt for b in blobs)
+    assert len(text) == text_limit(MAX_LEN) and text.endswith("THE END")
+    assert sum(len(m.content) for m in msgs) == text_limit(MAX_LEN) and len(msgs) == 1
+
+
+def test_adapter_info_leaves_room_for_the_keys_the_runtime_adds():
+    """An episode's record adds correct, turns, failed and aborted after bounded_extra(score.info): info at the
+    bounds must still give a valid Meta (it crashed the worker when bounded_extra used the whole budget)."""
+    from echo2sdk.core.records import MAX_EXTRA_KEYS, bounded_extra
+
+    for info in ({f"k{i:03d}": "z" * 4000 for i in range(20)}, {f"k{i:03d}": i for i in range(400)}):
+        extra = bounded_extra(info)
+        extra.update(correct=True, turns=3, failed=False, aborted="max_turns")
+        assert len(extra) <= MAX_EXTRA_KEYS
+        Meta(group_id="g", prompt_ids=(1,), response_ids=(2,), logprobs=(-0.1,), extra=extra)  # no ValidationError

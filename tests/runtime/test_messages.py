@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import struct
 
 import pytest
 from hypothesis import given, settings
@@ -77,7 +78,8 @@ SAMPLES: dict[type[WireMessage], dict] = {
                             "store": {"url": "s3://bucket/run", "options": {"region": "eu-west-1"}}}},
     GetTasks: {"n": 2, "rid": 9},
     Tasks: {"rid": 9, "tasks": [TASK, {"id": "sandbox-0-0", "messages": []}]},
-    Trajectories: {"rid": 10, "batch": "ab12:0", "groups": [2, 0], "sizes": [93, 1000], "sha256": digest(b"x")},
+    Trajectories: {"rid": 10, "batch": "ab12:0", "groups": [2, 0], "sizes": struct.pack("<2I", 93, 1000),
+                   "sha256": digest(b"x")},
     Ack: {"rid": 10, "accepted": 2, "rejected": ["schema"], "duplicate": False},
     Heartbeat: {"version": 3, "rollouts": 120, "rollouts_per_s": 4.5},
     Snapshot: {"version": 4, "nbytes": 3, "sha256": digest(b"abc")},
@@ -196,7 +198,7 @@ BOUNDS = [
     (Tasks, "tasks.0.messages", [{"role": "user", "content": "x"}] * 257),
     (Trajectories, "groups", [0] * 1025),
     (Trajectories, "groups.0", -1),
-    (Trajectories, "sizes", [0] * ((1 << 14) + 1)),
+    (Trajectories, "sizes", b"\0" * (4 * (1 << 14) + 4)),
     (Trajectories, "sha256", "ab"),
     (Trajectories, "batch", "b" * 129),
     (Ack, "accepted", -1),

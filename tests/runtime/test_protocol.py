@@ -381,7 +381,7 @@ def test_a_batch_whose_push_was_cut_off_is_held_and_pushed_first_after_the_rejoi
     assert asyncio.run(w.loop.push("s:4", groups)) is False and w.loop.held == ("s:4", groups)
     assert asyncio.run(w.loop.push(*w.loop.held)) is True and w.loop.held is None
     assert [m.batch for m, _ in sent] == ["s:4", "s:4"] and sent[1][0].groups == (3,)
-    assert sent[0][1] == sent[1][1] and len(sent[1][1]) == sum(sent[1][0].sizes)  # the same payload, re-sent
+    assert sent[0][1] == sent[1][1] and len(sent[1][1]) == sent[1][0].nbytes  # the same payload, re-sent
 
 
 def test_a_late_joiner_waits_for_the_snapshot_instead_of_generating_stale_records():

@@ -287,6 +287,9 @@ async def _answered(t: Tally, ctx: Ctx, c: Client, wid: str, msg) -> bool:
     """Read the answer to `msg`; False when the connection ended (a quarantined worker's push)."""
     try:
         reply = await asyncio.wait_for(c.recv(), 30)
+    except TimeoutError:
+        t.wrong(f"{msg.type}: neither answered nor closed within 30 s ({str(msg)[:300]})")
+        return False
     except (asyncio.IncompleteReadError, ConnectionError):
         if msg.type == "trajectories" and wid in ctx.coord.quarantined:
             t.fates["session_quarantined"] += 1
@@ -310,7 +313,7 @@ async def _probe(t: Tally, c: Client, seq: int) -> int:
     try:
         reply = await asyncio.wait_for(c.recv(), 30)
         ok = reply["type"] == "tasks" and reply["rid"] == seq
-    except (asyncio.IncompleteReadError, ConnectionError) as e:
+    except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as e:
         ok, reply = False, repr(e)
     if ok:
         t.fates["session_answered"] += 1
@@ -324,6 +327,9 @@ async def _expect_close(t: Tally, c: Client, kind: str, frame: bytes) -> None:
         rest = await asyncio.wait_for(c.reader.read(), 30)
     except ConnectionError:
         rest = b""
+    except TimeoutError:
+        t.wrong(f"{kind}: a frame that must close the connection left it open for 30 s: {frame[:120]!r}")
+        return
     if rest:
         t.wrong(f"{kind}: answered {rest[:60]!r} to a frame that must close the connection: {frame[:120]!r}")
     else:

@@ -85,7 +85,7 @@ class Intake:
             span.clear()
             pending = 0
 
-        for size in msg.sizes:
+        for size in msg.record_sizes:
             if size > limit:
                 await flush()
                 await conn.channel.skip_payload(size, hasher)
@@ -109,18 +109,20 @@ class Intake:
         naming another worker, or a version it never reported installed, of the `installed` ones): then nothing
         is buffered."""
         decoded: list[list[Trajectory] | TrajectoryRejected] = []
-        records = iter(zip(blobs, msg.sizes))
-        for n in msg.groups:
+        records = iter(zip(blobs, msg.record_sizes))
+        for n in msg.groups:  # one group at a time: a rejected group's objects are freed before the next is built
             time.sleep(0)  # let the event loop's thread take the interpreter lock between groups (it waits 5 ms else)
             group = list(itertools.islice(records, n))  # taken whole: a bad record must not shift the next group
             try:
-                decoded.append([Trajectory.from_wire(self._decode(b, size)) for b, size in group])
+                maps = [self._decode(b, size) for b, size in group]
+                lie = _lie(maps, worker_id, installed)  # before validation: a lie beside a bad value is a lie
+                if lie is not None:
+                    return 0, [], lie
+                decoded.append([Trajectory.from_wire(m) for m in maps])
             except TrajectoryRejected as e:
-                decoded.append(e)
-        for records in decoded:
-            lie = None if isinstance(records, TrajectoryRejected) else _lie(records, worker_id, installed)
-            if lie is not None:
-                return 0, [], lie
+                decoded.append(_bare(e))
+            except Exception as e:  # noqa: BLE001 - whatever a peer's values make the checks raise, a group's fate
+                decoded.append(TrajectoryRejected("schema", "record", type(e).__name__, str(e)[:200]))
         accepted, rejections = 0, []
         for n, records in zip(msg.groups, decoded):
             try:
@@ -153,15 +155,24 @@ class Intake:
                         len(rejections) - LOGGED_REJECTIONS, dict(more))
 
 
-def _lie(records: list[Trajectory], worker_id: str, installed: frozenset[int]) -> str | None:
-    """Why the push is a lie (core/audit.py: the sender is quarantined), or None: a record names another worker,
-    or claims a version (other than the initial 0) the sender never reported installed."""
-    for t in records:
-        if t.meta.worker and t.meta.worker != worker_id:
-            return f"a record names worker {shown(t.meta.worker, 60)}"
-        if t.version > 0 and t.version not in installed:
-            return f"a record claims version {t.version}, which it never reported installed"
+def _lie(records: list[dict], worker_id: str, installed: frozenset[int]) -> str | None:
+    """Why the push is a lie (core/audit.py: the sender is quarantined), or None: a decoded record (its wire map,
+    before validation) names another worker, or claims a version (other than the initial 0) the sender never
+    reported installed."""
+    for rec in records:
+        who, v = rec["meta"].get("worker"), rec.get("version")
+        if isinstance(who, str) and who and who != worker_id:
+            return f"a record names worker {shown(who, 60)}"
+        if type(v) is int and v > 0 and v not in installed:
+            return f"a record claims version {v}, which it never reported installed"
     return None
+
+
+def _bare(e: TrajectoryRejected) -> TrajectoryRejected:
+    """`e` without its traceback and context: kept until the ack, it must not keep the frames (and the decoded
+    record they hold) alive."""
+    e.__context__ = e.__cause__ = None
+    return e.with_traceback(None)
 
 
 def _attributed(t: Trajectory, worker_id: str) -> Trajectory:

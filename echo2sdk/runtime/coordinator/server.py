@@ -1,6 +1,7 @@
 """The coordinator's asyncio server, on a thread of its own so the learner's update loop never blocks on the
 network: it accepts connections (admission caps first, then the handshake), welcomes each worker, dispatches
-what it sends (FROM_WORKER; workers send no payloads) and drops a worker gone silent for `worker_timeout_s`.
+what it sends (FROM_WORKER; only a push of trajectories carries a payload, read by the intake record by record)
+and drops a worker gone silent for `worker_timeout_s`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from echo2sdk.errors import ProtocolError
 from echo2sdk.runtime.protocol.messages import WireMessage, parse, to_header
-from echo2sdk.runtime.protocol.wire import MAX_HEADER, Key, encode_frame, read_frame_raw
+from echo2sdk.runtime.protocol.wire import MAX_HEADER, PEER_MAX_ARRAY, Key, encode_frame, read_frame_raw
 
 __all__ = ["Keys", "SealedChannel", "SendTimeout", "SEND_SLICE", "SKIP_SLICE"]
 
@@ -77,13 +77,14 @@ class SealedChannel:
         payload_types: tuple[type[WireMessage], ...] = (),
         max_header: int = MAX_HEADER,
         streamed: tuple[type[WireMessage], ...] = (),
+        max_array: int = PEER_MAX_ARRAY,
     ) -> tuple[WireMessage, bytes]:
         """The next message (one of `allowed`) and its payload (b"" for a `streamed` type: `unread` bytes are left
         on the stream). Raises asyncio.IncompleteReadError on EOF, AuthError on a bad seal and ProtocolError on
         anything else wrong."""
         await self.skip_payload(self.unread)
         f = await read_frame_raw(self.reader, max_payload, key=self.keys.recv, max_header=max_header,
-                                 read_payload=False)
+                                 read_payload=False, max_array=max_array)
         self.last_frame_bytes = len(f.raw) + f.payload_len
         msg = parse(f.header, tuple(allowed))
         if f.payload_len and not isinstance(msg, payload_types):

@@ -4,8 +4,10 @@ A push is one `Trajectories` frame. Its header (MACed) holds the records per gro
 the SHA-256 of the payload; the payload holds the records one after the other, each in this layout (little-endian):
 
     6 x u32   meta bytes | texts | prompt ids | response ids | log-probs | loss-mask entries (NO_MASK: none)
-    meta      msgpack map: reward, version, group_id, worker, off_policy, extra, roles (None: a text prompt)
+    meta      msgpack map of scalars and meta.extra's map: reward, version, group_id, worker, off_policy, extra, chat
+              (false: a text prompt); no arrays, so no nesting that msgpack would allocate for before it fails
     u32 each  the texts' UTF-8 byte lengths: the prompt (or each chat message's content), then the response
+    uint8     with a chat prompt, each message's role (ROLES: 0 system, 1 user, 2 assistant, 3 tool)
     texts     UTF-8
     int32     prompt ids, then response ids
     float64   log-probs
@@ -22,6 +24,7 @@ thread of the coordinator's executor; its event loop keeps serving the other wor
 from __future__ import annotations
 
 import array
+import logging
 import struct
 import sys
 from collections.abc import Mapping, Sequence
@@ -29,18 +32,21 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from echo2sdk.core.records import MAX_CHARS_PER_TOKEN, MAX_EXTRA_CHARS, MAX_EXTRA_KEYS, MAX_ID_CHARS, pack
+from echo2sdk.core.records import MAX_CHARS_PER_TOKEN, MAX_EXTRA_CHARS, MAX_EXTRA_KEYS, MAX_ID_CHARS, pack, text_limit
 from echo2sdk.errors import TrajectoryRejected
 
-__all__ = ["Push", "encode_record", "decode_record", "encode_groups", "split_pushes", "record_limit", "meta_limit",
-           "MAX_PUSH_BYTES", "MAX_RECORDS", "NO_MASK"]
+__all__ = ["Push", "encode_record", "decode_record", "encode_groups", "split_pushes", "cut_prompt", "record_limit",
+           "meta_limit", "MAX_PUSH_BYTES", "MAX_RECORDS", "NO_MASK", "ROLES"]
 
 MAX_PUSH_BYTES = 16 << 20  # one push's payload; a worker splits a larger batch into several pushes (by groups)
 MAX_RECORDS = 1 << 14  # records of one push
 NO_MASK = 0xFFFFFFFF  # no loss mask: every response token carries loss
 _HEAD = struct.Struct("<6I")
-_META_KEYS = frozenset({"reward", "version", "group_id", "worker", "off_policy", "extra", "roles"})
+_META_KEYS = frozenset({"reward", "version", "group_id", "worker", "off_policy", "extra", "chat"})
+ROLES = ("system", "user", "assistant", "tool")  # a chat message's role, by its code (records.Message.role)
+_ROLE_CODES = {r: i for i, r in enumerate(ROLES)}
 _SWAP = sys.byteorder != "little"
+log = logging.getLogger("echo2sdk.worker")
 # one record's bytes besides its texts and arrays: the fixed head and the meta map's own fields (ids, numbers);
 # meta.extra (MAX_EXTRA_KEYS keys and strings) and the roles are counted separately in meta_limit
 _META_FIXED = 4096 + 2 * 4 * MAX_ID_CHARS
@@ -56,31 +62,32 @@ class Push(NamedTuple):
 
 
 def meta_limit(max_len: int) -> int:
-    """The most bytes a record's meta map takes: its fields, meta.extra at its bounds (records.py), one role
-    (at most 16 bytes packed) per chat message and a chat prompt has at most max_len messages."""
-    return _META_FIXED + _EXTRA_BYTES + 16 * max_len
+    """The most bytes a record's meta map takes: its fields and meta.extra at its bounds (records.py)."""
+    return _META_FIXED + _EXTRA_BYTES
 
 
 def record_limit(max_len: int) -> int:
     """The most bytes one admissible record takes: the meta map, the prompt and response texts at their bound
     (records.text_limit, 4 bytes a character at most in UTF-8) with a length per message, and max_len tokens of
     ids (4 bytes), log-probs (8) and loss mask (1). A record over it is refused before it is decoded."""
-    texts = 2 * 4 * MAX_CHARS_PER_TOKEN * max_len + 4 * (max_len + 2)
+    texts = 2 * 4 * MAX_CHARS_PER_TOKEN * max_len + 5 * (max_len + 2)  # + a length and a role each
     return _HEAD.size + meta_limit(max_len) + texts + (4 + 8 + 1) * max_len
 
 
-def encode_record(rec: Mapping[str, Any]) -> bytes:
-    """A record's bytes, from its wire map (`Trajectory.to_wire()`). Raises TypeError, ValueError or OverflowError
-    when a field cannot take its typed layout (a token id outside int32, a log-prob that is no number)."""
+def encode_record(rec: Mapping[str, Any], text_limit: int | None = None) -> bytes:
+    """A record's bytes, from its wire map (`Trajectory.to_wire()`); with `text_limit` a longer prompt text is cut
+    to its last `text_limit` characters first (records.cut_prompt: the learner trains on the ids). Raises
+    TypeError, ValueError, KeyError, OverflowError or UnicodeEncodeError when a field cannot take its layout (a
+    token id outside int32, a role no chat has, a lone surrogate)."""
     meta = rec["meta"]
-    prompt = rec["prompt"]
+    prompt = rec["prompt"] if text_limit is None else cut_prompt(rec["prompt"], text_limit)
     if isinstance(prompt, str):
-        texts, roles = [prompt], None
+        texts, roles = [prompt], b""
     else:
-        texts, roles = [m["content"] for m in prompt], [m["role"] for m in prompt]
+        texts, roles = [m["content"] for m in prompt], bytes(_ROLE_CODES[m["role"]] for m in prompt)
     texts.append(rec["response"])
     encoded = [t.encode("utf-8") for t in texts]
-    head = {"reward": rec["reward"], "version": rec["version"], "roles": roles}
+    head = {"reward": rec["reward"], "version": rec["version"], "chat": not isinstance(prompt, str)}
     head.update((k, meta[k]) for k in ("group_id", "worker", "off_policy", "extra") if k in meta)
     packed = pack(head)
     mask = meta.get("loss_mask")
@@ -90,7 +97,7 @@ def encode_record(rec: Mapping[str, Any]) -> bytes:
     n_mask = NO_MASK if mask is None else len(mask)
     parts = [_HEAD.pack(len(packed), len(encoded), len(meta["prompt_ids"]), len(meta["response_ids"]),
                         len(meta["logprobs"]), n_mask), packed,
-             struct.pack(f"<{len(encoded)}I", *map(len, encoded)), *encoded, *(a.tobytes() for a in arrays)]
+             struct.pack(f"<{len(encoded)}I", *map(len, encoded)), roles, *encoded, *(a.tobytes() for a in arrays)]
     return b"".join(parts)
 
 
@@ -118,12 +125,15 @@ def decode_record(blob: bytes | memoryview, *, max_len: int) -> dict[str, Any]:
     lengths_end = at + 4 * n_texts
     if lengths_end > view.nbytes:
         raise TrajectoryRejected("schema", "record", f"{view.nbytes} bytes", "cut short in its text lengths")
+    head = _meta(view[_HEAD.size:at])
+    chat = head.pop("chat", False)
+    n_roles = n_texts - 1 if chat is True else 0
     lengths = struct.unpack_from(f"<{n_texts}I", view, at)
-    size = lengths_end + sum(lengths) + 4 * (n_prompt + n_response) + 8 * n_logprobs + mask_bytes
+    size = lengths_end + n_roles + sum(lengths) + 4 * (n_prompt + n_response) + 8 * n_logprobs + mask_bytes
     if size != view.nbytes:
         raise TrajectoryRejected("schema", "record", f"{view.nbytes} bytes", f"its lengths add up to {size}")
-    head = _meta(view[_HEAD.size:at], max_len)
-    texts, at = [], lengths_end
+    roles = bytes(view[lengths_end:lengths_end + n_roles])
+    texts, at = [], lengths_end + n_roles
     for n in lengths:
         try:
             texts.append(str(view[at:at + n], "utf-8"))
@@ -134,15 +144,12 @@ def decode_record(blob: bytes | memoryview, *, max_len: int) -> dict[str, Any]:
     response_ids, at = _array("i", view, at, n_response)
     logprobs, at = _array("d", view, at, n_logprobs)
     mask = None if n_mask == NO_MASK else _array("B", view, at, n_mask)[0]
-    roles = head.pop("roles", None)
-    if roles is None:
+    if chat is not True:
         if n_texts != 2:
             raise TrajectoryRejected("schema", "record.texts", n_texts, "a text prompt and a response are 2 texts")
         prompt: Any = texts[0]
-    elif not isinstance(roles, tuple) or len(roles) != n_texts - 1:
-        raise TrajectoryRejected("schema", "record.meta.roles", _shown(roles), f"{n_texts - 1} roles for the messages")
     else:
-        prompt = tuple({"role": r, "content": c} for r, c in zip(roles, texts))
+        prompt = tuple({"role": ROLES[r] if r < len(ROLES) else f"code {r}", "content": c} for r, c in zip(roles, texts))
     meta = {k: head.pop(k) for k in ("group_id", "worker", "off_policy", "extra") if k in head}
     meta.update(prompt_ids=prompt_ids, response_ids=response_ids, logprobs=logprobs, loss_mask=mask)
     return {**{k: head[k] for k in ("reward", "version") if k in head}, "prompt": prompt, "response": texts[-1],
@@ -155,12 +162,17 @@ def encode_groups(groups: Sequence[Sequence[Mapping[str, Any]]]) -> Push:
     return Push([len(g) for g in blobs], [len(b) for g in blobs for b in g], b"".join(b for g in blobs for b in g))
 
 
-def split_pushes(groups: Sequence[Sequence[Mapping[str, Any]]], limit: int = MAX_PUSH_BYTES) -> tuple[list[Push], int]:
-    """`groups` as pushes of at most `limit` payload bytes and MAX_RECORDS records each (whole groups, in order),
-    and how many groups were left out because one alone is over the limit (a coordinator would refuse it)."""
+def split_pushes(groups: Sequence[Sequence[Mapping[str, Any]]], limit: int = MAX_PUSH_BYTES,
+                 max_len: int | None = None) -> tuple[list[Push], dict[str, int]]:
+    """`groups` as pushes of at most `limit` payload bytes and MAX_RECORDS records each (whole groups, in order;
+    with `max_len`, prompt texts cut to records.text_limit(max_len) first), and the groups left out by reason:
+    "over_push_limit" (one alone is over the limit: a coordinator would refuse it) and "unencodable" (a value the
+    layout cannot carry, e.g. a token id outside int32)."""
     pushes: list[Push] = []
     cur: list[list[bytes]] = []
-    dropped = 0
+    cur_bytes = cur_records = 0
+    dropped: dict[str, int] = {}
+    cut = None if max_len is None else text_limit(max_len)
 
     def flush() -> None:
         if cur:
@@ -168,17 +180,40 @@ def split_pushes(groups: Sequence[Sequence[Mapping[str, Any]]], limit: int = MAX
             cur.clear()
 
     for g in groups:
-        blobs = [encode_record(r) for r in g]
+        try:
+            blobs = [encode_record(r, cut) for r in g]
+        except (TypeError, ValueError, KeyError, OverflowError) as e:  # UnicodeEncodeError is a ValueError
+            dropped["unencodable"] = dropped.get("unencodable", 0) + 1
+            log.warning("a group left out of the push: a value its layout cannot carry (%s: %s)", type(e).__name__,
+                        str(e)[:200])
+            continue
         nbytes = sum(map(len, blobs))
         if nbytes > limit or len(blobs) > MAX_RECORDS:
-            dropped += 1
+            dropped["over_push_limit"] = dropped.get("over_push_limit", 0) + 1
             continue
-        if cur and (sum(map(len, (b for c in cur for b in c))) + nbytes > limit
-                    or sum(map(len, cur)) + len(blobs) > MAX_RECORDS):
+        if cur and (cur_bytes + nbytes > limit or cur_records + len(blobs) > MAX_RECORDS):
             flush()
+            cur_bytes = cur_records = 0
         cur.append(blobs)
+        cur_bytes, cur_records = cur_bytes + nbytes, cur_records + len(blobs)
     flush()
     return pushes, dropped
+
+
+def cut_prompt(prompt: Any, limit: int) -> Any:
+    """A wire map's prompt with at most `limit` characters of text: a text's end, or the newest chat messages
+    whole and then the end of the one that does not fit (the intake's rule, records.text_limit)."""
+    if isinstance(prompt, str):
+        return prompt if len(prompt) <= limit else prompt[-limit:]
+    if sum(len(m["content"]) for m in prompt) <= limit:
+        return prompt
+    kept, room = [], limit
+    for m in reversed(prompt):
+        if room <= 0:
+            break
+        kept.append(m if len(m["content"]) <= room else {**m, "content": m["content"][-room:]})
+        room -= len(kept[-1]["content"])
+    return tuple(reversed(kept))
 
 
 def _typed(code: str, values: Sequence[Any]) -> array.array:
@@ -197,11 +232,12 @@ def _array(code: str, view: memoryview, at: int, n: int) -> tuple[tuple[Any, ...
     return tuple(a), end
 
 
-def _meta(raw: memoryview, max_len: int) -> dict[str, Any]:
-    """A record's meta map, decoded under limits; TrajectoryRejected("schema") if it is no map of known keys."""
+def _meta(raw: memoryview) -> dict[str, Any]:
+    """A record's meta map, decoded under limits (no arrays at all); TrajectoryRejected("schema") if it is no map
+    of known keys."""
     try:
         head = msgpack.unpackb(raw, raw=False, use_list=False, strict_map_key=True, max_str_len=raw.nbytes,
-                               max_bin_len=0, max_ext_len=0, max_array_len=max_len + 1,
+                               max_bin_len=0, max_ext_len=0, max_array_len=0,
                                max_map_len=max(len(_META_KEYS), MAX_EXTRA_KEYS))
     except Exception as e:  # noqa: BLE001 - msgpack raises several exception types
         raise TrajectoryRejected("schema", "record.meta", f"{raw.nbytes} bytes",

@@ -19,6 +19,7 @@ tuples (records.unpack) while senders build lists.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -250,26 +251,35 @@ class Trajectories(WireMessage):
     rid: Count | None = None
     batch: Id | None = None  # the worker's id for this push: a re-sent push is acknowledged, not re-admitted
     groups: Annotated[Seq[Annotated[int, Field(ge=0, le=MAX_BATCH)]], Field(max_length=MAX_BATCH)]  # records each
-    sizes: Annotated[Seq[Annotated[int, Field(ge=0, le=MAX_PUSH_BYTES)]], Field(max_length=MAX_RECORDS)] = ()
+    # each record's byte length as a packed u32 (little-endian): a header array of 16,384 numbers would let a
+    # worker's header declare arrays that large, which msgpack allocates before their items arrive
+    sizes: bytes = Field(b"", max_length=4 * MAX_RECORDS)
     sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")  # of the payload ("": no records)
 
     @model_validator(mode="after")
     def _records_add_up(self) -> Trajectories:
-        if sum(self.groups) != len(self.sizes):
-            raise ValueError(f"groups hold {sum(self.groups)} records, sizes name {len(self.sizes)}")
-        if sum(self.sizes) > MAX_PUSH_BYTES:
-            raise ValueError(f"records of {sum(self.sizes)} bytes, more than a push's {MAX_PUSH_BYTES}")
+        if len(self.sizes) % 4:
+            raise ValueError(f"sizes holds {len(self.sizes)} bytes, not a whole number of u32")
+        if sum(self.groups) != len(self.sizes) // 4:
+            raise ValueError(f"groups hold {sum(self.groups)} records, sizes name {len(self.sizes) // 4}")
+        if self.nbytes > MAX_PUSH_BYTES:
+            raise ValueError(f"records of {self.nbytes} bytes, more than a push's {MAX_PUSH_BYTES}")
         return self
+
+    @property
+    def record_sizes(self) -> tuple[int, ...]:
+        """Each record's byte length."""
+        return struct.unpack(f"<{len(self.sizes) // 4}I", self.sizes)
 
     @property
     def nbytes(self) -> int:
         """The payload's length."""
-        return sum(self.sizes)
+        return sum(self.record_sizes)
 
     @classmethod
     def of(cls, push: Push, *, batch: str | None = None, rid: int | None = None) -> Trajectories:
         """The header that carries `push` (groups.encode_groups, groups.split_pushes); its payload is push.payload."""
-        return cls(rid=rid, batch=batch, groups=push.groups, sizes=push.sizes,
+        return cls(rid=rid, batch=batch, groups=push.groups, sizes=struct.pack(f"<{len(push.sizes)}I", *push.sizes),
                    sha256=digest(push.payload) if push.payload else "")
 
 

@@ -29,7 +29,7 @@ from echo2sdk.core.records import pack
 from echo2sdk.errors import AuthError, ProtocolError
 
 __all__ = [
-    "MAGIC", "SEALED", "PREFIX_BYTES", "TAG_BYTES", "PREAUTH_MAX_HEADER", "MAX_HEADER", "MAX_WORKER_HEADER", "DEFAULT_MAX_PAYLOAD",
+    "MAGIC", "SEALED", "PREFIX_BYTES", "TAG_BYTES", "PREAUTH_MAX_HEADER", "MAX_HEADER", "MAX_WORKER_HEADER", "MAX_ARRAY", "PEER_MAX_ARRAY", "DEFAULT_MAX_PAYLOAD",
     "Frame", "read_frame", "read_frame_raw", "write_frame", "encode_frame", "send_frame", "recv_frame",
     "recv_exactly_into", "check_prefix", "open_frame", "decode_header", "digest", "DeadlineExceeded",
     "check_deadline",
@@ -44,7 +44,12 @@ PREAUTH_MAX_HEADER = 4 << 10  # every frame before authentication (challenge, he
 MAX_HEADER = 16 << 20  # after authentication, from the coordinator (a worker's frames: MAX_WORKER_HEADER)
 MAX_WORKER_HEADER = 256 << 10  # after authentication, from a worker: its records travel in the payload
 DEFAULT_MAX_PAYLOAD = 8 << 30
-MAX_ARRAY = 1 << 20  # msgpack limits per container (strings and bytes: the header's own length)
+# msgpack limits per container (strings and bytes: the header's own length). msgpack allocates an array's slots
+# when it reads its length, before the items: a header of nested arrays, each declaring the limit and cut short,
+# costs (depth <= 1024) x the limit. Only a worker reading its coordinator needs long arrays (a snapshot plan's
+# chunks and upstream); every other header is read with PEER_MAX_ARRAY (7 ms for the worst such header).
+MAX_ARRAY = 1 << 20
+PEER_MAX_ARRAY = 1 << 10
 MAX_MAP = 1 << 12
 
 
@@ -64,12 +69,13 @@ class Frame(NamedTuple):
     payload_len: int
 
 
-def decode_header(raw: bytes) -> dict[str, Any]:
-    """A frame header: a msgpack map with a string 'type', decoded under limits; ProtocolError if not."""
+def decode_header(raw: bytes, max_array: int = PEER_MAX_ARRAY) -> dict[str, Any]:
+    """A frame header: a msgpack map with a string 'type', decoded under limits (arrays of at most `max_array`
+    items); ProtocolError if not."""
     try:
         header = msgpack.unpackb(
             raw, raw=False, use_list=False, strict_map_key=True, max_str_len=len(raw), max_bin_len=len(raw),
-            max_array_len=MAX_ARRAY, max_map_len=MAX_MAP, max_ext_len=0,
+            max_array_len=max_array, max_map_len=MAX_MAP, max_ext_len=0,
         )
     except Exception as e:  # noqa: BLE001 - msgpack raises several exception types
         raise ProtocolError(f"undecodable frame header: {type(e).__name__}: {str(e)[:80]}") from None
@@ -96,7 +102,7 @@ def check_prefix(
 
 
 def open_frame(
-    prefix: bytes, body: bytes, key: Key | None, plain: tuple[str, ...] = ()
+    prefix: bytes, body: bytes, key: Key | None, plain: tuple[str, ...] = (), max_array: int = PEER_MAX_ARRAY
 ) -> tuple[dict[str, Any], bytes]:
     """The header of a frame whose body (tag + header, or header) was read: the tag is checked first, and a
     plain frame after authentication (`key` given) is accepted only for the message types in `plain`."""
@@ -106,8 +112,8 @@ def open_frame(
         assert key is not None
         if not key.check(bytes(prefix) + raw, tag):
             raise AuthError("frame MAC does not verify (wrong token, or a frame replayed, reordered or tampered with)")
-        return decode_header(raw), raw
-    header = decode_header(body)
+        return decode_header(raw, max_array), raw
+    header = decode_header(body, max_array)
     if key is not None and header["type"] not in plain:
         raise ProtocolError(f"unsealed {str(header['type'])[:40]!r} frame after authentication")
     return header, body
@@ -130,6 +136,7 @@ async def read_frame_raw(
     max_header: int = PREAUTH_MAX_HEADER,
     plain: tuple[str, ...] = (),
     read_payload: bool = True,
+    max_array: int = PEER_MAX_ARRAY,
 ) -> Frame:
     """Read one frame (with `read_payload` false its payload is left on the stream for the caller, who must read
     `payload_len` bytes before the next frame). Raises asyncio.IncompleteReadError on EOF, AuthError on a bad
@@ -138,7 +145,7 @@ async def read_frame_raw(
     prefix = await reader.readexactly(PREFIX_BYTES)
     sealed, hlen, plen = check_prefix(prefix, keyed=key is not None, max_header=max_header, max_payload=max_payload)
     body = await reader.readexactly(hlen + (TAG_BYTES if sealed else 0))
-    header, raw = open_frame(prefix, body, key, plain)
+    header, raw = open_frame(prefix, body, key, plain, max_array)
     payload = await reader.readexactly(plen) if plen and read_payload else b""
     return Frame(header, payload, raw, sealed, plen)
 

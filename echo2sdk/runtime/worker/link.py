@@ -27,7 +27,7 @@ from echo2sdk.runtime.protocol.messages import (
     Tasks,
     WireMessage,
 )
-from echo2sdk.runtime.protocol.wire import DEFAULT_MAX_PAYLOAD
+from echo2sdk.runtime.protocol.wire import DEFAULT_MAX_PAYLOAD, MAX_ARRAY
 
 __all__ = ["CoordinatorLink", "FROM_COORDINATOR", "WITH_PAYLOAD"]
 
@@ -91,7 +91,7 @@ class CoordinatorLink:
             while True:
                 assert self.channel is not None
                 msg, payload = await self.channel.recv(FROM_COORDINATOR, max_payload=DEFAULT_MAX_PAYLOAD,
-                                                       payload_types=WITH_PAYLOAD)
+                                                       payload_types=WITH_PAYLOAD, max_array=MAX_ARRAY)
                 if isinstance(msg, (Snapshot, SnapshotPlan, SnapshotInStore, BaseFiles)):
                     await on_message(msg, payload)
                 elif isinstance(msg, Shutdown):

@@ -7,6 +7,7 @@ under the same id, first thing after the re-join.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import zlib
@@ -48,6 +49,8 @@ class RolloutLoop:
         self.batch = 0
         self.held: tuple[str, list[list[dict[str, Any]]]] | None = None  # a pushed batch the coordinator never acked
         self.done = 0  # rollouts generated
+        self.max_len: int | None = None  # the learner's max_len (WorkerConfig): prompt texts are cut to its bound
+        self.left_out: collections.Counter[str] = collections.Counter()  # groups not pushed, by reason
         self.rate = 0.0  # rollouts per second, smoothed
         self._stale_since: float | None = None
 
@@ -59,6 +62,7 @@ class RolloutLoop:
     async def run(self, cfg: WorkerConfig, worker_id: str) -> None:
         """Until the session stops, a push fails or max_batches are done."""
         n, per_request = cfg.group_size, cfg.tasks_per_request
+        self.max_len = cfg.max_len
         base = SamplingParams(**cfg.sampling.model_dump())
         seed0 = zlib.crc32(worker_id.encode()) << 20  # distinct, reproducible streams per worker
         while True:
@@ -115,10 +119,11 @@ class RolloutLoop:
         its own id). When the connection is lost on the way they are held and pushed again after the re-join
         under the same ids: the coordinator admits a batch once (staleness is judged then, as for any record),
         so nothing generated is lost and nothing is counted twice."""
-        pushes, dropped = await asyncio.to_thread(split_pushes, groups)
+        pushes, dropped = await asyncio.to_thread(split_pushes, groups, MAX_PUSH_BYTES, self.max_len)
         if dropped:
-            log.warning("%d group(s) of batch %s left out: one group's records are over the %d-byte push limit",
-                        dropped, batch_id, MAX_PUSH_BYTES)
+            self.left_out.update(dropped)
+            log.warning("batch %s: group(s) left out of the push: %s (over_push_limit: one group's records are over "
+                        "the %d-byte limit)", batch_id, dropped, MAX_PUSH_BYTES)
         for i, p in enumerate(pushes):
             part = batch_id if len(pushes) == 1 else f"{batch_id}/{i}"
             try:
