@@ -59,7 +59,8 @@ def test_after_max_wait_s_a_step_trains_on_the_informative_groups_it_has():
     feeder.join()
     assert 0.35 < time.perf_counter() - t0 < 1.5 and 0.35 < waited < 1.5
     assert learner.batches == [1] and [g[0].meta.group_id for g in groups] == ["ok-0"] and b.partial == 1
-    assert b.wait_causes["filtered"] > 0 and abs(sum(b.wait_causes.values()) - waited) < 0.01
+    # 4 groups completed during the wait, all filtered: the wait was spent on groups the learner cannot use
+    assert b.wait_causes["filtered"] > 0.3 and abs(sum(b.wait_causes.values()) - waited) < 0.01
 
 
 def test_without_max_wait_s_a_step_waits_for_all_of_its_groups():

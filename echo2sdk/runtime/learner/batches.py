@@ -109,19 +109,20 @@ class Batches:
     def wait(self, k: int) -> float:
         """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
         core/buffer.py), or, with learner.max_wait_s, until that long has passed with learner.min_groups ready
-        (`learn` then trains on those); the time spent is learner_wait_s, split in `wait_causes`: each second of it
-        in which a group was filtered for zero reward variance counts as "filtered", the others as "empty". Every
-        30 s of waiting while groups are being filtered, a warning says so. Raises Stopped when `stop` is set."""
+        (`learn` then trains on those); the time spent is learner_wait_s, split in `wait_causes` by what the pool
+        produced meanwhile: the share of the groups completed during the wait that were filtered for zero reward
+        variance counts as "filtered" (the pool was busy, on groups the learner cannot use), the rest as "empty"
+        (all of it when no group completed). Every 30 s of waiting while groups are being filtered, a warning says
+        so. Raises Stopped when `stop` is set."""
         t0 = time.perf_counter()
-        last_progress = last_note = mark = t0
-        have, filtered = self.buffer.ready_groups(), self.buffer.stats()["filtered_groups"]
-        seen = filtered
+        last_progress = last_note = t0
+        stats = self.buffer.stats()
+        have, filtered, completed = self.buffer.ready_groups(), stats["filtered_groups"], stats["completed_groups"]
         lim = self.limits
         while not self.buffer.wait_for(k, timeout=self._poll(t0)):
             if self.stop.is_set():
                 raise Stopped()
             now = time.perf_counter()
-            seen, mark = self._note_cause(seen, mark, now)
             if lim.max_wait_s is not None and now - t0 >= lim.max_wait_s and self.buffer.ready_groups() >= lim.min_groups:
                 break
             if now - last_note >= 30.0:
@@ -130,7 +131,7 @@ class Batches:
             if self.buffer.ready_groups() != have:
                 have, last_progress = self.buffer.ready_groups(), now
             self._check_progress(now - last_progress, filtered)
-        self._note_cause(seen, mark, time.perf_counter())
+        self._note_causes(time.perf_counter() - t0, filtered, completed)
         if self.buffer.ready_groups() < k:
             log.info("step fills its batch with %d zero-variance group(s): learner.filter_patience=%d x %d groups "
                      "were filtered while it waited", k - self.buffer.ready_groups(), self.limits.filter_patience, k)
@@ -142,12 +143,14 @@ class Batches:
             return 1.0
         return min(1.0, max(0.01, t0 + self.limits.max_wait_s - time.perf_counter()))
 
-    def _note_cause(self, seen: int, since: float, now: float) -> tuple[int, float]:
-        """Add the wait from `since` to `now` to its cause: "filtered" when groups were filtered meanwhile (the
-        buffer's count went past `seen`), else "empty". Returns the new (count, time) to measure from."""
-        filtered = self.buffer.stats()["filtered_groups"]
-        self.wait_causes["filtered" if filtered > seen else "empty"] += now - since
-        return filtered, now
+    def _note_causes(self, waited: float, filtered_before: int, completed_before: int) -> None:
+        """Split `waited` seconds between "filtered" and "empty" by the share of the groups completed meanwhile
+        that were filtered."""
+        stats = self.buffer.stats()
+        completed = stats["completed_groups"] - completed_before
+        share = (stats["filtered_groups"] - filtered_before) / completed if completed else 0.0
+        self.wait_causes["filtered"] += waited * share
+        self.wait_causes["empty"] += waited * (1 - share)
 
     def _check_progress(self, idle_s: float, filtered_before: int) -> None:
         """Raise when waiting cannot end: every local worker exited and none is connected, or no admissible

@@ -73,7 +73,8 @@ def metrics_row(
         "filter_rate_predicted": filter_rate_predicted,
         "rollouts_per_s": rollouts_per_s,
         "useful_rollouts_per_s": useful_rollouts_per_s,
-        # learner_wait_s by cause: groups were completing but filtered (no informative group), or none came
+        # learner_wait_s by cause, split by the share of the groups completed meanwhile that were filtered (the
+        # pool worked on groups the learner cannot use) and the rest (the pool had not produced enough yet)
         "learner_wait_filtered_s": round((wait_causes or {}).get("filtered", 0.0), 4),
         "learner_wait_empty_s": round((wait_causes or {}).get("empty", 0.0), 4),
         "staleness_max": max(deltas), "staleness_mean": statistics.fmean(deltas),
