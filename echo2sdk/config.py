@@ -302,6 +302,11 @@ class SchedulerConfig(_Section):
         "that reach mu_target (provisioning.solver), then keep mu_pool near it: replace failed workers, release surplus ones"
     )
     gamma: float = Field(1.1, ge=1.0, description="safety factor: mu_target = gamma * mu_min(kappa)")
+    max_filter_rate: float = Field(
+        0.75, ge=0, lt=1, description="the pool is sized on useful rollouts, R / (1 - f) a step, with the measured "
+        "filter rate f capped here (0.75: at most 4x the rollouts): above it the task, not the pool, is the problem "
+        "(almost every group has one reward for all), and a warning says so; 0: size on raw rollouts (the paper)"
+    )
     window_s: float = Field(20.0, gt=0, description="sliding window of heartbeat statistics (mu_i, a_i)")
     sustain_s: float = Field(10.0, ge=0, description="act only after capacity has deviated this long")
     release_margin: float = Field(0.5, ge=0, description="release while mu_pool > mu_target * (1 + margin)")

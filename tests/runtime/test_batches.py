@@ -81,3 +81,13 @@ def test_max_wait_s_needs_min_groups_ready():
     waited, _, groups, _ = b.learn(4, 0, learner)
     feeder.join()
     assert learner.batches == [2] and waited > 0.55 and b.partial == 1
+
+
+def test_the_pool_is_sized_on_the_measured_filter_rate_up_to_its_cap(caplog):
+    """scheduler.max_filter_rate: a task whose groups all get one reward (f near 1) is a task problem, not a
+    capacity one; the pool is sized as for the cap, and a warning says why."""
+    from echo2sdk.runtime.learner.metrics import sizing_filter_rate
+
+    assert sizing_filter_rate(0.5, 0.75) == 0.5 and not caplog.records
+    assert sizing_filter_rate(0.98, 0.75) == 0.75 and "check the task's rewards" in caplog.text
+    assert sizing_filter_rate(0.3, 0.0) == 0.0  # 0: sized on raw rollouts, the paper's rule

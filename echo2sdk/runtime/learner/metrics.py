@@ -141,8 +141,10 @@ class RunMetrics:
     """The run's metrics rows (restored from metrics.jsonl on a resume), written through the sinks as they come.
     Read by the status page (`rows`, a list the learner thread appends to) and the live scheduler (`remeasure`)."""
 
-    def __init__(self, out: Path, sinks: Sinks | None, R: int, kappa: int, group_size: int = 0):
+    def __init__(self, out: Path, sinks: Sinks | None, R: int, kappa: int, group_size: int = 0,
+                 max_filter_rate: float = 0.0):
         self.out, self.sinks, self.R, self.kappa, self.group_size = out, sinks, R, kappa, group_size
+        self.max_filter_rate = max_filter_rate  # scheduler.max_filter_rate: the live recalibration's cap on f
         self.rows: list[dict[str, Any]] = []
         self.bytes = 0  # length of metrics.jsonl after the last row (a checkpoint records it)
         self._completed_seen: tuple = (0, 0.0, 0, 0, 0, 0)  # the buffer's COMPLETED counters at the previous step
@@ -189,13 +191,25 @@ class RunMetrics:
         if len(rows) < 5 or not bcasts:
             return None
         return {"T_train": statistics.median(r["t_train_s"] for r in rows), "T_bcast": bcasts[-1],
-                "R": capacity.raw_rate(self.R, self.filter_rate()), "kappa": self.kappa}
+                "R": capacity.raw_rate(self.R, sizing_filter_rate(self.filter_rate(), self.max_filter_rate)),
+                "kappa": self.kappa}
 
     def filter_rate(self, steps: int = 5) -> float:
-        """The filter rate f of the last `steps` steps (the mean of their measured rates; 0 before any), capped at
-        0.95: the pool is sized on R / (1 - f) rollouts a step (issue 35)."""
+        """The filter rate f of the last `steps` steps (the mean of their measured rates; 0 before any)."""
         rates = [r["filter_rate"] for r in self.rows[-steps:] if r.get("filter_rate") is not None]
-        return min(0.95, statistics.fmean(rates)) if rates else 0.0
+        return statistics.fmean(rates) if rates else 0.0
+
+
+def sizing_filter_rate(f: float, cap: float) -> float:
+    """The filter rate the pool is sized on (R / (1 - f) rollouts a step): the measured `f` up to `cap`
+    (scheduler.max_filter_rate). Above it a warning says that the task, not the pool, is short: almost every group
+    has one reward for all its members, and more machines would mostly make more of those."""
+    if f > cap:
+        log.warning("%.0f%% of the groups have one reward for all their members (zero variance, filtered): the pool is "
+                    "sized as for %.0f%% (scheduler.max_filter_rate); check the task's rewards and difficulty",
+                    100 * f, 100 * cap)
+        return cap
+    return f
 
 
 @dataclass(frozen=True)

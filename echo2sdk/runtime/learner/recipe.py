@@ -37,7 +37,7 @@ from echo2sdk.runtime.coordinator import Coordinator
 from echo2sdk.runtime.learner import build, checkpoint, console, distributed
 from echo2sdk.runtime.learner.batches import Batches, DataLimits, Stopped
 from echo2sdk.runtime.learner.calibration import Calibration, Provisioning, decide
-from echo2sdk.runtime.learner.metrics import RunMetrics, metrics_row, shown_level, summary
+from echo2sdk.runtime.learner.metrics import RunMetrics, metrics_row, shown_level, sizing_filter_rate, summary
 from echo2sdk.runtime.learner.publication import Publication
 from echo2sdk.runtime.learner.replay import AuditReplay
 from echo2sdk.runtime.learner.tasks import CountedTasks
@@ -72,7 +72,8 @@ class Trainer:
         self.ops: distributed.Lockstep | None = None  # the learner calls that are collectives under torchrun
         self.coordinator: Coordinator | None = None
         self._run_log: Any = None  # the handler writing run.log, removed at close
-        self.metrics = RunMetrics(self.out, None, cfg.learner.trajectories_per_step, cfg.kappa, cfg.rollout.group_size)
+        self.metrics = RunMetrics(self.out, None, cfg.learner.trajectories_per_step, cfg.kappa, cfg.rollout.group_size,
+                                  cfg.scheduler.max_filter_rate)
         self.last_checkpoint: dict[str, Any] | None = None
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
         self._stop = threading.Event()  # set by the first SIGTERM/SIGINT
@@ -421,7 +422,8 @@ class Trainer:
         measured, state = cal.measure(self._groups_per_step(), steps, join_timeout_s)
         self._keep(state)
         buf = self.buffer.stats()  # the warm-up's filter rate: the pool is sized on useful rollouts (issue 35)
-        measured["filter_rate"] = min(0.95, buf["filtered_groups"] / max(buf["completed_groups"], 1))
+        measured["filter_rate"] = sizing_filter_rate(buf["filtered_groups"] / max(buf["completed_groups"], 1),
+                                                     sc.max_filter_rate)
         out = decide(measured, cal.prices(sc.prices), R=L.trajectories_per_step, S=L.staleness, kappa=cfg.kappa,
                      gamma=sc.gamma, solver=cfg.provisioning.solver)
         log.info("warm-up calibration:\n%s", out["decision"])

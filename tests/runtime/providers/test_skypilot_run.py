@@ -75,6 +75,7 @@ max_new_tokens = 12
 steps = 400
 trajectories_per_step = 8
 staleness = 3
+filter_zero_variance = false  # tiny-random's rewards are all 0: with filtering the pool would be sized for f = 0.75
 [run]
 out = "{out}"
 port = {port}
