@@ -13,14 +13,13 @@ to choose from (:func:`echo2sdk.sim.paper.paper_pool`), several seeds each; `doc
 
 from __future__ import annotations
 
-import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 from echo2sdk.sim.engine import simulate
 from echo2sdk.sim.paper import base_config, paper_pool
+from echo2sdk.sim.results import timed_grid
 
 __all__ = ["filter_grid", "filter_lines", "run_filter"]
 
@@ -76,10 +75,4 @@ def filter_lines(results: dict[str, Any]) -> list[str]:
 
 def run_filter(out: str | Path, *, quick: bool = False) -> dict[str, Any]:
     """Run the grid (`quick`: 1 seed x 16 steps, a smoke run), write DIR/filter.json, return the results."""
-    t0 = time.perf_counter()
-    results = filter_grid(seeds=(0,), steps=16) if quick else filter_grid()
-    results["elapsed_s"] = time.perf_counter() - t0
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "filter.json").write_text(json.dumps(results, indent=2))
-    return results
+    return timed_grid(out, "filter", lambda: filter_grid(seeds=(0,), steps=16) if quick else filter_grid())

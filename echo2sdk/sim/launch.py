@@ -13,14 +13,13 @@ early activation off/on, on the paper's 8B deployment with the mixed-price catal
 
 from __future__ import annotations
 
-import json
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 from echo2sdk.sim.engine import simulate
 from echo2sdk.sim.paper import base_config, mixed_pool
+from echo2sdk.sim.results import timed_grid
 
 __all__ = ["LAUNCHES", "launch_grid", "launch_lines", "run_launch"]
 
@@ -92,10 +91,4 @@ def launch_lines(results: dict[str, Any]) -> list[str]:
 
 def run_launch(out: str | Path, *, quick: bool = False) -> dict[str, Any]:
     """Run the grid (`quick`: 2 seeds x 24 steps, a smoke run), write DIR/launch.json, return the results."""
-    t0 = time.perf_counter()
-    results = launch_grid(seeds=(0, 1), steps=24) if quick else launch_grid()
-    results["elapsed_s"] = time.perf_counter() - t0
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "launch.json").write_text(json.dumps(results, indent=2))
-    return results
+    return timed_grid(out, "launch", lambda: launch_grid(seeds=(0, 1), steps=24) if quick else launch_grid())

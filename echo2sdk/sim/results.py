@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import statistics
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from echo2sdk.core import capacity
 from echo2sdk.sim.accounting import Ledger
 from echo2sdk.sim.inputs import SimConfig
 
-__all__ = ["SimResult", "summarize", "publication_rows"]
+__all__ = ["SimResult", "summarize", "publication_rows", "timed_grid"]
 
 
 @dataclass
@@ -53,6 +56,18 @@ class SimResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def timed_grid(out: str | Path, name: str, grid: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a scenario's `grid`, note its elapsed seconds, write DIR/<name>.json and return the results (the
+    `echo2 simulate` scenarios launch and filter)."""
+    t0 = time.perf_counter()
+    results = grid()
+    results["elapsed_s"] = time.perf_counter() - t0
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2))
+    return results
 
 
 def publication_rows(
