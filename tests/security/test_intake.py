@@ -328,8 +328,8 @@ def test_a_record_larger_than_any_admissible_one_is_read_past_not_held(loop):
     held: list[int] = []
     read = intake.Intake._read
 
-    async def spy(self, conn, msg):
-        blobs = await read(self, conn, msg)
+    async def spy(self, conn, msg, sizes):
+        blobs = await read(self, conn, msg, sizes)
         held.extend(len(b) if b is not None else -1 for b in blobs)
         return blobs
 

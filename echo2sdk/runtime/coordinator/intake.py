@@ -15,9 +15,9 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.core.records import Trajectory, prompt_chars, text_limit
+from echo2sdk.core.records import Trajectory, text_limit
 from echo2sdk.errors import ProtocolError, TrajectoryRejected
-from echo2sdk.runtime.protocol.groups import decode_record, record_limit
+from echo2sdk.runtime.protocol.groups import cut_prompt, decode_record, record_limit
 from echo2sdk.runtime.protocol.messages import Ack, Trajectories, shown
 
 if TYPE_CHECKING:
@@ -48,23 +48,24 @@ class Intake:
         buffer takes its own lock) and counted here, on the loop: a push of a thousand groups holds up no other
         worker's messages. None, with the worker quarantined, when a record lies about its sender or version
         (nothing of the push is admitted)."""
-        if conn.channel.unread != msg.nbytes:
-            raise ProtocolError(f"trajectories: a {conn.channel.unread}-byte payload for records of {msg.nbytes} bytes")
-        blobs = await self._read(conn, msg)
+        sizes = msg.record_sizes  # unpacked once for the checks, the read and the intake
+        if conn.channel.unread != sum(sizes):
+            raise ProtocolError(f"trajectories: a {conn.channel.unread}-byte payload for records of {sum(sizes)} bytes")
+        blobs = await self._read(conn, msg, sizes)
         if msg.batch is not None:
             if msg.batch in conn.info.batches:
                 return Ack(rid=msg.rid, accepted=0, duplicate=True)
             conn.info.batches.append(msg.batch)  # now: a re-send arriving during the intake is a duplicate
         loop = asyncio.get_running_loop()
         accepted, rejections, lie = await loop.run_in_executor(
-            None, self._intake, msg, blobs, conn.worker_id, frozenset(conn.info.installed))
+            None, self._intake, msg.groups, blobs, sizes, conn.worker_id, frozenset(conn.info.installed))
         if lie is not None:
             self.registry.quarantine(conn.worker_id, lie)
             return None
         self._count(conn, accepted, rejections)
         return Ack(rid=msg.rid, accepted=accepted, rejected=[e.reason for _, e in rejections])
 
-    async def _read(self, conn: Conn, msg: Trajectories) -> list[memoryview | None]:
+    async def _read(self, conn: Conn, msg: Trajectories, sizes: tuple[int, ...]) -> list[memoryview | None]:
         """Each record's bytes, read and hashed on the loop in spans of at most READ_SPAN bytes (a span is one
         await: many small records are not one await each); a record larger than any admissible one
         (groups.record_limit) is read past and never held (None). ProtocolError unless the payload's SHA-256 is
@@ -85,7 +86,7 @@ class Intake:
             span.clear()
             pending = 0
 
-        for size in msg.record_sizes:
+        for size in sizes:
             if size > limit:
                 await flush()
                 await conn.channel.skip_payload(size, hasher)
@@ -96,11 +97,11 @@ class Intake:
             span.append(size)
             pending += size
         await flush()
-        if msg.sha256 != (hasher.hexdigest() if msg.nbytes else ""):
+        if msg.sha256 != (hasher.hexdigest() if sum(sizes) else ""):
             raise ProtocolError("trajectories: the payload does not match the SHA-256 in its sealed header")
         return blobs
 
-    def _intake(self, msg: Trajectories, blobs: list[memoryview | None], worker_id: str,
+    def _intake(self, groups: tuple[int, ...], blobs: list[memoryview | None], sizes: tuple[int, ...], worker_id: str,
                 installed: frozenset[int]) -> tuple[int, list[tuple[int, TrajectoryRejected]], str | None]:
         """Decode and validate every group, then buffer them (on an executor thread: it touches only the
         buffer). Every record is attributed to `worker_id`, the authenticated sender: a record that names no
@@ -109,12 +110,14 @@ class Intake:
         naming another worker, or a version it never reported installed, of the `installed` ones): then nothing
         is buffered."""
         decoded: list[list[Trajectory] | TrajectoryRejected] = []
-        records = iter(zip(blobs, msg.record_sizes))
-        for n in msg.groups:  # one group at a time: a rejected group's objects are freed before the next is built
+        records = iter(zip(blobs, sizes))
+        for n in groups:  # one group at a time: a rejected group's objects are freed before the next is built
             time.sleep(0)  # let the event loop's thread take the interpreter lock between groups (it waits 5 ms else)
             group = list(itertools.islice(records, n))  # taken whole: a bad record must not shift the next group
             try:
                 maps = [self._decode(b, size) for b, size in group]
+                for m in maps:  # a long document's whole text beside truncated ids: its end kept (as the worker does)
+                    m["prompt"] = cut_prompt(m["prompt"], text_limit(self.max_len))
                 lie = _lie(maps, worker_id, installed)  # before validation: a lie beside a bad value is a lie
                 if lie is not None:
                     return 0, [], lie
@@ -124,11 +127,11 @@ class Intake:
             except Exception as e:  # noqa: BLE001 - whatever a peer's values make the checks raise, a group's fate
                 decoded.append(TrajectoryRejected("schema", "record", type(e).__name__, str(e)[:200]))
         accepted, rejections = 0, []
-        for n, records in zip(msg.groups, decoded):
+        for n, records in zip(groups, decoded):
             try:
                 if isinstance(records, TrajectoryRejected):
                     raise records
-                records = [_bounded_prompt(_attributed(t, worker_id), self.max_len) for t in records]
+                records = [_attributed(t, worker_id) for t in records]
                 self.buffer.add_group(records, vocab_size=self.vocab_size, max_len=self.max_len)
                 accepted += len(records)
             except TrajectoryRejected as e:
@@ -181,21 +184,3 @@ def _attributed(t: Trajectory, worker_id: str) -> Trajectory:
         return t
     return t.model_copy(update={"meta": t.meta.model_copy(update={"worker": worker_id})})
 
-
-def _bounded_prompt(t: Trajectory, max_len: int) -> Trajectory:
-    """`t` with its prompt text cut to the text bound (records.text_limit: 64 characters a token of max_len, the
-    end kept): a worker keeps a long document's whole text while its prompt_ids were truncated to fit max_len,
-    and the learner trains on the ids. A response over the bound is still refused (its text is what its ids
-    decode to), and so is a chat prompt with more messages than max_len."""
-    limit = text_limit(max_len)
-    if prompt_chars(t.prompt) <= limit:
-        return t
-    if isinstance(t.prompt, str):
-        return t.model_copy(update={"prompt": t.prompt[-limit:]})
-    kept, room = [], limit
-    for m in reversed(t.prompt):  # the newest messages, whole, then the end of the one that does not fit
-        if room <= 0:
-            break
-        kept.append(m if len(m.content) <= room else m.model_copy(update={"content": m.content[-room:]}))
-        room -= len(kept[-1].content)
-    return t.model_copy(update={"prompt": tuple(reversed(kept))})

@@ -16,7 +16,7 @@ the SHA-256 of the payload; the payload holds the records one after the other, e
 `decode_record` reads a record back into the wire map `Trajectory.from_wire` validates, so a record meets the same
 checks as when it travelled as msgpack; only its layout is checked here, against the run's max_len and before
 anything is allocated for it: a record's bytes at most `record_limit(max_len)`, its lengths adding up to exactly its
-bytes, its meta part at most `meta_limit(max_len)` and decoded with msgpack limits. Token ids and log-probs never
+bytes, its meta part at most MAX_META_BYTES and decoded with msgpack limits. Token ids and log-probs never
 become msgpack objects (one C call per array), so no record holds the interpreter for long (the intake decodes on a
 thread of the coordinator's executor; its event loop keeps serving the other workers).
 """
@@ -32,11 +32,12 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from echo2sdk.core.checks import shown
 from echo2sdk.core.records import MAX_CHARS_PER_TOKEN, MAX_EXTRA_CHARS, MAX_EXTRA_KEYS, MAX_ID_CHARS, pack, text_limit
 from echo2sdk.errors import TrajectoryRejected
 
 __all__ = ["Push", "encode_record", "decode_record", "encode_groups", "split_pushes", "cut_prompt", "record_limit",
-           "meta_limit", "MAX_PUSH_BYTES", "MAX_RECORDS", "NO_MASK", "ROLES"]
+           "MAX_META_BYTES", "MAX_PUSH_BYTES", "MAX_RECORDS", "NO_MASK", "ROLES"]
 
 MAX_PUSH_BYTES = 16 << 20  # one push's payload; a worker splits a larger batch into several pushes (by groups)
 MAX_RECORDS = 1 << 14  # records of one push
@@ -47,10 +48,9 @@ ROLES = ("system", "user", "assistant", "tool")  # a chat message's role, by its
 _ROLE_CODES = {r: i for i, r in enumerate(ROLES)}
 _SWAP = sys.byteorder != "little"
 log = logging.getLogger("echo2sdk.worker")
-# one record's bytes besides its texts and arrays: the fixed head and the meta map's own fields (ids, numbers);
-# meta.extra (MAX_EXTRA_KEYS keys and strings) and the roles are counted separately in meta_limit
-_META_FIXED = 4096 + 2 * 4 * MAX_ID_CHARS
-_EXTRA_BYTES = 4 * MAX_EXTRA_CHARS + 16 * MAX_EXTRA_KEYS  # UTF-8 keys and strings; each entry's headers and number
+# the most bytes a record's meta map takes: its own fields (two ids, numbers, flags) and meta.extra at its bounds
+# (records.py: UTF-8 keys and strings, each entry's headers and number)
+MAX_META_BYTES = 4096 + 2 * 4 * MAX_ID_CHARS + 4 * MAX_EXTRA_CHARS + 16 * MAX_EXTRA_KEYS
 
 
 class Push(NamedTuple):
@@ -61,17 +61,12 @@ class Push(NamedTuple):
     payload: bytes
 
 
-def meta_limit(max_len: int) -> int:
-    """The most bytes a record's meta map takes: its fields and meta.extra at its bounds (records.py)."""
-    return _META_FIXED + _EXTRA_BYTES
-
-
 def record_limit(max_len: int) -> int:
     """The most bytes one admissible record takes: the meta map, the prompt and response texts at their bound
     (records.text_limit, 4 bytes a character at most in UTF-8) with a length per message, and max_len tokens of
     ids (4 bytes), log-probs (8) and loss mask (1). A record over it is refused before it is decoded."""
     texts = 2 * 4 * MAX_CHARS_PER_TOKEN * max_len + 5 * (max_len + 2)  # + a length and a role each
-    return _HEAD.size + meta_limit(max_len) + texts + (4 + 8 + 1) * max_len
+    return _HEAD.size + MAX_META_BYTES + texts + (4 + 8 + 1) * max_len
 
 
 def encode_record(rec: Mapping[str, Any], text_limit: int | None = None) -> bytes:
@@ -111,8 +106,8 @@ def decode_record(blob: bytes | memoryview, *, max_len: int) -> dict[str, Any]:
     if view.nbytes < _HEAD.size:
         raise TrajectoryRejected("schema", "record", f"{view.nbytes} bytes", f"shorter than its {_HEAD.size}-byte head")
     n_meta, n_texts, n_prompt, n_response, n_logprobs, n_mask = _HEAD.unpack_from(view)
-    if n_meta > meta_limit(max_len):
-        raise TrajectoryRejected("schema", "record.meta", f"{n_meta} bytes", f"more than {meta_limit(max_len)}")
+    if n_meta > MAX_META_BYTES:
+        raise TrajectoryRejected("schema", "record.meta", f"{n_meta} bytes", f"more than {MAX_META_BYTES}")
     if n_texts == 0:
         raise TrajectoryRejected("schema", "record.texts", 0, "a record has a response text at least")
     if n_texts > max_len + 1:  # every chat message costs a token at least (records.check_admissible)
@@ -158,8 +153,12 @@ def decode_record(blob: bytes | memoryview, *, max_len: int) -> dict[str, Any]:
 
 def encode_groups(groups: Sequence[Sequence[Mapping[str, Any]]]) -> Push:
     """One push of `groups` (wire maps): records per group, their byte lengths, the payload."""
-    blobs = [[encode_record(r) for r in g] for g in groups]
-    return Push([len(g) for g in blobs], [len(b) for g in blobs for b in g], b"".join(b for g in blobs for b in g))
+    return _push([[encode_record(r) for r in g] for g in groups])
+
+
+def _push(groups: Sequence[Sequence[bytes]]) -> Push:
+    """The Push of groups of encoded records."""
+    return Push([len(g) for g in groups], [len(b) for g in groups for b in g], b"".join(b for g in groups for b in g))
 
 
 def split_pushes(groups: Sequence[Sequence[Mapping[str, Any]]], limit: int = MAX_PUSH_BYTES,
@@ -176,7 +175,7 @@ def split_pushes(groups: Sequence[Sequence[Mapping[str, Any]]], limit: int = MAX
 
     def flush() -> None:
         if cur:
-            pushes.append(Push([len(g) for g in cur], [len(b) for g in cur for b in g], b"".join(b for g in cur for b in g)))
+            pushes.append(_push(cur))
             cur.clear()
 
     for g in groups:
@@ -201,8 +200,11 @@ def split_pushes(groups: Sequence[Sequence[Mapping[str, Any]]], limit: int = MAX
 
 
 def cut_prompt(prompt: Any, limit: int) -> Any:
-    """A wire map's prompt with at most `limit` characters of text: a text's end, or the newest chat messages
-    whole and then the end of the one that does not fit (the intake's rule, records.text_limit)."""
+    """A wire map's prompt with at most `limit` characters of text (records.text_limit): a text's end, or the newest
+    chat messages whole and then the end of the one that does not fit. A worker keeps a long document's whole text
+    while its prompt_ids were truncated to fit max_len, and the learner trains on the ids: the worker cuts before
+    encoding, the intake again for any other sender. A response over the bound is still refused (its text is what
+    its ids decode to), and so is a chat prompt with more messages than max_len."""
     if isinstance(prompt, str):
         return prompt if len(prompt) <= limit else prompt[-limit:]
     if sum(len(m["content"]) for m in prompt) <= limit:
@@ -246,10 +248,6 @@ def _meta(raw: memoryview) -> dict[str, Any]:
         raise TrajectoryRejected("schema", "record.meta", type(head).__name__, "a map")
     unknown = next((k for k in head if k not in _META_KEYS), None)
     if unknown is not None:
-        raise TrajectoryRejected("schema", "record.meta", _shown(unknown), "not a field of a record")
+        raise TrajectoryRejected("schema", "record.meta", shown(unknown, 60), "not a field of a record")
     return head
 
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
