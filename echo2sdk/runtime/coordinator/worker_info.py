@@ -33,4 +33,4 @@ class WorkerInfo:
     batches: deque[str] = field(default_factory=lambda: deque(maxlen=64), repr=False)  # recent pushes' ids
     installed: set[int] = field(default_factory=set, repr=False)  # published versions it reported installed (audit)
     adapter_failures: dict[str, int] = field(default_factory=dict)  # rollouts its adapter failed, by reason
-    groups_dropped: int = 0  # groups it did not send because a member's rollout failed
+    groups_dropped: int = 0  # groups it did not send: a member's rollout failed, or the push's layout could not hold it

@@ -362,7 +362,8 @@ class RolloutWorker:
         while not self.link.stop.is_set():
             await self.link.notify(Heartbeat(version=self.version, rollouts=self.loop.done,
                                              rollouts_per_s=self.loop.rate, failures=self.stats.failures.as_dict(),
-                                             groups_dropped=self.stats.groups_dropped + self.episode_stats.dropped_groups))
+                                             groups_dropped=self.stats.groups_dropped + self.episode_stats.dropped_groups
+                                             + sum(self.loop.left_out.values())))
             await asyncio.sleep(every)
 
     async def install_pending(self) -> None:

@@ -50,7 +50,7 @@ class RolloutLoop:
         self.held: tuple[str, list[list[dict[str, Any]]]] | None = None  # a pushed batch the coordinator never acked
         self.done = 0  # rollouts generated
         self.max_len: int | None = None  # the learner's max_len (WorkerConfig): prompt texts are cut to its bound
-        self.left_out: collections.Counter[str] = collections.Counter()  # groups not pushed, by reason
+        self.left_out: collections.Counter[str] = collections.Counter()  # groups not pushed, by reason (heartbeats)
         self.rate = 0.0  # rollouts per second, smoothed
         self._stale_since: float | None = None
 
@@ -121,7 +121,6 @@ class RolloutLoop:
         so nothing generated is lost and nothing is counted twice."""
         pushes, dropped = await asyncio.to_thread(split_pushes, groups, MAX_PUSH_BYTES, self.max_len)
         if dropped:
-            self.left_out.update(dropped)
             log.warning("batch %s: group(s) left out of the push: %s (over_push_limit: one group's records are over "
                         "the %d-byte limit)", batch_id, dropped, MAX_PUSH_BYTES)
         for i, p in enumerate(pushes):
@@ -136,6 +135,7 @@ class RolloutLoop:
             if ack.rejected:
                 log.warning("coordinator rejected %d group(s): %s", len(ack.rejected), shown(list(ack.rejected), 200))
         self.held = None
+        self.left_out.update(dropped)  # once the batch is through: a held batch is split (and drops) again
         return True
 
 
