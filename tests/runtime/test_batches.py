@@ -91,3 +91,19 @@ def test_the_pool_is_sized_on_the_measured_filter_rate_up_to_its_cap(caplog):
     assert sizing_filter_rate(0.5, 0.75) == 0.5 and not caplog.records
     assert sizing_filter_rate(0.98, 0.75) == 0.75 and "check the task's rewards" in caplog.text
     assert sizing_filter_rate(0.3, 0.0) == 0.0  # 0: sized on raw rollouts, the paper's rule
+
+
+def test_the_fallback_says_it_fills_the_batch_and_a_partial_batch_does_not(caplog):
+    caplog.set_level("INFO", logger="echo2sdk.trainer")
+    fallback = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True, fallback_after=2)
+    feeder = _feed(fallback, [_group(f"flat-{i}", (1.0, 1.0)) for i in range(2)], 0.05)
+    b, learner = _batches(fallback), _Learner()
+    b.learn(2, 0, learner)
+    feeder.join()
+    assert learner.batches == [2] and "fills its batch with 2 zero-variance group(s)" in caplog.text
+    caplog.clear()
+    partial = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
+    partial.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
+    b, learner = _batches(partial, max_wait_s=0.2), _Learner()
+    b.learn(4, 0, learner)
+    assert learner.batches == [1] and "fills its batch" not in caplog.text

@@ -131,11 +131,13 @@ class Batches:
             if self.buffer.ready_groups() != have:
                 have, last_progress = self.buffer.ready_groups(), now
             self._check_progress(now - last_progress, filtered)
-        self._note_causes(time.perf_counter() - t0, filtered, completed)
-        if self.buffer.ready_groups() < k:
+        waited = time.perf_counter() - t0
+        self._note_causes(waited, filtered, completed)
+        ready = self.buffer.ready_groups()
+        if ready < k and self.buffer.wait_for(k, timeout=0):  # not a partial batch (learner.max_wait_s): the fallback
             log.info("step fills its batch with %d zero-variance group(s): learner.filter_patience=%d x %d groups "
-                     "were filtered while it waited", k - self.buffer.ready_groups(), self.limits.filter_patience, k)
-        return time.perf_counter() - t0
+                     "were filtered while it waited", k - ready, self.limits.filter_patience, k)
+        return waited
 
     def _poll(self, t0: float) -> float:
         """How long one wait for the batch may block: 1 s, less when learner.max_wait_s is due sooner."""

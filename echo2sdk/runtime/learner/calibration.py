@@ -16,7 +16,7 @@ from echo2sdk.core import capacity
 from echo2sdk.errors import CapacityError, Echo2Error
 from echo2sdk.runtime.learner.batches import Batches
 from echo2sdk.runtime.learner.console import event_log
-from echo2sdk.runtime.learner.metrics import RunMetrics
+from echo2sdk.runtime.learner.metrics import RunMetrics, filtered_share
 from echo2sdk.runtime.learner.publication import Publication
 from echo2sdk.runtime.trust.plugin_policy import allowances
 
@@ -57,7 +57,9 @@ class Calibration:
         self.workers, self.logs = workers, logs
 
     def measure(self, k: int, steps: int = 5, join_timeout_s: float = 120.0) -> tuple[dict[str, Any], dict[str, Any]]:
-        """T_train, its `steps` samples, T_bcast and mu per worker; and the state published to time T_bcast."""
+        """T_train, its `steps` samples, T_bcast, mu per worker and the filter rate (the share of the groups completed
+        so far that dynamic sampling dropped: the pool is sized on useful rollouts); and the state published to time
+        T_bcast."""
         self.batches.wait(k)
         groups = self.batches.buffer.sample(k)
         own = self._await_own_rates(join_timeout_s)
@@ -66,7 +68,8 @@ class Calibration:
             times = [self.learner.step(groups).t_train_s for _ in range(steps)]
         t_bcast, state = self._time_publication(join_timeout_s)
         mu = self._delivered_rates(time.monotonic() - t_a, got_a, own)
-        return {"T_train": statistics.median(times), "T_train_steps": times, "T_bcast": t_bcast, "mu": mu}, state
+        return {"T_train": statistics.median(times), "T_train_steps": times, "T_bcast": t_bcast, "mu": mu,
+                "filter_rate": filtered_share(self.batches.buffer.stats())}, state
 
     def _await_own_rates(self, timeout_s: float) -> dict[str, float]:
         """Wait until every joined worker has measured itself once; their own generation rates."""

@@ -22,7 +22,7 @@ from echo2sdk.runtime.sinks import Sinks, sample_rows
 if TYPE_CHECKING:
     from echo2sdk.core.learner import StepStats
 
-__all__ = ["metrics_row", "rollout_means", "shown_level", "RunMetrics", "summary", "COMPLETED"]
+__all__ = ["filtered_share", "sizing_filter_rate", "metrics_row", "rollout_means", "shown_level", "RunMetrics", "summary", "COMPLETED"]
 
 log = logging.getLogger("echo2sdk.trainer")
 
@@ -200,6 +200,11 @@ class RunMetrics:
         return statistics.fmean(rates) if rates else 0.0
 
 
+def filtered_share(buffer_stats: Mapping[str, Any]) -> float:
+    """The share of the completed groups that dynamic sampling filtered so far (StalenessBuffer.stats())."""
+    return buffer_stats.get("filtered_groups", 0) / max(buffer_stats.get("completed_groups", 0), 1)
+
+
 def sizing_filter_rate(f: float, cap: float) -> float:
     """The filter rate the pool is sized on (R / (1 - f) rollouts a step): the measured `f` up to `cap`
     (scheduler.max_filter_rate). Above it a warning says that the task, not the pool, is short: almost every group
@@ -244,8 +249,7 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
         mu_min: float | str = capacity.mu_min(t.T_train, t.T_bcast, R, kappa)
     except CapacityError as e:
         mu_min = str(e)
-    buf = rest.get("buffer") or {}
-    f = buf.get("filtered_groups", 0) / max(buf.get("completed_groups", 0), 1)
+    f = filtered_share(rest.get("buffer") or {})
     return {
         "steps": len(rows),
         "wall_s": round(wall_s, 2),

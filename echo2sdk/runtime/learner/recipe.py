@@ -37,7 +37,14 @@ from echo2sdk.runtime.coordinator import Coordinator
 from echo2sdk.runtime.learner import build, checkpoint, console, distributed
 from echo2sdk.runtime.learner.batches import Batches, DataLimits, Stopped
 from echo2sdk.runtime.learner.calibration import Calibration, Provisioning, decide
-from echo2sdk.runtime.learner.metrics import RunMetrics, metrics_row, shown_level, sizing_filter_rate, summary
+from echo2sdk.runtime.learner.metrics import (
+    RunMetrics,
+    filtered_share,
+    metrics_row,
+    shown_level,
+    sizing_filter_rate,
+    summary,
+)
 from echo2sdk.runtime.learner.publication import Publication
 from echo2sdk.runtime.learner.replay import AuditReplay
 from echo2sdk.runtime.learner.tasks import CountedTasks
@@ -313,7 +320,7 @@ class Trainer:
             "rejected": sum(coord.rejected.values()),
             "evicted": buf["evicted"],
             "groups_filtered": buf["filtered_groups"],
-            "groups_filtered_frac": round(buf["filtered_groups"] / max(buf["completed_groups"], 1), 4),
+            "groups_filtered_frac": round(filtered_share(buf), 4),
             "workers_alive": len(coord.alive_workers()),
             "broadcast_repairs": coord.repairs_reported,
             "workers_quarantined": coord.quarantines,
@@ -421,9 +428,7 @@ class Trainer:
                           workers=cfg.rollout.workers + len(initial), logs=self.out / "workers")
         measured, state = cal.measure(self._groups_per_step(), steps, join_timeout_s)
         self._keep(state)
-        buf = self.buffer.stats()  # the warm-up's filter rate: the pool is sized on useful rollouts (issue 35)
-        measured["filter_rate"] = sizing_filter_rate(buf["filtered_groups"] / max(buf["completed_groups"], 1),
-                                                     sc.max_filter_rate)
+        measured["filter_rate"] = sizing_filter_rate(measured["filter_rate"], sc.max_filter_rate)
         out = decide(measured, cal.prices(sc.prices), R=L.trajectories_per_step, S=L.staleness, kappa=cfg.kappa,
                      gamma=sc.gamma, solver=cfg.provisioning.solver)
         log.info("warm-up calibration:\n%s", out["decision"])
