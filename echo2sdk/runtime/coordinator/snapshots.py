@@ -82,6 +82,9 @@ class Snapshots:
         peers = [c for c in self.registry.conns.values() if c.info.alive]
         # T_bcast counts the active rollout pool (paper §4.2); idle standby workers still get the snapshot
         active = {p.worker_id for p in peers if p.info.active}
+        if not self.bcast:  # this coordinator's first publication settles the versions hellos claimed before it
+            for c in self.registry.conns.values():
+                c.info.installed -= {v for v in c.info.installed if v >= version}
         self.bcast[version] = {
             "t0": time.monotonic(),
             "expected": active or {p.worker_id for p in peers},
@@ -280,9 +283,12 @@ class Snapshots:
     def note_installed(self, conn: Conn, version: int) -> None:
         """Record a version the worker reports installed: a published one only (nothing else exists; with
         kappa > 1 the versions between publications never leave the learner), or one from before a resume
-        (below the first this coordinator published, in `bcast`: not known here)."""
+        (below the first this coordinator published, in `bcast`: not known here). Before that first publication
+        a claimed version is kept until it settles them (a resumed run's orphan worker may re-join first)."""
         first = next(iter(self.bcast), None)
-        if first is not None and (version in self.bcast or 0 < version < first):
+        if first is None and version > 0:  # nothing published here yet (a resumed run's orphan re-joining early):
+            conn.info.installed.add(version)  # kept; the first publication drops it unless it is below that one
+        elif first is not None and (version in self.bcast or 0 < version < first):
             conn.info.installed.add(version)
 
     # -- bootstrap (runtime/broadcast/bootstrap.py) ------------------------------------------------------------
