@@ -245,21 +245,26 @@ def test_one_credential_holds_at_most_four_connections_and_a_rejoin_is_not_count
 def test_only_published_versions_count_as_installed():
     """With kappa > 1 the versions between publications never leave the learner: a worker reporting one
     installed gets nothing recorded, so a record claiming it quarantines it (and could never be replayed).
-    Versions below the first this coordinator published (from before a resume) are taken as they come."""
+    Versions below the first this coordinator published (from before a resume) are taken as they come; one
+    claimed before that first publication (a resumed run's orphan re-joining early) is kept until the publication
+    settles it: below it stays, from it on is dropped."""
     from types import SimpleNamespace
 
     c = make_coordinator()
     try:
-        conn = SimpleNamespace(info=SimpleNamespace(installed=set()))
-        c.snapshots.note_installed(conn, 0)
+        conn = SimpleNamespace(worker_id="orphan", info=SimpleNamespace(installed=set(), alive=False, active=False))
+        c.snapshots.note_installed(conn, 0)  # the base is never a claim
         c.snapshots.note_installed(conn, 1)
-        assert conn.info.installed == set()  # nothing published yet
+        c.snapshots.note_installed(conn, 11)
+        assert conn.info.installed == {1, 11}  # nothing published yet: kept, unsettled
+        c.snapshots.registry.conns["orphan"] = conn  # a known connection (not alive: sent nothing)
         for v in (10, 12):
             c.publish(v, b"snapshot")
         assert wait(lambda: c.snapshots.latest is not None and c.snapshots.latest[0] == 12, 5)
+        assert conn.info.installed == {1}  # 11 is not below the first publication (10) and was never published
         for v in (8, 10, 11, 12, 13):
             c.snapshots.note_installed(conn, v)
-        assert conn.info.installed == {8, 10, 12}
+        assert conn.info.installed == {1, 8, 10, 12}
     finally:
         c.stop()
 
