@@ -27,24 +27,29 @@ processes, through echo2sdk's Trainer), then TRL's GRPOTrainer (generation in-pr
     learner.threads                     torch.set_num_threads in the TRL process (both: --threads, default all cores)
     run.seed                            seed
 
-One change to the main job on the echo2 side: learner.filter_zero_variance = false. TRL trains on every
-group, so both sides then consume R completions per step and "accuracy" means the same thing: the fraction
-of the step's R training completions the math adapter scores correct (echo2's metrics.jsonl `accuracy`;
-TRL: the reward function's scores of the step's generation batch). With dynamic sampling on, echo2's
-accuracy would count informative groups only (no all-right, no all-wrong group) and not compare.
+The echo2 side runs as the main job does, with dynamic sampling (learner.filter_zero_variance = true: a group
+whose members all got the same reward is not trained on) and learner.max_wait_s (--max-wait-s, default 3 s: a
+step that has waited that long trains on the informative groups it has). Its accuracy of a step is then
+`rollout_accuracy`: the fraction of every completion the workers delivered since the previous step that the
+math adapter scores correct, filtered groups included; TRL's is that of the step's generation batch (TRL
+trains on every group). Both count what the policy generated, not what was trained on. A step at which no
+group completed has no accuracy and is left out of both curves and windows. --filter off is the earlier
+comparison: learner.filter_zero_variance = false, no max_wait_s, and the accuracy of the R completions each
+side trains on.
 
 Correctness level: TRL's mean accuracy over its last 5 steps (fewer when --steps < 5). Each side's time to
 reach it: the wall time (from the start of its process's work, imports excluded, model loading and worker
 start-up included) at the end of the first step whose trailing 5-step mean accuracy reaches the level.
-ratio = echo2's time / TRL's time; the goal is ratio <= 1.0.
+ratio = echo2's time / TRL's time; the goal is ratio <= 0.5 (issue 35). Also printed: each side's trailing
+5-step mean accuracy at TRL's total wall time (over the last 5 steps that ended by then).
 
 Prints JSON lines: the parameters (both sides' settings and what differs), one line per side with its
 per-step wall time, accuracy and reward, and the comparison; draws accuracy vs wall time and vs step for
 both in one PNG (--png).
 
-    # the comparison in docs/recipes.md (SmolLM2-135M, 20 steps each, nothing else running on the machine):
-    # ~18 min on 2 cores (echo2 ~7 min at 20 s/step, TRL ~11 min at 34 s/step)
-    .venv/bin/python bench/vs_trl.py --model smollm2-135m --steps 20 --png runs/vs_trl/vs_trl_t12.png
+    # the comparison in docs/recipes.md (SmolLM2-135M, math level 2, 25 steps each, two seeds, nothing else
+    # running on the machine): ~15-20 min a seed on 2 cores
+    .venv/bin/python bench/vs_trl.py --steps 25 --set task.options.difficulty=2 --set run.seed=0 --png runs/vs_trl/l2_s0.png
     # the smoke path (tests/test_benchmarks.py):
     .venv/bin/python bench/vs_trl.py --model tiny-random --steps 2 --set rollout.max_new_tokens=8
 
@@ -81,13 +86,25 @@ DIFFERS = [
 
 
 # -- the shared configuration ------------------------------------------------------------------------
-def echo2_config(model: str, steps: int, threads: int, out: str, extra: list[str]):
+def side_settings(filter_: str, max_wait_s: float) -> dict[str, object]:
+    """What the echo2 side changes in the main job (learner keys): dynamic sampling on with a bounded wait, or off."""
+    if filter_ == "on":
+        return {"filter_zero_variance": True, "max_wait_s": max_wait_s}
+    return {"filter_zero_variance": False, "max_wait_s": None}
+
+
+def echo2_config(model: str, steps: int, threads: int, out: str, learner: dict[str, object], extra: list[str]):
+    """The main job with the `learner` keys set, then the user's --set overrides (which win)."""
     from echo2sdk.config import load_config
 
-    return load_config(MAIN_JOB, [
+    cfg = load_config(MAIN_JOB, [
         f'model.policy="{model}"', f"learner.steps={steps}", f"learner.threads={threads}",
-        "learner.filter_zero_variance=false", "run.progress=false", f'run.out="{out}"', *extra,
+        "run.progress=false", f'run.out="{out}"', *extra,
     ])
+    for key, value in learner.items():
+        if not any(item.partition("=")[0].strip() == f"learner.{key}" for item in extra):
+            setattr(cfg.learner, key, value)  # validated on assignment (None included: TOML has no null)
+    return cfg
 
 
 def trl_config(cfg, out: str, bf16: bool) -> dict:
@@ -133,9 +150,12 @@ def run_echo2(cfg) -> dict:
         raise RuntimeError(f"task.adapter={cfg.task.adapter!r} reports no correctness (Score.correct): "
                            "no accuracy to compare")
     setup_s = t_run - t0
-    return {"setup_s": setup_s, "total_s": t_end - t0, "bf16": autocast,
-            "wall_s": [setup_s + row["time_s"] for row in rows], "accuracy": [row["accuracy"] for row in rows],
-            "reward": [row["reward_mean"] for row in rows]}
+    key = "rollout_accuracy" if cfg.learner.filter_zero_variance else "accuracy"  # what was generated (docstring)
+    rows = [row for row in rows if row[key] is not None]  # a step no group completed before
+    reward = "rollout_reward_mean" if cfg.learner.filter_zero_variance else "reward_mean"
+    return {"setup_s": setup_s, "total_s": t_end - t0, "bf16": autocast, "accuracy_of": key,
+            "wall_s": [setup_s + row["time_s"] for row in rows], "accuracy": [row[key] for row in rows],
+            "reward": [row[reward] for row in rows], "steps_with_accuracy": len(rows), "steps": [row["step"] for row in rows]}
 
 
 def run_trl(cfg, threads: int) -> dict:
@@ -186,7 +206,8 @@ def run_trl(cfg, threads: int) -> dict:
         t_end = time.perf_counter() - t0
     if len(rounds) != L.steps or len(ends) != L.steps:
         raise RuntimeError(f"TRL ran {len(rounds)} generation rounds and {len(ends)} steps, expected {L.steps}")
-    return {"setup_s": began[0], "total_s": t_end, "bf16": bf16, "wall_s": ends,
+    return {"setup_s": began[0], "total_s": t_end, "bf16": bf16, "wall_s": ends, "accuracy_of": "generation batch",
+            "steps_with_accuracy": len(ends), "steps": list(range(1, len(ends) + 1)),
             "accuracy": [a for a, _ in rounds], "reward": [r for _, r in rounds]}
 
 
@@ -209,7 +230,13 @@ def time_to_level(wall_s: list[float], accuracy: list[float], level: float, wind
     return None
 
 
-def plot(runs: dict[str, dict], reach: dict, level: float, png: Path, title: str) -> None:
+def accuracy_at(wall_s: list[float], accuracy: list[float], t: float, window: int) -> float | None:
+    """The mean accuracy of the last `window` steps that ended by time `t` (fewer if fewer did; None: none)."""
+    done = [a for w, a in zip(wall_s, accuracy, strict=True) if w <= t + 1e-9]
+    return statistics.fmean(done[-window:]) if done else None
+
+
+def plot(runs: dict[str, dict], reach: dict, level: float, png: Path, title: str, filter_on: bool) -> None:
     """Accuracy vs wall time (dotted: when each side reached the level) and vs step, both sides."""
     import matplotlib
 
@@ -219,7 +246,7 @@ def plot(runs: dict[str, dict], reach: dict, level: float, png: Path, title: str
 
     fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, r in runs.items():
-        steps = range(1, len(r["accuracy"]) + 1)
+        steps = r["steps"]
         line, = by_time.plot(r["wall_s"], r["accuracy"], marker=".", label=name)
         by_step.plot(steps, r["accuracy"], marker=".", label=name)
         if reach[name]:
@@ -229,7 +256,7 @@ def plot(runs: dict[str, dict], reach: dict, level: float, png: Path, title: str
     for ax, xlabel in ((by_time, "wall time (s)"), (by_step, "step")):
         ax.axhline(level, color="grey", linestyle="--", linewidth=1, label=f"level {level:.3f}")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("accuracy (training completions)")
+        ax.set_ylabel("accuracy (generated completions)" if filter_on else "accuracy (training completions)")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -248,13 +275,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30, help="learner steps = TRL generation rounds (default 30)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of the echo2 learner and TRL")
     p.add_argument("--set", action="append", default=[], help="echo2 config override key=value (both sides follow)")
+    p.add_argument("--filter", choices=("on", "off"), default="on",
+                   help="echo2's dynamic sampling with learner.max_wait_s (on, default) or none (off); the docstring")
+    p.add_argument("--max-wait-s", type=float, default=3.0, help="learner.max_wait_s with --filter on (default 3)")
     p.add_argument("--png", default="runs/vs_trl/vs_trl.png", help="the curves (default runs/vs_trl/vs_trl.png)")
     args = p.parse_args()
     if importlib.util.find_spec("trl") is None:
         sys.exit('bench/vs_trl.py needs TRL, the optional extra "bench": pip install -e ".[bench]"')
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = echo2_config(args.model, args.steps, args.threads, str(Path(tmp) / "echo2_run"), args.set)
+        learner = side_settings(args.filter, args.max_wait_s)
+        cfg = echo2_config(args.model, args.steps, args.threads, str(Path(tmp) / "echo2_run"), learner, args.set)
         cfg_file = Path(tmp) / "config.json"
         cfg_file.write_text(cfg.model_dump_json())
         import trl
@@ -262,7 +293,8 @@ def main() -> None:
         params = {
             "bench": "vs_trl", "model": args.model, "steps": args.steps, "threads": args.threads,
             "cpus": os.cpu_count(), "trl": trl.__version__, "main_job": str(MAIN_JOB.relative_to(ROOT)),
-            "overrides": ["learner.filter_zero_variance=false", *args.set],
+            "filter": args.filter, "learner": learner, "overrides": args.set, "seed": cfg.run.seed, "task": cfg.task.adapter,
+            "task_options": cfg.task.options,
             "R": cfg.learner.trajectories_per_step, "n": cfg.rollout.group_size,
             "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
             "lr": cfg.learner.lr, "beta": cfg.learner.beta, "epsilon": cfg.learner.epsilon,
@@ -282,6 +314,7 @@ def main() -> None:
             runs[side] = json.loads(result.read_text())
             r = runs[side]
             print(json.dumps({"side": side, "model": args.model, "steps": args.steps, "bf16": r["bf16"],
+                              "accuracy_of": r["accuracy_of"], "steps_with_accuracy": r["steps_with_accuracy"],
                               "setup_s": round(r["setup_s"], 2), "total_s": round(r["total_s"], 2),
                               "s_per_step_after_setup": round((r["wall_s"][-1] - r["setup_s"]) / args.steps, 2),
                               "wall_s": [round(t, 2) for t in r["wall_s"]],
@@ -292,20 +325,25 @@ def main() -> None:
     level = statistics.fmean(runs["trl"]["accuracy"][-window:])
     reach = {side: time_to_level(r["wall_s"], r["accuracy"], level, window) for side, r in runs.items()}
     ratio = reach["echo2"][0] / reach["trl"][0] if reach["echo2"] and reach["trl"] else None
+    t_trl = runs["trl"]["total_s"]
+    at_trl_end = {side: accuracy_at(r["wall_s"], r["accuracy"], t_trl, window) for side, r in runs.items()}
     print(json.dumps({
         "model": args.model, "steps": args.steps, "level": round(level, 4),
         "level_rule": f"TRL's mean accuracy over its last {window} steps; reached at the end of the first step whose "
                       f"trailing {window}-step mean accuracy is >= the level",
         "echo2_time_to_level_s": reach["echo2"] and round(reach["echo2"][0], 2),
-        "echo2_step_to_level": reach["echo2"] and reach["echo2"][1],
+        "echo2_step_to_level": reach["echo2"] and runs["echo2"]["steps"][reach["echo2"][1] - 1],
         "trl_time_to_level_s": reach["trl"] and round(reach["trl"][0], 2),
-        "trl_step_to_level": reach["trl"] and reach["trl"][1],
-        "ratio": ratio and round(ratio, 3), "goal": "ratio <= 1.0", "goal_met": ratio is not None and ratio <= 1.0,
+        "trl_step_to_level": reach["trl"] and runs["trl"]["steps"][reach["trl"][1] - 1],
+        "ratio": ratio and round(ratio, 3), "goal": "ratio <= 0.5", "goal_met": ratio is not None and ratio <= 0.5,
         "echo2_accuracy_last": round(statistics.fmean(runs["echo2"]["accuracy"][-window:]), 4),
+        "trl_total_s": round(t_trl, 2),
+        "accuracy_at_trl_total_s": {side: a if a is None else round(a, 4) for side, a in at_trl_end.items()},
         "png": args.png,
     }), flush=True)
     plot(runs, reach, level, Path(args.png), f"echo2 vs TRL GRPOTrainer: {args.model}, {args.steps} steps, "
-         f"R={cfg.learner.trajectories_per_step}, n={cfg.rollout.group_size}, {args.threads} threads")
+         f"R={cfg.learner.trajectories_per_step}, n={cfg.rollout.group_size}, {args.threads} threads, "
+         f"seed {cfg.run.seed}, filter {args.filter}", args.filter == "on")
 
 
 if __name__ == "__main__":

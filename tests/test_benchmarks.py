@@ -179,14 +179,19 @@ def test_vs_trl_runs_both_sides_and_prints_the_comparison(tmp_path):
     assert trl_cfg["per_device_train_batch_size"] * trl_cfg["gradient_accumulation_steps"] == 16
     assert trl_cfg["num_iterations"] == params["updates_per_step"]
     assert trl_cfg["max_steps"] == 2 * trl_cfg["num_iterations"]
-    assert "learner.filter_zero_variance=false" in params["overrides"]
+    assert params["filter"] == "on"  # the main job's dynamic sampling, with a bounded wait
+    assert params["learner"] == {"filter_zero_variance": True, "max_wait_s": 3.0}
+    assert echo2["accuracy_of"] == "rollout_accuracy" and trl["accuracy_of"] == "generation batch"
     for side, row in (("echo2", echo2), ("trl", trl)):
         assert row["side"] == side
-        assert len(row["wall_s"]) == len(row["accuracy"]) == len(row["reward"]) == 2
-        assert 0 < row["setup_s"] < row["wall_s"][0] <= row["wall_s"][1] <= row["total_s"]
+        assert len(row["wall_s"]) == len(row["accuracy"]) == len(row["reward"]) == row["steps_with_accuracy"]
+        assert 0 < row["setup_s"] < row["wall_s"][0] <= row["wall_s"][-1] <= row["total_s"]
         assert all(0 <= a <= 1 for a in row["accuracy"])
+    assert trl["steps_with_accuracy"] == 2 and 1 <= echo2["steps_with_accuracy"] <= 2
     assert result["level"] == pytest.approx(sum(trl["accuracy"]) / 2, abs=1e-4)
     assert result["trl_step_to_level"] == 2  # TRL's own trailing mean equals the level at its last step
+    assert result["trl_total_s"] == pytest.approx(trl["total_s"], abs=0.01)
+    assert result["accuracy_at_trl_total_s"]["trl"] == pytest.approx(result["level"], abs=1e-4)
     if result["echo2_time_to_level_s"] is not None:
         expected = result["echo2_time_to_level_s"] / result["trl_time_to_level_s"]
         assert result["ratio"] == pytest.approx(expected, abs=2e-3)
