@@ -41,7 +41,9 @@ Correctness level: TRL's mean accuracy over its last 5 steps (fewer when --steps
 reach it: the wall time (from the start of its process's work, imports excluded, model loading and worker
 start-up included) at the end of the first step whose trailing 5-step mean accuracy reaches the level.
 ratio = echo2's time / TRL's time; the goal is ratio <= 0.5 (issue 35). Also printed: each side's trailing
-5-step mean accuracy at TRL's total wall time (over the last 5 steps that ended by then).
+5-step mean accuracy at TRL's total wall time (over the last 5 steps that ended by then). echo2's steps are
+cheaper than TRL's (partial batches after max_wait_s, generation overlapped), so --echo2-steps lets it run
+about as long as TRL does; TRL runs --steps steps either way.
 
 Prints JSON lines: the parameters (both sides' settings and what differs), one line per side with its
 per-step wall time, accuracy and reward, and the comparison; draws accuracy vs wall time and vs step for
@@ -49,7 +51,8 @@ both in one PNG (--png).
 
     # the comparison in docs/recipes.md (SmolLM2-135M, math level 2, 25 steps each, two seeds, nothing else
     # running on the machine): ~15-20 min a seed on 2 cores
-    .venv/bin/python bench/vs_trl.py --steps 25 --set task.options.difficulty=2 --set run.seed=0 --png runs/vs_trl/l2_s0.png
+    .venv/bin/python bench/vs_trl.py --steps 25 --echo2-steps 60 --set task.options.difficulty=2 --set run.seed=0 \\
+        --png runs/vs_trl/l2_s0.png
     # the smoke path (tests/test_benchmarks.py):
     .venv/bin/python bench/vs_trl.py --model tiny-random --steps 2 --set rollout.max_new_tokens=8
 
@@ -275,6 +278,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30, help="learner steps = TRL generation rounds (default 30)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of the echo2 learner and TRL")
     p.add_argument("--set", action="append", default=[], help="echo2 config override key=value (both sides follow)")
+    p.add_argument("--echo2-steps", type=int, help="echo2's learner steps (default --steps): more, so that it runs as "
+                   "long as TRL and its accuracy at TRL's total wall time is measured, not extrapolated")
     p.add_argument("--filter", choices=("on", "off"), default="on",
                    help="echo2's dynamic sampling with learner.max_wait_s (on, default) or none (off); the docstring")
     p.add_argument("--max-wait-s", type=float, default=3.0, help="learner.max_wait_s with --filter on (default 3)")
@@ -286,12 +291,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         learner = side_settings(args.filter, args.max_wait_s)
         cfg = echo2_config(args.model, args.steps, args.threads, str(Path(tmp) / "echo2_run"), learner, args.set)
-        cfg_file = Path(tmp) / "config.json"
-        cfg_file.write_text(cfg.model_dump_json())
+        steps = {"echo2": args.echo2_steps or args.steps, "trl": args.steps}
+        cfg_files = {}
+        for side, n in steps.items():  # the same config; each side its own number of steps
+            cfg_files[side] = Path(tmp) / f"config_{side}.json"
+            cfg_files[side].write_text(cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"steps": n})})
+                                       .model_dump_json())
         import trl
 
         params = {
-            "bench": "vs_trl", "model": args.model, "steps": args.steps, "threads": args.threads,
+            "bench": "vs_trl", "model": args.model, "steps": args.steps, "echo2_steps": steps["echo2"],
+            "threads": args.threads,
             "cpus": os.cpu_count(), "trl": trl.__version__, "main_job": str(MAIN_JOB.relative_to(ROOT)),
             "filter": args.filter, "learner": learner, "overrides": args.set, "seed": cfg.run.seed, "task": cfg.task.adapter,
             "task_options": cfg.task.options,
@@ -309,14 +319,14 @@ def main() -> None:
         runs = {}
         for side in ("echo2", "trl"):
             result = Path(tmp) / f"{side}.json"
-            subprocess.run([sys.executable, __file__, "_side", side, str(cfg_file), str(result), str(args.threads)],
+            subprocess.run([sys.executable, __file__, "_side", side, str(cfg_files[side]), str(result), str(args.threads)],
                            env=env, check=True, stdout=sys.stderr)
             runs[side] = json.loads(result.read_text())
             r = runs[side]
-            print(json.dumps({"side": side, "model": args.model, "steps": args.steps, "bf16": r["bf16"],
+            print(json.dumps({"side": side, "model": args.model, "steps": steps[side], "bf16": r["bf16"],
                               "accuracy_of": r["accuracy_of"], "steps_with_accuracy": r["steps_with_accuracy"],
                               "setup_s": round(r["setup_s"], 2), "total_s": round(r["total_s"], 2),
-                              "s_per_step_after_setup": round((r["wall_s"][-1] - r["setup_s"]) / args.steps, 2),
+                              "s_per_step_after_setup": round((r["wall_s"][-1] - r["setup_s"]) / steps[side], 2),
                               "wall_s": [round(t, 2) for t in r["wall_s"]],
                               "accuracy": [round(a, 4) for a in r["accuracy"]],
                               "reward": [round(x, 4) for x in r["reward"]]}), flush=True)
@@ -341,7 +351,7 @@ def main() -> None:
         "accuracy_at_trl_total_s": {side: a if a is None else round(a, 4) for side, a in at_trl_end.items()},
         "png": args.png,
     }), flush=True)
-    plot(runs, reach, level, Path(args.png), f"echo2 vs TRL GRPOTrainer: {args.model}, {args.steps} steps, "
+    plot(runs, reach, level, Path(args.png), f"echo2 vs TRL GRPOTrainer: {args.model}, {steps['echo2']} / {args.steps} steps, "
          f"R={cfg.learner.trajectories_per_step}, n={cfg.rollout.group_size}, {args.threads} threads, "
          f"seed {cfg.run.seed}, filter {args.filter}", args.filter == "on")
 
