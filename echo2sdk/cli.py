@@ -389,7 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an option of the --task adapter, TOML value (repeatable), e.g. difficulty=2")
     ev.add_argument("--env-option", action="append", metavar="KEY=VALUE",
                     help="an env_options key of the --env sandbox, TOML value (repeatable), e.g. free_fold=false")
-    ev.add_argument("--tasks", type=int, default=100, help="held-out tasks per policy (with --task)")
+    ev.add_argument("--tasks", type=int, default=100, help="held-out tasks per policy (with --task or --config)")
+    ev.add_argument("--config", help="take the task (a [[task.mix]] mixture too: per-component rows) and the answer "
+                    "length (rollout.max_new_tokens) from this run config instead of --task")
     ev.add_argument("--base", default="smollm2-135m", help="the base policy (model name or HF folder)")
     ev.add_argument("--trained", help="the trained policy, e.g. runs/poker/checkpoint")
     ev.add_argument("--opponents", help="comma-separated; default: the env plug-in's (poker: 3 rule-based + llm)")
@@ -459,17 +461,18 @@ def _keys_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    if args.task:
+    if args.task or args.config:
         return _eval_tasks(args)
-    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, differences, evaluate, format_table
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, default_metric, differences, evaluate, format_table
 
     # the table goes to stdout: keep an in-process vLLM engine's INFO/WARNING lines off it (unless asked for)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from echo2sdk.adapters.registry import load_env_plugin, parse_env
 
     args.env = args.env or "poker://nlhe_headsup_v1"
-    plugin = load_env_plugin(parse_env(args.env)[0])
-    metric = args.metric or getattr(plugin, "eval_metric", "chips")
+    scheme = parse_env(args.env)[0]
+    plugin = load_env_plugin(scheme)
+    metric = args.metric or default_metric(scheme, plugin)
     env_options = _options("--env-option", args.env_option)
     policies = {f"base ({args.base})": args.base}
     if args.trained:
@@ -536,7 +539,13 @@ def _options(flag: str, items: list[str] | None) -> dict[str, object]:
 
 def _eval_tasks(args: argparse.Namespace) -> int:
     """`echo2 eval --task ADAPTER`: accuracy and mean reward of base (and trained) on held-out tasks."""
-    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate_tasks, format_task_table, task_differences
+    from echo2sdk.adapters.evaluate import (
+        HELD_OUT_SEED,
+        evaluate_tasks,
+        format_task_table,
+        task_differences,
+        task_scores_json,
+    )
     from echo2sdk.errors import ConfigError
 
     if args.env:
@@ -545,17 +554,26 @@ def _eval_tasks(args: argparse.Namespace) -> int:
         raise ConfigError(f"echo2 eval: --env-option is for --env sandboxes; a --task adapter takes --task-option "
                           f"(got --env-option {args.env_option[0]!r})")
     options = _options("--task-option", args.task_option)
+    max_new_tokens = args.max_new_tokens or 64
+    if args.config:  # the run's task (a [[task.mix]] mixture included) and answer length
+        from echo2sdk.config import load_config
+
+        if args.task or options:
+            raise ConfigError(f"echo2 eval: --config {args.config} names the task; drop --task / --task-option")
+        cfg = load_config(args.config)
+        args.task, options = cfg.task.adapter, dict(cfg.task.options)
+        max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
     policies = {f"base ({args.base})": args.base}
     if args.trained:
         policies[f"trained ({args.trained})"] = args.trained
     table = evaluate_tasks(
         args.task, policies, options=options, tasks=args.tasks, seed=args.seed, backend=args.backend,
-        max_new_tokens=args.max_new_tokens or 64, temperature=args.temperature, batch=args.batch,
+        max_new_tokens=max_new_tokens, temperature=args.temperature, batch=args.batch,
         on_row=lambda label, c, dt: print(f"  {label}: {c.tasks} tasks in {dt:.0f} s", file=sys.stderr, flush=True),
     )
     print(format_task_table(table, task=args.task, tasks=args.tasks, seed=args.seed))
     if args.json:
-        data = {label: {k: v for k, v in vars(c).items() if k != "rewards"} for label, c in table.items()}
+        data = {label: task_scores_json(c) for label, c in table.items()}
         diffs = {label: vars(d) for label, d in task_differences(table).items()}
         with open(args.json, "w") as fh:
             json.dump(_finite({"task": args.task, "options": options, "tasks": args.tasks, "seed": args.seed,

@@ -43,8 +43,27 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    adapter: str = Field("math", description="data-plane adapter: a registered name or 'pkg.mod:Class'")
+    """`[task]`: one adapter and its options, or `[[task.mix]]` tables (adapter, weight, options, name): a mixture
+    drawn by weight per task (echo2sdk.adapters.mixture), which is `adapter = "mixture"` with `options.mix`."""
+
+    adapter: str = Field(
+        "math", description="data-plane adapter: a registered name (math, mixture, ...), a URL "
+        "(reasoning-gym://NAME, dataset://PATH, poker://ID, ...) or 'pkg.mod:Class'"
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="keyword options for the adapter")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mix(cls, data: Any) -> Any:
+        """[[task.mix]] -> adapter = "mixture", options = {mix = [...]} (what a dumped config holds)."""
+        if not isinstance(data, dict) or "mix" not in data:
+            return data
+        data = dict(data)
+        mix = data.pop("mix")
+        if data.get("adapter", "mixture") != "mixture" or data.get("options"):
+            raise ValueError(f"task.mix is a mixture of adapters: it replaces task.adapter ({data.get('adapter')!r}) "
+                             f"and task.options; give each component's adapter and options in its [[task.mix]] table")
+        return {**data, "adapter": "mixture", "options": {"mix": mix}}
 
 
 class RolloutConfig(_Section):
@@ -556,3 +575,5 @@ def _drop_switched_options(data: dict[str, Any], overrides: list[tuple[str, Any]
         switched = any(k == f"{section}.{choice}" and v != (table or {}).get(choice) for k, v in overrides)
         if switched and isinstance(table, dict):
             table.pop(options, None)
+            if section == "task":
+                table.pop("mix", None)  # the file's mixture, replaced by the adapter --set names

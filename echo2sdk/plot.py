@@ -7,6 +7,7 @@ tables.jsonl, histograms.jsonl where they exist), so a crashed or running run ca
     t_bcast.png       T_bcast per published snapshot version (q = 1/gamma of the workers, and all of them)
     workers.png       workers alive vs wall time; trajectories delivered per worker
     cost.png          worker cost so far vs wall time (only when the run's workers have prices)
+    tasks.png         a mixture's components: the workers' accuracy (or reward) and the filter rate per task
 
 A figure whose data the run lacks is skipped with a line saying why. Needs matplotlib (the `plot` extra);
 drawn on matplotlib's Agg canvas without pyplot, so it changes no global state.
@@ -270,6 +271,34 @@ def _cost(fig: Any, run: Run) -> str | None:
     return None
 
 
+def _tasks(fig: Any, run: Run) -> str | None:
+    """Per task of a mixture (metrics "tasks"): the workers' accuracy (reward where the task scores no
+    correctness) and the share of its groups filtered, against the learner step."""
+    names = sorted({name for r in run.rows for name in (r.get("tasks") or {})})
+    if not names:
+        return "no task mixture (metrics rows have no per-task 'tasks')"
+    rows = run.rows
+    fig.set_size_inches(10, 3.8)
+    left, right = fig.subplots(1, 2)
+    steps = [r["step"] for r in rows]
+    for name in names:
+        part = [(r.get("tasks") or {}).get(name) or {} for r in rows]
+        acc = [None if p.get("rollout_accuracy") is None else 100 * p["rollout_accuracy"] for p in part]
+        if all(a is None for a in acc):  # no correctness: the reward
+            acc = [p.get("rollout_reward_mean") for p in part]
+        left.plot(steps, acc, **_line(rows), label=name)
+        right.plot(steps, [None if p.get("filter_rate") is None else 100 * p["filter_rate"] for p in part],
+                   **_line(rows), label=name)
+    left.set(xlabel="learner step", ylabel="accuracy of completed groups (%)", title="Workers' accuracy by task")
+    right.set(xlabel="learner step", ylabel="groups filtered (%)", ylim=(-3, 103), title="Filter rate by task")
+    for ax in (left, right):
+        _integer_ticks(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{run.dir.name}: {len(names)} tasks")
+    return None
+
+
 _FIGURES = {
     "reward.png": _reward,
     "staleness.png": _staleness,
@@ -277,6 +306,7 @@ _FIGURES = {
     "t_bcast.png": _t_bcast,
     "workers.png": _workers,
     "cost.png": _cost,
+    "tasks.png": _tasks,
 }
 
 

@@ -4,7 +4,12 @@ speaks the InferenceBackend Protocol, so the coordinator/worker path can be test
 
     python -m echo2sdk.testing check-backend vllm --model tiny-random-h64 --option dtype=float32
 
-runs the suite from the command line and prints one JSON line per check."""
+runs the suite from the command line and prints one JSON line per check. `check_adapter` is the task
+adapters' suite:
+
+    python -m echo2sdk.testing check-adapter reasoning-gym://chain_sum --option 'config={"max_terms": 3}'
+
+prints its report (or the failure) as one JSON line and exits 1 on a failure."""
 
 from __future__ import annotations
 
@@ -121,26 +126,37 @@ DEFAULT_MODEL = "tiny-random-h64"
 _MALFORMED = ("", "   ", "I am not sure what to do here.", "<answer></answer>", "<answer>no_such_action</answer>", "\x00" * 3, "x" * 5000)
 
 
-def check_adapter(adapter, *, backend=None, seed: int = 0, n: int = 2, groups: int = 2, max_len: int = 4096) -> dict:
-    """A public conformance suite for task adapters (single-turn and episodic), in the spirit of
-    gymnasium's `check_env`. Raises AdapterError naming the failed check; returns what it measured.
+#: Tasks check_adapter draws by default: a failure on 1 task in 20 goes unseen with probability 0.95^100 = 0.6 %.
+ADAPTER_TASKS = 100
 
-    Checks: `tasks(seed)` is deterministic for a seed, its ids are unique and its tasks survive the wire
-    (msgpack, as the coordinator sends them); an adapter with `spec()` rebuilds into an equal task stream
-    through the plug-in loader; a single-turn `score` never raises and returns a finite reward on
-    malformed responses; an episode (`start`) has system/user opening messages, survives malformed
-    replies to the end (counted as fallbacks), and scores a finite reward, also after `abort`. With an
-    inference `backend` it also plays `groups` groups of `n` episodes (or samples) through the worker's
-    rollout path and checks the records: schema round trip, one group id per group, loss only on
-    sampled tokens.
+
+def check_adapter(adapter, *, backend=None, seed: int = 0, n: int = 2, groups: int = 2, max_len: int = 4096,
+                  tasks: int = ADAPTER_TASKS) -> dict:
+    """A public conformance suite for task adapters (single-turn and episodic), in the spirit of
+    gymnasium's `check_env`. Raises AdapterError naming the adapter, the failed check, and the task (its id and
+    position) and method that failed; returns what it measured (`tasks_checked`: how many tasks it drew).
+
+    Checks: `tasks(seed)` yields `tasks` tasks (fewer if the stream is finite) deterministically for a seed, with
+    unique ids, that survive the wire (msgpack, as the coordinator sends them); an adapter with `spec()`
+    rebuilds into an equal task stream through the plug-in loader; a single-turn `score` never raises and
+    returns a finite reward on every drawn task, for its reference answer (as given, in \\boxed{} and in
+    <answer> tags) and a malformed response; an episode (`start`) has system/user opening messages, survives
+    malformed replies to the end (counted as fallbacks), and scores a finite reward, also after `abort`. With
+    an inference `backend` (any InferenceBackend: `MockBackend()` needs no model; a real one, e.g.
+    HFBackend("tiny-random"), checks token-level limits too) it also plays `groups` groups of `n` episodes (or
+    samples) through the worker's rollout path and checks the records: schema round trip, one group id per
+    group, loss only on sampled tokens.
     """
     from echo2sdk.core.contracts import is_episodic
 
+    checks.integer("tasks", tasks, lo=1, hi=100_000)
     report: dict = {"episodic": is_episodic(adapter)}
-    first = _adapter_tasks(adapter, seed, groups)
+    drawn = _adapter_tasks(adapter, seed, max(tasks, groups))
+    report["tasks_checked"] = len(drawn)
+    first = drawn[:groups]
     _adapter_spec(adapter, seed, groups, first)
     if not report["episodic"]:
-        _adapter_score(adapter, first[0])
+        report["scored"] = _adapter_scores(adapter, drawn)
     else:
         report["turns"] = _adapter_episodes(adapter, first[0])
     if backend is not None:
@@ -157,26 +173,44 @@ def _adapter_fail(adapter: object, check: str, detail: str) -> NoReturn:
     raise AdapterError(f"check_adapter({adapter!r}): {check}: {detail}")
 
 
-def _adapter_tasks(adapter: Any, seed: int, groups: int) -> list:
-    """The first `groups` tasks of tasks(seed): deterministic, unique ids, Task objects, msgpack-safe."""
+def _draw(adapter: Any, seed: int, count: int) -> list:
+    """The first `count` tasks of tasks(seed); an error naming where the stream failed."""
     import itertools
 
+    out: list = []
+    try:
+        for t in itertools.islice(adapter.tasks(seed), count):
+            out.append(t)
+    except Exception as e:  # noqa: BLE001 - any failure of the user's generator is the finding
+        _adapter_fail(adapter, "tasks", f"tasks({seed}) raised {type(e).__name__}: {e} after {len(out)} task(s)")
+    return out
+
+
+def _adapter_tasks(adapter: Any, seed: int, count: int) -> list:
+    """The first `count` tasks of tasks(seed): deterministic, unique ids, Task objects, msgpack-safe."""
     from echo2sdk.core.contracts import Task
     from echo2sdk.core.records import pack, unpack
 
     if not callable(getattr(adapter, "tasks", None)):
         _adapter_fail(adapter, "tasks", "the adapter has no tasks(seed) method")
-    first = list(itertools.islice(adapter.tasks(seed), groups))
-    again = list(itertools.islice(adapter.tasks(seed), groups))
+    first = _draw(adapter, seed, count)
     if not first:
         _adapter_fail(adapter, "tasks", f"tasks({seed}) yielded nothing")
-    if [(t.id, t.messages, t.info) for t in first] != [(t.id, t.messages, t.info) for t in again]:
-        _adapter_fail(adapter, "tasks", f"tasks({seed}) is not deterministic: two calls gave different tasks")
-    if len({t.id for t in first}) != len(first):
-        _adapter_fail(adapter, "tasks", f"task ids repeat: {[t.id for t in first]}")
-    for t in first:
+    for k, t in enumerate(first):
         if not isinstance(t, Task):
-            _adapter_fail(adapter, "tasks", f"yielded {type(t).__name__}, not echo2sdk.Task")
+            _adapter_fail(adapter, "tasks", f"task {k} of tasks({seed}) is a {type(t).__name__}, not echo2sdk.Task")
+    again = _draw(adapter, seed, count)
+    for k, (a, b) in enumerate(zip(first, again, strict=False)):
+        if (a.id, a.messages, a.info) != (b.id, b.messages, b.info):
+            _adapter_fail(adapter, "tasks", f"tasks({seed}) is not deterministic: two calls differ at task {k} "
+                          f"({a.id!r} vs {b.id!r})")
+    if len(again) != len(first):
+        _adapter_fail(adapter, "tasks", f"tasks({seed}) is not deterministic: {len(first)} then {len(again)} tasks")
+    seen: dict[str, int] = {}
+    for k, t in enumerate(first):
+        if t.id in seen:
+            _adapter_fail(adapter, "tasks", f"task id {t.id!r} repeats (tasks {seen[t.id]} and {k} of tasks({seed}))")
+        seen[t.id] = k
         wire = {"id": t.id, "messages": list(t.messages), "answer": t.answer, "info": t.info}
         try:
             back = unpack(pack(wire))
@@ -201,26 +235,46 @@ def _adapter_spec(adapter: Any, seed: int, groups: int, first: list) -> None:
         _adapter_fail(adapter, "spec", f"load_adapter(*spec()) = {rebuilt!r} yields different tasks")
 
 
-def _adapter_score(adapter: Any, task: Any) -> None:
-    """A single-turn score() returns a Score whose reward is a finite int or float (not a str, not a bool) on
-    malformed responses, and never raises."""
+def _responses(task: Any, k: int) -> list[str]:
+    """What check_adapter scores a task with: its reference answer as given, boxed and tagged (where one is
+    set), and one malformed response (a different one for consecutive tasks)."""
+    answer = str(task.answer)
+    given = [answer, f"The answer is \\boxed{{{answer}}}.", f"<answer>{answer}</answer>"] if answer else []
+    return [*given, _MALFORMED[k % len(_MALFORMED)]]
+
+
+def _adapter_scores(adapter: Any, drawn: list) -> int:
+    """Every drawn task scored (see _responses), and the first one against every malformed response: score()
+    returns a Score whose reward is a finite int or float (not a str, not a bool) and never raises. Returns the
+    number of score() calls."""
+    if not callable(getattr(adapter, "score", None)):
+        _adapter_fail(adapter, "score", "the adapter has neither score(task, response) nor start(task, index)")
+    calls = 0
+    for k, task in enumerate(drawn):
+        for text in (*_MALFORMED, *_responses(task, k)) if k == 0 else _responses(task, k):
+            _adapter_score(adapter, task, k, len(drawn), text)
+            calls += 1
+    return calls
+
+
+def _adapter_score(adapter: Any, task: Any, k: int, count: int, text: str) -> None:
     from echo2sdk.core.contracts import Score
     from echo2sdk.core.failures import RewardError, as_reward
 
-    if not callable(getattr(adapter, "score", None)):
-        _adapter_fail(adapter, "score", "the adapter has neither score(task, response) nor start(task, index)")
-    for text in _MALFORMED:
-        try:
-            s = adapter.score(task, text)
-        except Exception as e:  # noqa: BLE001
-            _adapter_fail(adapter, "score", f"raised {type(e).__name__}: {e} on a malformed response {text[:30]!r}")
-        if not isinstance(s, Score):
-            _adapter_fail(adapter, "score", f"task {task.id!r}: returned {s!r} on {text[:30]!r}; expected a Score")
-        try:
-            as_reward(s.reward)
-        except RewardError as e:
-            _adapter_fail(adapter, "score", f"task {task.id!r}: {e} (on {text[:30]!r}); a reward is a finite int or "
-                          "float, which workers count as a failed rollout otherwise")
+    where = f"task {task.id!r} (task {k + 1} of {count} drawn)"
+    try:
+        s = adapter.score(task, text)
+    except Exception as e:  # noqa: BLE001
+        _adapter_fail(adapter, "score", f"{where}: score() raised {type(e).__name__}: {e} on the response {text[:40]!r}")
+    if not isinstance(s, Score):
+        _adapter_fail(adapter, "score", f"{where}: score() returned {s!r} on {text[:40]!r}; expected a Score")
+    if not isinstance(s.info, dict):
+        _adapter_fail(adapter, "score", f"{where}: Score.info is {s.info!r} on {text[:40]!r}; expected a dict")
+    try:
+        as_reward(s.reward)
+    except RewardError as e:
+        _adapter_fail(adapter, "score", f"{where}: score() gave {e} (on {text[:40]!r}); a reward is a finite int or "
+                      "float, which workers count as a failed rollout otherwise")
 
 
 def _adapter_episodes(adapter: Any, task: Any) -> list[int]:
@@ -314,7 +368,7 @@ def _adapter_records(adapter: Any, tasks: list, out: list, n: int) -> None:
                 _adapter_fail(adapter, "records", "a token outside the loss mask carries a sampler log-prob")
 
 
-__all__ += ["check_adapter"]
+__all__ += ["check_adapter", "ADAPTER_TASKS"]
 
 
 # ------------------------------------------------------------------------------ backend conformance
@@ -807,6 +861,29 @@ def _logprob_errors(cache: dict, folder: str, prompts: list, samples: list, temp
     return sum(errs_t) / len(errs_t), sum(errs_1) / len(errs_1)
 
 
+def _check_adapter_cli(name: str, options: dict, tasks: int, seed: int, backend: str | None, model: str) -> int:
+    """`check-adapter`: one JSON line, {"adapter", "check": "pass", ...the report} or {"check": "fail", "error"}."""
+    from echo2sdk.plugins import load_adapter, load_backend_class
+
+    engine = None
+    try:
+        adapter = load_adapter(name, options)
+        if backend == "mock":
+            engine = MockBackend()
+        elif backend is not None:
+            engine = load_backend_class(backend)(model)  # a built-in name or a folder (weights.resolve_model)
+        report = check_adapter(adapter, backend=engine, seed=seed, tasks=tasks)
+    except Echo2Error as e:
+        print(json.dumps({"adapter": name, "check": "fail", "error": f"{type(e).__name__}: {e}"}), flush=True)
+        return 1
+    finally:
+        if engine is not None:
+            engine.close()
+    report.pop("rewards", None)
+    print(json.dumps({"adapter": name, "check": "pass", **report}), flush=True)
+    return 0
+
+
 def _main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -821,6 +898,15 @@ def _main(argv: list[str] | None = None) -> int:
     cb.add_argument("--temperature", type=float, default=0.7)
     cb.add_argument("--tolerance", type=float, default=0.05, help="mean |log-prob error| allowed against transformers")
     cb.add_argument("--no-reference", action="store_true", help="skip the comparison with transformers")
+    ca = sub.add_parser("check-adapter", help="run check_adapter on a task adapter and print its report as JSON")
+    ca.add_argument("adapter", help="registered name, URL (reasoning-gym://chain_sum, dataset://data.jsonl, "
+                    "poker://nlhe_headsup_v1) or pkg.mod:Class")
+    ca.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option (JSON value or text)")
+    ca.add_argument("--tasks", type=int, default=ADAPTER_TASKS, help=f"tasks drawn and checked (default {ADAPTER_TASKS})")
+    ca.add_argument("--seed", type=int, default=0)
+    ca.add_argument("--backend", help="also play 2 groups through this backend: mock (no model) or a registered "
+                    "backend name with --model")
+    ca.add_argument("--model", default="tiny-random", help="the --backend's model (default tiny-random)")
     args = parser.parse_args(argv)
     options = {}
     for item in args.option:
@@ -831,6 +917,8 @@ def _main(argv: list[str] | None = None) -> int:
             options[key] = json.loads(text)
         except ValueError:
             options[key] = text
+    if args.command == "check-adapter":
+        return _check_adapter_cli(args.adapter, options, args.tasks, args.seed, args.backend, args.model)
 
     def emit(r: CheckResult) -> None:
         print(json.dumps({"backend": args.backend, **r.to_json()}), flush=True)

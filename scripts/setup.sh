@@ -42,3 +42,5 @@ pip install "gymnasium>=1.0" "pettingzoo>=1.24" "rlcard>=1.2" "pygame-ce>=2.4" -
 # Bridges (issue 18): textarena:// games and verifiers:// environments. verifiers goes in without its own pins (they
 # want mcp<2, which vLLM rejects); the bridges extra holds what it needs at run time.
 pip install -e ".[bridges]" && pip install --no-deps "verifiers==0.2.1"
+# Tasks people already have (issue 33): reasoning-gym://NAME (its generators and verifiers; offline).
+pip install -e ".[reasoning-gym]"

@@ -21,7 +21,8 @@ from PIL import Image  # noqa: E402 - matplotlib's own dependency
 from echo2sdk.plot import load_run, plot_run  # noqa: E402
 
 RECORDED = Path(__file__).parent / "data" / "smollm2_4step"
-ALL = ["reward.png", "staleness.png", "learner_time.png", "t_bcast.png", "workers.png", "cost.png"]
+ALL = ["reward.png", "staleness.png", "learner_time.png", "t_bcast.png", "workers.png", "cost.png", "tasks.png"]
+NO_MIX = "no task mixture (metrics rows have no per-task 'tasks')"
 
 
 @pytest.fixture
@@ -47,12 +48,12 @@ def _check_png(path: Path) -> tuple[int, int]:
 
 def test_recorded_run_gives_every_png_but_cost_which_says_why(run_dir):
     result = plot_run(run_dir)
-    assert [p.name for p in result.written] == ALL[:-1]
+    assert [p.name for p in result.written] == ALL[:-2]
     assert all(p.parent == run_dir / "plots" for p in result.written)
     for p in result.written:
         _check_png(p)
     assert result.skipped == {"cost.png": "no prices in this run (every worker's price_per_hour is 0 and "
-                                          "scheduler.prices is empty)"}
+                                          "scheduler.prices is empty)", "tasks.png": NO_MIX}
 
 
 def test_prices_sink_files_and_per_version_t_bcast_are_used_when_present(run_dir, tmp_path):
@@ -74,7 +75,7 @@ def test_prices_sink_files_and_per_version_t_bcast_are_used_when_present(run_dir
     run = load_run(run_dir)
     assert run.histograms["staleness"][4] == {3: 16} and run.tables["t_bcast"][0][0] == 4
     result = plot_run(run_dir, tmp_path / "pngs")
-    assert [p.name for p in result.written] == ALL and result.skipped == {}
+    assert [p.name for p in result.written] == ALL[:-1] and result.skipped == {"tasks.png": NO_MIX}
     for p in result.written:
         _check_png(p)
 
@@ -86,7 +87,7 @@ def test_a_crashed_run_plots_from_metrics_alone(run_dir):
     run = load_run(run_dir)
     assert len(run.rows) == 4 and run.summary == {}
     result = plot_run(run_dir)
-    assert [p.name for p in result.written] == ALL[:-1]
+    assert [p.name for p in result.written] == ALL[:-2]
     assert "has not finished" in result.skipped["cost.png"]
     for p in result.written:
         _check_png(p)
@@ -108,8 +109,9 @@ def test_cli_plot_prints_the_pngs_and_the_skipped_ones(run_dir, tmp_path):
     r = _echo2("plot", str(run_dir), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[:5] == [str(tmp_path / "out" / name) for name in ALL[:-1]]
+    assert lines[:5] == [str(tmp_path / "out" / name) for name in ALL[:-2]]
     assert lines[5].startswith("cost.png: skipped: no prices in this run")
+    assert lines[6] == f"tasks.png: skipped: {NO_MIX}"
     r = _echo2("plot", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "echo2: error:" in r.stderr and "Traceback" not in r.stderr
 
@@ -123,3 +125,15 @@ def test_cli_version_and_console_flags():
 
     args = build_parser().parse_args(["--quiet", "plot", "x"])
     assert args.quiet and not args.verbose and args.command == "plot"
+
+
+def test_a_mixture_run_gets_its_per_task_figure(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for k, row in enumerate(rows):  # two components; the second completes nothing at step 2
+        row["tasks"] = {"sum": {"rollout_accuracy": 0.2 * k, "filter_rate": 0.5, "groups_completed": 2}}
+        if k != 1:
+            row["tasks"]["legs"] = {"rollout_accuracy": None, "rollout_reward_mean": 0.1 * k, "filter_rate": 1.0}
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = plot_run(run_dir)
+    assert "tasks.png" not in result.skipped
+    _check_png(run_dir / "plots" / "tasks.png")

@@ -35,10 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Cell", "Difference", "TaskScores", "differences", "evaluate", "evaluate_tasks", "format_table",
-           "format_task_table", "held_out_tasks", "paired_difference", "task_differences", "DEFAULT_OPPONENTS",
+           "format_task_table", "held_out_tasks", "task_scores_json", "paired_difference", "task_differences", "DEFAULT_OPPONENTS", "SOLO", "default_metric",
            "HELD_OUT_SEED"]
 
 DEFAULT_OPPONENTS = ("calling_station", "tight_aggressive", "loose_aggressive", "llm")
+SOLO = "-"  # the one column of an env without opponents (its plug-in sets no eval_opponents)
+
+
+def default_metric(scheme: str, plugin: Any) -> str:
+    """The per-hand meta.extra key a table averages: the plug-in's eval_metric; poker's chips; else the reward."""
+    return getattr(plugin, "eval_metric", None) or ("chips" if scheme == "poker" else "reward")
 HELD_OUT_SEED = 1_000_003  # evaluation reads adapter.tasks(HELD_OUT_SEED + seed): tasks or hands, never training's
 
 
@@ -136,9 +142,13 @@ def evaluate(
         raise ConfigError(f"echo2 eval: hands = {hands!r} must be >= 2 for a confidence interval")
     if batch < 1:
         raise ConfigError(f"echo2 eval: batch = {batch!r} must be >= 1")
-    plugin = load_env_plugin(parse_env(env)[0])
-    opponents = list(opponents or getattr(plugin, "eval_opponents", DEFAULT_OPPONENTS))
-    metric = metric or getattr(plugin, "eval_metric", "chips")
+    scheme = parse_env(env)[0]
+    plugin = load_env_plugin(scheme)
+    # the plug-in's opponents; poker's by default; a single-player env (no eval_opponents) plays one column: the
+    # env as configured, no `opponent` option injected
+    solo = (SOLO,) if scheme != "poker" else DEFAULT_OPPONENTS
+    opponents = list(opponents or getattr(plugin, "eval_opponents", None) or solo)
+    metric = metric or default_metric(scheme, plugin)
     summarize = getattr(plugin, "summarize", None)
     also = [k for k in getattr(plugin, "eval_paired_metrics", ()) if k != metric]
     backend_cls = load_backend_class(backend)
@@ -149,7 +159,7 @@ def evaluate(
         row: dict[str, Cell] = {}
         try:
             for opp in opponents:
-                opts = dict(env_options or {}, opponent=opp)
+                opts = dict(env_options or {}) if opp == SOLO else dict(env_options or {}, opponent=opp)
                 if opp == "llm":
                     opts.setdefault("opponent_model", llm_opponent_model or base_model)
                 adapter = SandboxAdapter(env=env, env_options=opts, max_action_tokens=max_new_tokens)
@@ -218,7 +228,8 @@ def format_table(
 ) -> str:
     """Table 4 layout: one row per policy, one column per opponent, `mean ± ci95` per cell."""
     opponents = list(next(iter(table.values())))
-    names = {o: (f"Rule-based{i + 1} ({o})" if o != "llm" else "LLM opponent") for i, o in enumerate(opponents)}
+    names = {o: ("the env (no opponent)" if o == SOLO else f"Rule-based{i + 1} ({o})" if o != "llm" else "LLM opponent")
+             for i, o in enumerate(opponents)}
     head = ["policy", *(names[o] for o in opponents)]
     rows = [[label, *(f"{c.mean:+.3f} ± {c.ci95:.3f}" for c in cells.values())] for label, cells in table.items()]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -262,13 +273,28 @@ def _stat(key: str, value: Any) -> str:
 @dataclass
 class TaskScores:
     """One policy on the held-out tasks: accuracy (share scored correct; None when the adapter's scores carry
-    no `correct`) and the mean reward with its 95 % confidence interval."""
+    no `correct`) and the mean reward with its 95 % confidence interval, over the tasks scored; `failed` counts
+    the tasks whose score raised or gave no finite reward (left out of the means; `errors`: the first few, named
+    by task). `rewards` holds one entry per task (None: failed), for the paired differences. `by_task`: the same
+    per component of a mixture (tasks whose info names a "task")."""
 
     tasks: int
     accuracy: float | None
     reward_mean: float
     reward_ci95: float
-    rewards: list[float] = field(default_factory=list, repr=False)
+    rewards: list[float | None] = field(default_factory=list, repr=False)
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    by_task: dict[str, TaskScores] = field(default_factory=dict)
+
+
+SHOWN_ERRORS = 5  # failures named per row
+
+
+def task_scores_json(c: TaskScores) -> dict[str, Any]:
+    """A row as `echo2 eval --json` writes it (no per-task rewards)."""
+    return {"tasks": c.tasks, "accuracy": c.accuracy, "reward_mean": c.reward_mean, "reward_ci95": c.reward_ci95,
+            "failed": c.failed, "errors": c.errors, "by_task": {k: task_scores_json(v) for k, v in c.by_task.items()}}
 
 
 def held_out_tasks(adapter: Any, n: int, seed: int = 0) -> list[Any]:
@@ -318,39 +344,63 @@ def evaluate_tasks(
     for label, model in policies.items():
         policy = backend_cls(model, **dict(backend_options or {}))
         t0 = time.monotonic()
-        scores = []
+        scores: list[Any] = []
         try:
             for i in range(0, len(items), batch):
                 chunk = items[i : i + batch]
                 params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i)
                 samples = policy.generate([policy.encode_chat(t.messages) for t in chunk], params)
-                scores += [task_adapter.score(t, s.text) for t, s in zip(chunk, samples)]
+                scores += [_score(task_adapter, t, s.text) for t, s in zip(chunk, samples)]
         finally:
             policy.close()
-        table[label] = _task_scores(scores)
+        table[label] = _task_scores(items, scores)
         if on_row is not None:
             on_row(label, table[label], time.monotonic() - t0)
     return table
 
 
-def _task_scores(scores: Sequence[Any]) -> TaskScores:
-    rewards = [float(s.reward) for s in scores]
-    judged = [bool(s.correct) for s in scores if s.correct is not None]
-    cell = _cell(rewards, 0, 0)
-    return TaskScores(len(rewards), statistics.fmean(judged) if judged else None, cell.mean, cell.ci95, rewards)
+def _score(adapter: Any, task: Any, text: str) -> Any:
+    """The adapter's Score of one answer with a finite reward, or the error text (naming the task) when its score
+    raised or gave none: a failed task is counted, not the end of the evaluation."""
+    from echo2sdk.core.failures import as_reward
+
+    try:
+        score = adapter.score(task, text)
+        as_reward(getattr(score, "reward", None))
+        return score
+    except Exception as e:  # noqa: BLE001 - any failure of the task's code (RewardError included) is the finding
+        return f"task {task.id!r}: {type(e).__name__}: {str(e)[:200]}"
+
+
+def _task_scores(items: Sequence[Any], scores: Sequence[Any], split: bool = True) -> TaskScores:
+    rewards = [None if isinstance(s, str) else float(s.reward) for s in scores]
+    errors = [s for s in scores if isinstance(s, str)]
+    judged = [bool(s.correct) for s in scores if not isinstance(s, str) and s.correct is not None]
+    cell = _cell([r for r in rewards if r is not None], 0, 0)
+    by_task: dict[str, TaskScores] = {}
+    if split:
+        names = [t.info.get("task") if isinstance(t.info.get("task"), str) else None for t in items]
+        for name in sorted({n for n in names if n is not None}):
+            picked = [k for k, n in enumerate(names) if n == name]
+            by_task[name] = _task_scores([items[k] for k in picked], [scores[k] for k in picked], split=False)
+    return TaskScores(len(rewards), statistics.fmean(judged) if judged else None, cell.mean, cell.ci95, rewards,
+                      failed=len(errors), errors=errors[:SHOWN_ERRORS], by_task=by_task)
 
 
 def format_task_table(table: Mapping[str, TaskScores], *, task: str, tasks: int, seed: int) -> str:
     """One row per policy: accuracy and mean reward ± 95 % CI over the same held-out tasks."""
-    head = ["policy", "accuracy", "reward (mean ± 95% CI)"]
-    rows = [[label, "-" if c.accuracy is None else f"{c.accuracy:.1%}", f"{c.reward_mean:.3f} ± {c.reward_ci95:.3f}"]
-            for label, c in table.items()]
+    head = ["policy", "accuracy", "reward (mean ± 95% CI)", "failed"]
+    rows = [_task_row(label, c) for label, c in table.items()]
+    for label, c in table.items():
+        rows += [_task_row(f"  {label}: {name}", part) for name, part in c.by_task.items()]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(x.ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
     n = next(iter(table.values())).tasks if table else tasks
     labels = list(table)
     diffs = [f"{label} minus {labels[0]}, reward paired over the same tasks (mean ± 95% CI): {d.mean:+.3f} ± {d.ci95:.3f}"
              for label, d in task_differences(table).items()]
+    failures = [f"{label}: {c.failed} task(s) failed to score, left out of its means: " + "; ".join(c.errors)
+                for label, c in table.items() if c.failed]
     return "\n".join([
         f"{task}: accuracy and mean reward over {n} held-out tasks (adapter.tasks({HELD_OUT_SEED} + {seed})), "
         f"the same tasks and sampling seeds for every row.",
@@ -358,7 +408,13 @@ def format_task_table(table: Mapping[str, TaskScores], *, task: str, tasks: int,
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
         *(line(r) for r in rows),
         *diffs,
+        *failures,
     ])
+
+
+def _task_row(label: str, c: TaskScores) -> list[str]:
+    reward = "-" if c.tasks == c.failed else f"{c.reward_mean:.3f} ± {c.reward_ci95:.3f}"
+    return [label, "-" if c.accuracy is None else f"{c.accuracy:.1%}", reward, f"{c.failed} of {c.tasks}"]
 
 
 def task_differences(table: Mapping[str, TaskScores]) -> dict[str, Difference]:

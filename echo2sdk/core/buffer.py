@@ -36,11 +36,13 @@ from echo2sdk.core import checks
 from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible, held_bytes
 from echo2sdk.errors import ConfigError, TrajectoryRejected
 
-__all__ = ["StalenessBuffer"]
+__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK"]
 
 GroupKey = tuple[str, int]  # (meta.group_id, version)
 
 _ORDERS = ("fifo", "freshest")
+MAX_TASKS = 64  # task names counted apart (stats()["completed_by_task"]); a mixture names a few
+OTHER_TASK = "(other)"
 MAX_BANNED = 4096  # quarantined worker ids remembered (bounded state; the coordinator refuses them by name too)
 
 
@@ -132,6 +134,9 @@ class StalenessBuffer:
         # Every completed group's records, filtered or not: what the workers produce, not what the learner trains on.
         self._completed_records = self._completed_correct = self._completed_scored = 0
         self._completed_reward = 0.0
+        # the same by task (a record's meta.extra "task": a mixture's component), as rollout_means reads them:
+        # [records, reward sum, scored, correct, groups, filtered]; at most MAX_TASKS names, the rest under OTHER_TASK
+        self._by_task: dict[str, list] = {}
 
         self._admitted = 0
         self._sampled = 0
@@ -300,6 +305,7 @@ class StalenessBuffer:
                 "filtered_groups": self._filtered_groups,
                 "fallback_groups": self._fallback_groups,
                 "aside_groups": len(self._aside),
+                "completed_by_task": {name: tuple(c) for name, c in self._by_task.items()},
             }
 
     # ------------------------------------------------------------------ internals (lock held)
@@ -347,7 +353,19 @@ class StalenessBuffer:
         correct = [t.meta.extra.get("correct") for t in records]
         self._completed_scored += sum(c is not None for c in correct)
         self._completed_correct += sum(bool(c) for c in correct)
-        if self.filter_zero_variance and not has_signal(records):
+        filtered = self.filter_zero_variance and not has_signal(records)
+        name = records[0].meta.extra.get("task")
+        if isinstance(name, str):
+            if name not in self._by_task and len(self._by_task) >= MAX_TASKS:
+                name = OTHER_TASK  # a peer's names are not trusted to be few
+            c = self._by_task.setdefault(name, [0, 0.0, 0, 0, 0, 0])
+            c[0] += len(records)
+            c[1] += sum(t.reward for t in records)
+            c[2] += sum(x is not None for x in correct)
+            c[3] += sum(bool(x) for x in correct)
+            c[4] += 1
+            c[5] += int(filtered)
+        if filtered:
             self._filtered_groups += 1
             self._filtered_since += 1
             self._aside[key] = records

@@ -260,7 +260,7 @@ def _record(backend: InferenceBackend, e: _Live, version: int, worker_id: str, s
         try:
             score = e.episode.result()  # type: ignore[union-attr]
             reward = as_reward(score.reward, "episode reward")
-            extra = bounded_extra(score.info)
+            extra = bounded_extra({**e.task.info, **score.info})  # the task's, then the episode's scalar info
             if score.correct is not None:
                 extra["correct"] = bool(score.correct)
         except Exception as ex:  # noqa: BLE001

@@ -20,7 +20,7 @@ from typing import Any
 from echo2sdk.core.checks import shown
 from echo2sdk.core.contracts import InferenceBackend, Sample, SamplingParams, Task, TaskAdapter
 from echo2sdk.core.failures import Failures, as_reward, failure_reason
-from echo2sdk.core.records import Message, Meta, Trajectory, sampler_logprob
+from echo2sdk.core.records import Message, Meta, Trajectory, bounded_extra, sampler_logprob
 
 __all__ = ["LOGGED_FAILURES", "RolloutStats", "generate_groups", "score_sample", "truncate_prompt"]
 
@@ -104,7 +104,9 @@ def score_sample(
             response_ids=tuple(s.token_ids),
             logprobs=tuple(sampler_logprob(lp) for lp in s.logprobs),
             worker=worker_id,
-            extra={"correct": score.correct, "finish_reason": s.finish_reason, "prompt_truncated": cut},
+            # the task's and the score's scalar info (per-task metrics, the samples table), then the runtime's keys
+            extra={**bounded_extra({**task.info, **(getattr(score, "info", None) or {})}),
+                   "correct": score.correct, "finish_reason": s.finish_reason, "prompt_truncated": cut},
         )
     except Exception as e:  # noqa: BLE001 - a bad rollout is data, not a crash
         reason = failure_reason(e)

@@ -94,11 +94,12 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith(f"toy: accuracy and mean reward over 6 held-out tasks (adapter.tasks({HELD_OUT_SEED} + 0))")
-    assert [c.strip() for c in lines[1].split("|")[1:4]] == ["policy", "accuracy", "reward (mean ± 95% CI)"]
+    assert [c.strip() for c in lines[1].split("|")[1:5]] == ["policy", "accuracy", "reward (mean ± 95% CI)", "failed"]
     assert lines[3].startswith("| base (mock) ") and lines[4].startswith("| trained (mock-2) ")
     data = json.loads(out.read_text())
     assert data["held_out_seed"] == HELD_OUT_SEED and data["tasks"] == 6
-    assert data["table"]["base (mock)"] == {"tasks": 6, "accuracy": 0.0, "reward_mean": 0.0, "reward_ci95": 0.0}
+    assert data["table"]["base (mock)"] == {"tasks": 6, "accuracy": 0.0, "reward_mean": 0.0, "reward_ci95": 0.0,
+                                            "failed": 0, "errors": [], "by_task": {}}
     assert lines[5] == "trained (mock-2) minus base (mock), reward paired over the same tasks (mean ± 95% CI): +0.000 ± 0.000"
     assert data["reward_differences_from_first_row"] == {"trained (mock-2)": {"n": 6, "mean": 0.0, "ci95": 0.0}}
 
@@ -126,3 +127,42 @@ def test_math_on_the_tiny_model_is_reproducible():
     assert base.tasks == trained.tasks == 6
     assert base.rewards == trained.rewards and base.accuracy == trained.accuracy
     assert base.accuracy is not None and 0.0 <= base.accuracy <= 1.0  # math scores say whether each is correct
+
+
+def flaky(response: str, answer: str):
+    """A scorer (dataset:// "scorer" option) that raises on answers ending in 7 and scores NaN on those ending in 3."""
+    from echo2sdk.core.contracts import Score
+
+    if answer.endswith("7"):
+        raise KeyError("no rule for " + answer)
+    return Score(reward=float("nan") if answer.endswith("3") else float(response.strip() == answer))
+
+
+def test_eval_counts_and_names_failed_tasks_instead_of_aborting(tmp_path):
+    from echo2sdk.adapters.evaluate import format_task_table, task_scores_json
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps({"question": f"say {i}", "answer": str(i)}) + "\n" for i in range(40)))
+    table = evaluate_tasks(f"dataset://{path}", {"a": "mock"}, options={"scorer": "test_evaluate_tasks:flaky"}, tasks=40,
+                           backend="mock", backend_options={"answer": "alpha"})
+    row = table["a"]
+    assert (row.tasks, row.failed) == (40, 8)  # 7, 17, 27, 37 raise; 3, 13, 23, 33 score NaN
+    assert sum(r is None for r in row.rewards) == 8 and row.reward_mean == 0.0 and len(row.errors) == 5
+    assert all(e.startswith("task '") and ("KeyError: 'no rule for" in e or "is not finite" in e) for e in row.errors)
+    assert task_scores_json(row)["failed"] == 8
+    text = format_task_table(table, task="dataset", tasks=40, seed=0)
+    assert "| 8 of 40" in text and "a: 8 task(s) failed to score, left out of its means: task '" in text
+
+
+def test_eval_of_a_mixture_has_a_row_per_component(tmp_path):
+    from echo2sdk.adapters.evaluate import format_task_table
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps({"question": "say alpha", "answer": "alpha"}) + "\n" for _ in range(3)))
+    mix = [{"adapter": "toy", "weight": 1}, {"adapter": f"dataset://{path}", "weight": 1}]
+    table = evaluate_tasks("mixture", {"a": "mock"}, options={"mix": mix}, tasks=60, backend="mock",
+                           backend_options={"answer": "alpha"})
+    parts = table["a"].by_task
+    assert set(parts) == {"toy", "qa"} and parts["qa"].accuracy == 1.0 and parts["toy"].accuracy < 1.0
+    assert parts["qa"].tasks + parts["toy"].tasks == 60
+    assert "|   a: qa " in format_task_table(table, task="mixture", tasks=60, seed=0)

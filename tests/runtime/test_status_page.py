@@ -59,6 +59,7 @@ def _cfg(tmp_path):
         "rollout.nice=0", "learner.steps=10", "learner.trajectories_per_step=8", "learner.staleness=2",
         "learner.data_timeout_s=120", "run.progress=false", "run.heartbeat_s=0.5", "run.save_every=0",
         "run.status_port=0", "scheduler.prices={local-0 = 0.9, local-1 = 1.5}", f'run.out="{tmp_path / "run"}"',
+        'task.adapter="mixture"', 'task.options={ mix = [{ adapter = "math" }, { adapter = "toy" }] }',  # Tasks card
     ])
 
 
@@ -117,8 +118,10 @@ def _watch(browser, shot, seen: dict) -> None:
                                                                                    ("local-1", "active")])
         wait.until(lambda b: _page(b)["version"] > seen["v0"] and _page(b)["points"] >= seen["p0"] + 5)
         assert all(shown.startswith("v") for _, _, shown in _rows(browser))  # each worker's installed version
+        wait.until(lambda b: sorted(_tasks(b)) == ["math", "toy"])  # a mixture's components, a row each
         page = _page(browser)
         assert (page["connection"], page["chain_nodes"], page["bars"]) == ("live", 2, 3)  # chains; Delta = 0..S
+        assert page["failures"].endswith("/ 0")  # no adapter failures in the run
         assert browser.save_screenshot(str(shot))
     except BaseException as e:  # noqa: BLE001 - handed to the test's thread
         seen["error"] = e
@@ -130,12 +133,18 @@ def _rows(browser) -> list:
                                   "[r.dataset.worker, r.cells[1].textContent, r.cells[2].textContent])")
 
 
+def _tasks(browser) -> list:
+    return browser.execute_script("return document.getElementById('tasks-card').hidden ? [] : "
+                                  "[...document.querySelectorAll('#tasks tbody tr')].map(r => r.dataset.task)")
+
+
 def _page(browser) -> dict:
     return browser.execute_script(
         "const n = (q) => document.querySelectorAll(q).length;"
         "return {version: Number(document.getElementById('version').textContent),"
         " points: Number(document.getElementById('reward-curve').dataset.points),"
         " connection: document.getElementById('connection').textContent,"
+        " failures: document.getElementById('failures').textContent,"
         " chain_nodes: n('#chains circle.node.active'), bars: n('#staleness rect.bar')}")
 
 

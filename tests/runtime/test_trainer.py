@@ -20,12 +20,13 @@ ROW = {
     "t_backward_s": float, "t_optim_s": float, "t_publish_s": float, "t_step_wall_s": float,
     "learner_wait_s": float, "reward_mean": float, "reward_std": float, "accuracy": (float, None),
     "rollout_reward_mean": (float, None), "rollout_accuracy": (float, None),
-    "filter_rate": (float, int, None), "filter_rate_predicted": (float, int, None), "rollouts_per_s": (float, int, None),
-    "useful_rollouts_per_s": (float, int, None), "learner_wait_filtered_s": float, "learner_wait_empty_s": float,
+    "filter_rate": (float, int, None), "filter_rate_predicted": (float, int, None), "rollouts": int,
+    "rollouts_per_s": (float, int, None), "useful_rollouts_per_s": (float, int, None), "adapter_failures": dict,
+    "adapter_failure_rate": (float, int, None), "learner_wait_filtered_s": float, "learner_wait_empty_s": float,
     "staleness_max": int, "staleness_mean": float, "trajectories": int, "tokens": int, "rejected": int,
     "evicted": int, "groups_filtered": int, "groups_filtered_frac": float, "loss": float, "kl": float,
     "clip_frac": float, "is_weight_mean": float, "is_truncated_frac": float, "grad_norm": float, "lr": float,
-    "task": dict, "workers_alive": int,
+    "task": dict, "tasks": dict, "workers_alive": int,
     "t_bcast_s": (float, None), "t_bcast_all_s": (float, None), "broadcast_repairs": int, "sampler_gap": dict,
     "sampler_var": dict, "sampler_replay_gap": dict, "sampler_replay_var": dict, "t_audit_replay_s": float,
     "records_withheld": int, "workers_quarantined": int, "batches_dropped": int,
@@ -142,14 +143,14 @@ def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
     # 8 more records, 4 of them scored, 3 of those correct; 2 more groups (of 4), 1 of them filtered
     before, now = (8, 4.4, 8, 4, 2, 0), (16, 10.0, 12, 7, 4, 1)
     got = rollout_means(before, now, group_size=4, seconds=2.0)
-    assert got == {"rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75, "filter_rate": 0.5,
+    assert got == {"rollouts": 8, "rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75, "filter_rate": 0.5,
                    "filter_rate_predicted": round(0.75**4 + 0.25**4, 4), "rollouts_per_s": 4.0,
                    "useful_rollouts_per_s": 2.0}
-    none = {"rollout_reward_mean": None, "rollout_accuracy": None, "filter_rate": None, "filter_rate_predicted": None,
+    none = {"rollouts": 0, "rollout_reward_mean": None, "rollout_accuracy": None, "filter_rate": None, "filter_rate_predicted": None,
             "rollouts_per_s": None, "useful_rollouts_per_s": None}
     assert rollout_means(now, now) == none
     assert rollout_means((0, 0.0, 0, 0, 0, 0), (4, -2.0, 0, 0, 1, 0)) == {
-        **none, "rollout_reward_mean": -0.5, "filter_rate": 0.0}
+        **none, "rollouts": 4, "rollout_reward_mean": -0.5, "filter_rate": 0.0}
 
 
 def test_builders_fit_the_constructors(tmp_path):

@@ -26,7 +26,7 @@ class _Returns(ToyAdapter):
 
 @pytest.mark.parametrize("reward, shown", [("0.1", "'0.1' is a str"), (True, "True is a bool"), (None, "None is a NoneType")])
 def test_check_adapter_rejects_a_reward_that_is_not_a_number(reward, shown):
-    with pytest.raises(AdapterError, match=rf"_Returns.*score: task 't0-0': reward = {shown}, not a real number"):
+    with pytest.raises(AdapterError, match=rf"_Returns.*score: task 't0-0' \(task 1 of 100 drawn\): score\(\) gave reward = {shown}, not a real number"):
         check_adapter(_Returns(reward))
 
 

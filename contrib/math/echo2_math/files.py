@@ -9,12 +9,12 @@ written as a worked solution is reduced to its final answer: the text after the 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from echo2sdk.adapters.dataset import jsonl_records
 from echo2sdk.errors import AdapterError, DependencyNotInstalled
 
 from .problems import Problem
@@ -82,15 +82,8 @@ def _problem(record: Any, where: str) -> Problem:
 
 
 def _jsonl(path: Path) -> Iterable[tuple[int, Problem]]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise AdapterError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-            yield lineno, _problem(record, f"{path}:{lineno}")
+    for lineno, record in jsonl_records(path):  # echo2sdk's reader (dataset://): line numbers in its errors
+        yield lineno, _problem(record, f"{path}:{lineno}")
 
 
 def _parquet(path: Path) -> Iterable[tuple[int, Problem]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from echo2sdk.core.contracts import Score
 
-__all__ = ["find_boxes", "unsafe_reason", "is_equivalent", "score_response", "MAX_ANSWER_CHARS"]
+__all__ = ["find_boxes", "unsafe_reason", "is_equivalent", "score_response", "math_scorer", "MAX_ANSWER_CHARS"]
 
 BOX = "\\boxed"
 MAX_ANSWER_CHARS = 100  # longer boxed answers are never verified (parsing cost grows with length)
@@ -246,3 +246,9 @@ def score_response(gold: str, response: str, format_reward: float) -> Score:
         correct = False
     reward = float(correct) + format_reward * float(info["format_ok"])
     return Score(reward=reward, correct=correct, info=info)
+
+
+def math_scorer(response: str, answer: str, format_reward: float = 0.0) -> Score:
+    """The `math` scorer (entry-point group echo2sdk.scorers) that dataset:// tasks name: score_response with
+    the reference answer; `format_reward` as MathAdapter's (0 by default)."""
+    return score_response(answer, response, format_reward)

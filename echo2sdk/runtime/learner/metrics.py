@@ -30,6 +30,7 @@ log = logging.getLogger("echo2sdk.trainer")
 #: filter rate and the rollout rates)
 COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct", "completed_groups",
              "filtered_groups")
+_NONE = (0, 0.0, 0, 0, 0, 0)  # COMPLETED before anything completed
 
 
 def _worker_stats(stats: Mapping[str, Any] | None, field: str) -> dict[str, float | None]:
@@ -50,6 +51,8 @@ def metrics_row(
     rollout_reward_mean: float | None = None, rollout_accuracy: float | None = None,
     filter_rate: float | None = None, filter_rate_predicted: float | None = None, rollouts_per_s: float | None = None,
     useful_rollouts_per_s: float | None = None, wait_causes: Mapping[str, float] | None = None,
+    tasks_rollout: Mapping[str, Mapping[str, Any]] | None = None, rollouts: int = 0,
+    adapter_failures: Mapping[str, int] | None = None, adapter_failure_rate: float | None = None,
 ) -> dict[str, Any]:
     """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
     (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
@@ -71,8 +74,13 @@ def metrics_row(
         # dynamic sampling dropped, the share predicted from their accuracy (binary rewards), the workers' rates
         "filter_rate": filter_rate,
         "filter_rate_predicted": filter_rate_predicted,
+        "rollouts": rollouts,  # completed since the previous step (filtered groups included)
         "rollouts_per_s": rollouts_per_s,
         "useful_rollouts_per_s": useful_rollouts_per_s,
+        # rollouts the task adapter failed since the previous step, by reason (score raised, no finite reward):
+        # their groups are dropped; the rate is of the rollouts scored meanwhile (runtime/learner/health.py warns)
+        "adapter_failures": dict(adapter_failures or {}),
+        "adapter_failure_rate": adapter_failure_rate,
         # learner_wait_s by cause, split by the share of the groups completed meanwhile that were filtered (the
         # pool worked on groups the learner cannot use) and the rest (the pool had not produced enough yet)
         "learner_wait_filtered_s": round((wait_causes or {}).get("filtered", 0.0), 4),
@@ -84,6 +92,7 @@ def metrics_row(
         "loss": st.loss, "kl": st.kl, "clip_frac": st.clip_frac, "is_weight_mean": st.is_weight_mean,
         "is_truncated_frac": st.is_truncated_frac, "grad_norm": st.grad_norm, "lr": st.lr,
         "task": _extra_means(records),
+        "tasks": per_task(records, tasks_rollout),  # by task ({} unless records name one: a mixture)
         "workers_alive": workers_alive, "t_bcast_s": t_q, "t_bcast_all_s": t_all, "broadcast_repairs": broadcast_repairs,
         "sampler_gap": _worker_stats(audit, "gap"),  # the worker audit (core/audit.py)
         "sampler_var": _worker_stats(audit, "var"),
@@ -109,6 +118,7 @@ def rollout_means(before: tuple, now: tuple, *, group_size: int = 0, seconds: fl
     acc = (correct - correct0) / (scored - scored0) if scored > scored0 else None
     rate = (f - f0) / (g - g0) if g > g0 else None
     return {
+        "rollouts": n - n0,
         "rollout_reward_mean": (reward - reward0) / (n - n0) if n > n0 else None,
         "rollout_accuracy": acc,
         "filter_rate": None if rate is None else round(rate, 4),
@@ -126,15 +136,51 @@ def shown_level(row: dict[str, Any]) -> tuple[float, float | None]:
     return (row["reward_mean"] if reward is None else reward, row["accuracy"] if acc is None else acc)
 
 
+#: Task metadata keys that name or number things (a row, an index, a seed) rather than measure them: never
+#: averaged. Also every key ending in _id, _index, _row or seed.
+ID_KEYS = frozenset({"id", "index", "row", "epoch", "position", "seed", "group", "step", "version", "example_id"})
+
+
+def is_measure(key: str, value: object) -> bool:
+    """A task-metadata field worth a mean: a number or a bool whose key is not an id (ID_KEYS)."""
+    return (isinstance(value, (bool, int, float)) and key not in ID_KEYS
+            and not key.endswith(("_id", "_index", "_row", "seed")))
+
+
 def _extra_means(records: list) -> dict[str, float]:
-    """Mean of every numeric (or boolean) task-metadata field over the batch, e.g. an episodic task's
-    turns, fallbacks, failed episodes or chip change; fields a record lacks are left out of its mean."""
+    """Mean of every numeric (or boolean) task-metadata field over the batch (Task.info, Score.info, an episode's
+    summary: turns, fallbacks, failed episodes, chip change; not ids: is_measure); fields a record lacks are left
+    out of its mean."""
     sums: dict[str, list[float]] = {}
     for t in records:
         for key, value in t.meta.extra.items():
-            if isinstance(value, (bool, int, float)) and not key.endswith("seed"):  # ids, not measurements
+            if is_measure(key, value):
                 sums.setdefault(key, []).append(float(value))
     return {k: round(statistics.fmean(v), 4) for k, v in sorted(sums.items())}
+
+
+def per_task(records: list, rollout: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """The batch split by task (records whose meta.extra names a "task": a mixture's components): trajectories,
+    reward_mean, accuracy and the means of their metadata; with `rollout` (per task, what RunMetrics.
+    rollout_since_last measured) the workers' level and the filter rate of the groups completed since the previous
+    step. {} when no record names a task."""
+    by: dict[str, list] = {}
+    for t in records:
+        name = t.meta.extra.get("task")
+        if isinstance(name, str):
+            by.setdefault(name, []).append(t)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({*by, *(rollout or {})}):
+        rs = by.get(name, [])
+        scored = [c for c in (t.meta.extra.get("correct") for t in rs) if c is not None]
+        out[name] = {
+            "trajectories": len(rs),
+            "reward_mean": round(statistics.fmean(t.reward for t in rs), 4) if rs else None,
+            "accuracy": round(statistics.fmean(bool(c) for c in scored), 4) if scored else None,
+            **(rollout or {}).get(name, {}),
+            "info": _extra_means(rs),
+        }
+    return out
 
 
 class RunMetrics:
@@ -147,7 +193,9 @@ class RunMetrics:
         self.max_filter_rate = max_filter_rate  # scheduler.max_filter_rate: the live recalibration's cap on f
         self.rows: list[dict[str, Any]] = []
         self.bytes = 0  # length of metrics.jsonl after the last row (a checkpoint records it)
-        self._completed_seen: tuple = (0, 0.0, 0, 0, 0, 0)  # the buffer's COMPLETED counters at the previous step
+        self._completed_seen: tuple = _NONE  # the buffer's COMPLETED counters at the previous step
+        self._task_seen: dict[str, tuple] = {}  # the same by task (the buffer's completed_by_task)
+        self._failures_seen: dict[str, int] = {}  # the workers' adapter failures by reason at the previous step
         self._seen_at = time.perf_counter()
 
     def restore(self, length: int) -> None:
@@ -175,7 +223,25 @@ class RunMetrics:
         """rollout_means of the groups completed since the previous call."""
         done, now = tuple(buffer_stats[k] for k in COMPLETED), time.perf_counter()
         (before, self._completed_seen), (then, self._seen_at) = (self._completed_seen, done), (self._seen_at, now)
-        return rollout_means(before, done, group_size=self.group_size, seconds=now - then)
+        by_task = dict(buffer_stats.get("completed_by_task", {}))
+        tasks = {}
+        for name, counts in by_task.items():  # per task: the level and filter rate of what completed meanwhile
+            m = rollout_means(self._task_seen.get(name, _NONE), counts, group_size=self.group_size)
+            tasks[name] = {"rollout_accuracy": m["rollout_accuracy"], "rollout_reward_mean": m["rollout_reward_mean"],
+                           "filter_rate": m["filter_rate"], "groups_completed": counts[4] - self._task_seen.get(name, _NONE)[4]}
+        self._task_seen = by_task
+        return {**rollout_means(before, done, group_size=self.group_size, seconds=now - then), "tasks_rollout": tasks}
+
+    def failures_since_last(self, by_reason: Mapping[str, int], rollouts: int) -> dict[str, Any]:
+        """The adapter failures the workers reported (their heartbeats' cumulative counts, summed: `by_reason`)
+        since the previous call, and their share of the rollouts scored meanwhile (`rollouts` completed + failed;
+        None when none). A worker that restarted counts from 0 again: a count that went down adds nothing."""
+        now = dict(by_reason)
+        diff = {k: v - self._failures_seen.get(k, 0) for k, v in now.items() if v > self._failures_seen.get(k, 0)}
+        self._failures_seen = now
+        total = sum(diff.values())
+        return {"adapter_failures": diff,
+                "adapter_failure_rate": round(total / (total + rollouts), 4) if total + rollouts else None}
 
     def log_batch(self, step: int, records: list, deltas: list[int], samples_every: int, samples: int) -> None:
         """The batch's staleness histogram every step, a table of its completions every `samples_every`."""

@@ -45,6 +45,7 @@ from echo2sdk.runtime.learner.metrics import (
     sizing_filter_rate,
     summary,
 )
+from echo2sdk.runtime.learner.health import Health
 from echo2sdk.runtime.learner.publication import Publication
 from echo2sdk.runtime.learner.replay import AuditReplay
 from echo2sdk.runtime.learner.tasks import CountedTasks
@@ -81,6 +82,7 @@ class Trainer:
         self._run_log: Any = None  # the handler writing run.log, removed at close
         self.metrics = RunMetrics(self.out, None, cfg.learner.trajectories_per_step, cfg.kappa, cfg.rollout.group_size,
                                   cfg.scheduler.max_filter_rate)
+        self.health = Health()  # warnings from each metrics row (no reward signal, adapter failures)
         self.last_checkpoint: dict[str, Any] | None = None
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
         self._stop = threading.Event()  # set by the first SIGTERM/SIGINT
@@ -311,12 +313,15 @@ class Trainer:
                           replay_s=self.replay.replay_s, wait_causes=self.batches.wait_causes,
                           **self._pool_counters())
         self.metrics.record(row)
+        self.health.check(row)  # no reward signal, adapter failures: warnings on the console and in run.log
         return row
 
     def _pool_counters(self) -> dict[str, int | float | None]:
         buf, coord = self.buffer.stats(), self.coordinator
+        rollout = self.metrics.rollout_since_last(buf)
         return {
-            **self.metrics.rollout_since_last(buf),
+            **rollout,
+            **self.metrics.failures_since_last(coord.adapter_failures()["adapter_failures"], rollout["rollouts"]),
             "rejected": sum(coord.rejected.values()),
             "evicted": buf["evicted"],
             "groups_filtered": buf["filtered_groups"],
@@ -404,6 +409,7 @@ class Trainer:
             batches_dropped_records_by_worker=dict(self.batches.dropped_by_worker),
             batches_withheld=self.replay.batches_withheld,  # the audit's screen withheld every record (not trained on)
             records_withheld_by_worker=dict(self.replay.withheld_by_worker),  # by the audit's screen (core/audit.py)
+            warnings=list(self.health.warnings),  # what runtime/learner/health.py warned about during the run
             config=redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         )
         if cfg.broadcast.delta:

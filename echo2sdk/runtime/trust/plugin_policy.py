@@ -10,7 +10,8 @@ that came over the wire are never imported as such: a worker loads
 - any other "pkg.mod:Attr" reference only when the worker's operator allowed it, by that exact string,
   with `echo2 worker --allow-plugin pkg.mod:Attr` (repeatable).
 
-The same holds for reference-like strings anywhere in the options (a sandbox adapter resolves its
+A mixture (`mixture`, a config's [[task.mix]]) loads each of its components as an adapter: each is checked as
+the adapter itself is. The same holds for reference-like strings anywhere in the options (a sandbox adapter resolves its
 serializer, renderer and specs from such strings), and for the environment of the `verifiers` adapter, which
 imports the module its env id names (`vf-x` -> `vf_x`) and calls its `load_environment(**env_args)`: that env
 must be an installed verifiers environment package here (a distribution that requires verifiers), or allowed
@@ -36,6 +37,7 @@ __all__ = ["check_plugins", "allowances", "REFERENCE"]
 
 PASS_THROUGH = "backend_options.engine_options"  # vllm / sglang: the engine's own keyword arguments, as they are
 REMOTE_CODE = "trust_remote_code"
+MIXTURE = "mixture"  # the adapter (adapters/mixture.py) whose options name adapters it loads: each is checked
 VERIFIERS = "verifiers"  # the adapter (adapters/verifiers.py) whose env id names a module it imports
 REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # what plugins.import_reference would import
 _MAX_WALK = 100_000  # option values inspected (the welcome's size bounds them anyway)
@@ -45,15 +47,16 @@ def check_plugins(cfg: WorkerConfig, allowed: Collection[str] = ()) -> None:
     """ConfigError naming the first plug-in or option of `cfg` this worker must not load; None when all are
     registered here or allowed by the operator."""
     allowed = frozenset(allowed)
-    _check_name(ADAPTERS, "adapter", cfg.adapter, allowed)
+    for adapter, options in _adapters(cfg):
+        _check_name(ADAPTERS, "adapter", adapter, allowed)
+        env = _verifiers_env(adapter, options)
+        if env is not None and env not in allowed and not _installed_verifiers_env(env):
+            raise ConfigError(
+                f"the coordinator's verifiers adapter names env {shown(env)}, whose module it would import; it is "
+                f"not an installed verifiers environment package on this worker: pip install it, or start the worker "
+                f"with  --allow-plugin {shown(env)[1:-1]}"
+            )
     _check_name(BACKENDS, "backend", cfg.backend, allowed)
-    env = _verifiers_env(cfg)
-    if env is not None and env not in allowed and not _installed_verifiers_env(env):
-        raise ConfigError(
-            f"the coordinator's verifiers adapter names env {shown(env)}, whose module it would import; it is not "
-            f"an installed verifiers environment package on this worker: pip install it, or start the worker with "
-            f" --allow-plugin {shown(env)[1:-1]}"
-        )
     for what in _code_options(cfg):
         if what not in allowed:
             raise ConfigError(
@@ -74,7 +77,8 @@ def allowances(cfg: WorkerConfig | Any) -> list[str]:
     learner's operator configured, for the workers the learner starts itself. Sorted, no duplicates."""
     cfg = cfg if isinstance(cfg, WorkerConfig) else WorkerConfig.from_mapping(cfg)
     out = set()
-    for group, name in ((ADAPTERS, cfg.adapter), (BACKENDS, cfg.backend)):
+    named = [(ADAPTERS, adapter) for adapter, _ in _adapters(cfg)] + [(BACKENDS, cfg.backend)]
+    for group, name in named:
         try:
             _check_name(group, "plug-in", name, frozenset())
         except ConfigError:
@@ -82,9 +86,10 @@ def allowances(cfg: WorkerConfig | Any) -> list[str]:
                 out.add(name)
     for field in ("adapter_options", "backend_options"):
         out.update(_references(getattr(cfg, field)))
-    env = _verifiers_env(cfg)
-    if env is not None and not _installed_verifiers_env(env):
-        out.add(env)
+    for adapter, options in _adapters(cfg):
+        env = _verifiers_env(adapter, options)
+        if env is not None and not _installed_verifiers_env(env):
+            out.add(env)
     out.update(_code_options(cfg))
     return sorted(out)
 
@@ -126,14 +131,29 @@ def _code_options(cfg: WorkerConfig) -> Iterator[str]:
         yield REMOTE_CODE
 
 
-def _verifiers_env(cfg: WorkerConfig) -> str | None:
-    """`verifiers://ID` when `cfg`'s adapter is the verifiers adapter (by name, entry-point value or URL) and
+def _adapters(cfg: WorkerConfig) -> list[tuple[str, dict[str, Any]]]:
+    """The adapters `cfg` makes a worker load, with their options: its adapter, and a mixture's components (each
+    loaded as an adapter of its own: echo2sdk.adapters.mixture). A component that is not a table with a string
+    adapter is the mixture's to refuse; it loads nothing."""
+    out = [(cfg.adapter, cfg.adapter_options)]
+    ep = registered(ADAPTERS).get(MIXTURE)
+    if cfg.adapter == MIXTURE or (ep is not None and cfg.adapter == ep.value):
+        mix = cfg.adapter_options.get("mix")
+        for part in mix if isinstance(mix, list) else ():
+            if isinstance(part, dict) and isinstance(part.get("adapter"), str):
+                options = part.get("options")
+                out.append((part["adapter"], options if isinstance(options, dict) else {}))
+    return out
+
+
+def _verifiers_env(adapter: str, options: dict[str, Any]) -> str | None:
+    """`verifiers://ID` when `adapter` is the verifiers adapter (by name, entry-point value or URL) and
     its env is a string (anything else the adapter refuses before it imports); else None."""
     ep = registered(ADAPTERS).get(VERIFIERS)
-    if cfg.adapter.startswith(f"{VERIFIERS}://"):
-        env: Any = cfg.adapter
-    elif cfg.adapter == VERIFIERS or (ep is not None and cfg.adapter == ep.value):
-        env = cfg.adapter_options.get("env")
+    if adapter.startswith(f"{VERIFIERS}://"):
+        env: Any = adapter
+    elif adapter == VERIFIERS or (ep is not None and adapter == ep.value):
+        env = options.get("env")
     else:
         return None
     if not isinstance(env, str):

@@ -30,6 +30,8 @@ function drawFacts(s) {
   $("wait").textContent = `${fmt(L.last_wait_s, 2)} s / ${fmt(L.last_train_s, 2)} s`;
   $("tbcast").textContent = `${fmt(s.broadcast.t_bcast_s, 2)} s / ${fmt(s.broadcast.t_bcast_all_s, 2)} s`;
   $("cost").textContent = `$${fmt(s.cost.usd, 4)} (${fmt(s.cost.usd_per_hour, 2)} $/h)`;
+  const f = s.failures;
+  $("failures").textContent = f.last ? `${f.last} (${fmt(100 * f.rate, 1)} %) / ${f.total}` : `0 / ${f.total}`;
   $("progress-bar").style.width = `${run.steps ? (100 * run.step) / run.steps : 0}%`;
 }
 
@@ -145,6 +147,25 @@ function drawReward(points) {
   }
 }
 
+// A mixture's components (metrics "tasks"): one row each; the card stays hidden for a single task.
+function drawTasks(tasks) {
+  $("tasks-card").hidden = !tasks.length;
+  const body = $("tasks").querySelector("tbody");
+  clear(body);
+  for (const t of tasks) {
+    const tr = document.createElement("tr");
+    tr.dataset.task = t.name;
+    const pct = (x) => (x === null || x === undefined ? "-" : `${fmt(100 * x, 1)} %`);
+    for (const text of [t.name, String(t.groups_completed ?? 0), pct(t.rollout_accuracy), fmt(t.rollout_reward_mean, 3),
+                        pct(t.filter_rate), String(t.trajectories), pct(t.accuracy)]) {
+      const td = document.createElement("td");
+      td.textContent = text;
+      tr.appendChild(td);
+    }
+    body.appendChild(tr);
+  }
+}
+
 async function poll() {
   try {
     const r = await fetch("/api/status", { credentials: "same-origin", cache: "no-store" });
@@ -156,6 +177,7 @@ async function poll() {
     drawChains(s.broadcast, s.workers);
     drawStaleness(s.staleness);
     drawReward(s.reward);
+    drawTasks(s.tasks);
     $("connection").textContent = "live";
     $("connection").className = "pill live";
   } catch (e) {

@@ -87,6 +87,13 @@ def status_snapshot(view: RunView) -> dict[str, Any]:
         # mixed-reward groups only, so its mean is not the policy's level
         "reward": [[r["step"], r["time_s"], *shown_level(r)] for r in rows[-MAX_POINTS:]],
         "coordinator": {k: v for k, v in coord.stats().items() if isinstance(v, (int, float))},
+        # the task adapter's failed rollouts (their groups dropped): the last step's, its rate, the run's
+        "failures": {"last": sum((last.get("adapter_failures") or {}).values()),
+                     "rate": last.get("adapter_failure_rate"),
+                     "total": sum(sum((r.get("adapter_failures") or {}).values()) for r in rows)},
+        # a mixture's components at the last step: the workers' accuracy and filter rate, the batch's share
+        "tasks": [{"name": name, **{k: v for k, v in t.items() if k != "info"}}
+                  for name, t in (last.get("tasks") or {}).items()],
     }
     return _json_safe(snap)
 
