@@ -390,16 +390,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--env-option", action="append", metavar="KEY=VALUE",
                     help="an env_options key of the --env sandbox, TOML value (repeatable), e.g. free_fold=false")
     ev.add_argument("--tasks", type=int, default=100, help="held-out tasks per policy (with --task or --config)")
-    ev.add_argument("--config", help="take the task (a [[task.mix]] mixture too: per-component rows) and the answer "
-                    "length (rollout.max_new_tokens) from this run config instead of --task")
-    ev.add_argument("--base", default="smollm2-135m", help="the base policy (model name or HF folder)")
+    ev.add_argument("--config", help="take the task (a [[task.mix]] mixture too: per-component rows), the base model "
+                    "(model.policy), the answer length (rollout.max_new_tokens) and the temperature from this run "
+                    "config instead of --task; a dataset:// component is evaluated on its own file's rows")
+    ev.add_argument("--base", help="the base policy (model name or HF folder; default: --config's model.policy, else "
+                    "smollm2-135m)")
     ev.add_argument("--trained", help="the trained policy, e.g. runs/poker/checkpoint")
     ev.add_argument("--opponents", help="comma-separated; default: the env plug-in's (poker: 3 rule-based + llm)")
     ev.add_argument("--metric", help="meta.extra field averaged per cell; default: the plug-in's (poker chips)")
     ev.add_argument("--hands", type=int, default=100, help="seeded hands per (policy, opponent) cell")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--max-new-tokens", type=int, help="default 12 per turn (--env), 64 per answer (--task)")
-    ev.add_argument("--temperature", type=float, default=0.7)
+    ev.add_argument("--temperature", type=float, help="default: --config's rollout.temperature, else 0.7")
     ev.add_argument("--json", help="also write the table as JSON to this path")
     ev.add_argument("--backend", default="hf", help="inference backend of the evaluated policies (hf, vllm, ...)")
     ev.add_argument("--batch", type=int, default=16, help="hands played (or tasks answered) side by side")
@@ -474,6 +476,7 @@ def _eval(args: argparse.Namespace) -> int:
     plugin = load_env_plugin(scheme)
     metric = args.metric or default_metric(scheme, plugin)
     env_options = _options("--env-option", args.env_option)
+    _eval_defaults(args)
     policies = {f"base ({args.base})": args.base}
     if args.trained:
         policies[f"trained ({args.trained})"] = args.trained
@@ -537,6 +540,11 @@ def _options(flag: str, items: list[str] | None) -> dict[str, object]:
     return options
 
 
+def _eval_defaults(args: argparse.Namespace) -> None:
+    """--base and --temperature where neither the command line nor --config gave them."""
+    args.base, args.temperature = args.base or "smollm2-135m", 0.7 if args.temperature is None else args.temperature
+
+
 def _eval_tasks(args: argparse.Namespace) -> int:
     """`echo2 eval --task ADAPTER`: accuracy and mean reward of base (and trained) on held-out tasks."""
     from echo2sdk.adapters.evaluate import (
@@ -563,6 +571,9 @@ def _eval_tasks(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
         args.task, options = cfg.task.adapter, dict(cfg.task.options)
         max_new_tokens = args.max_new_tokens or cfg.rollout.max_new_tokens
+        args.base = args.base or cfg.model.policy
+        args.temperature = cfg.rollout.temperature if args.temperature is None else args.temperature
+    _eval_defaults(args)
     policies = {f"base ({args.base})": args.base}
     if args.trained:
         policies[f"trained ({args.trained})"] = args.trained

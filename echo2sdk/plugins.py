@@ -7,6 +7,7 @@ Built-ins register in pyproject.toml exactly as third parties do. A name may als
 from __future__ import annotations
 
 import importlib
+import re
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -20,6 +21,9 @@ ADAPTERS = "echo2sdk.adapters"
 BACKENDS = "echo2sdk.backends"
 ENVS = "echo2sdk.envs"
 SANDBOX = "sandbox"  # the adapter that env URLs ("scheme://id") load
+#: Schemes with a meaning reserved by echo2sdk even when no plug-in for them is installed (adapters.registry
+#: names the package to install; load_adapter lets them through to it).
+RESERVED_SCHEMES = {"moba": "lane-battle MOBA sandboxes (moba://lane_1v1_v1); pip install -e contrib/moba (echo2-moba)"}
 
 
 @cache
@@ -27,9 +31,16 @@ def registered(group: str) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=group)}
 
 
+#: What a reference looks like (runtime/trust/plugin_policy.py checks the same pattern before a worker imports one).
+REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
 def import_reference(ref: str) -> Any:
     """The object a "pkg.mod:Attr" (or "pkg.mod:Outer.Inner") reference names, imported now.
-    Raises ImportError or AttributeError as the import or the attribute lookup does."""
+    Raises ImportError or AttributeError as the import or the attribute lookup does; ImportError, before any
+    import, for a string that is not of that form."""
+    if not REFERENCE.fullmatch(ref):
+        raise ImportError(f"{ref!r} is not a 'package.module:attribute' reference")
     module, _, attr = ref.partition(":")
     obj: Any = importlib.import_module(module)
     for part in attr.split("."):
@@ -74,6 +85,9 @@ def load_adapter(name: str, options: dict[str, Any] | None = None) -> TaskAdapte
             raise AdapterError(f"adapter {name!r}: options.env = {options['env']!r} contradicts the adapter URL")
         options["env"] = name
         scheme = name.split("://", 1)[0]
+        if scheme not in registered(ADAPTERS) and scheme not in registered(ENVS) and scheme not in RESERVED_SCHEMES:
+            schemes = [n for n in registered(ADAPTERS) if n != SANDBOX] + list(registered(ENVS))
+            raise NameNotFound("URL scheme (an adapter's, or an env plug-in's)", scheme, schemes)
         name = scheme if scheme in registered(ADAPTERS) else SANDBOX  # verifiers://ENV is the `verifiers` adapter
     factory = load_object(ADAPTERS, name)
     try:

@@ -8,6 +8,7 @@ runs the suite from the command line and prints one JSON line per check. `check_
 adapters' suite:
 
     python -m echo2sdk.testing check-adapter reasoning-gym://chain_sum --option 'config={"max_terms": 3}'
+    python -m echo2sdk.testing check-adapter --config examples/reasoning_gym_mix.toml
 
 prints its report (or the failure) as one JSON line and exits 1 on a failure."""
 
@@ -156,7 +157,7 @@ def check_adapter(adapter, *, backend=None, seed: int = 0, n: int = 2, groups: i
     first = drawn[:groups]
     _adapter_spec(adapter, seed, groups, first)
     if not report["episodic"]:
-        report["scored"] = _adapter_scores(adapter, drawn)
+        report["scored"] = _adapter_scores(adapter, drawn, report)
     else:
         report["turns"] = _adapter_episodes(adapter, first[0])
     if backend is not None:
@@ -243,17 +244,22 @@ def _responses(task: Any, k: int) -> list[str]:
     return [*given, _MALFORMED[k % len(_MALFORMED)]]
 
 
-def _adapter_scores(adapter: Any, drawn: list) -> int:
+def _adapter_scores(adapter: Any, drawn: list, report: dict) -> int:
     """Every drawn task scored (see _responses), and the first one against every malformed response: score()
     returns a Score whose reward is a finite int or float (not a str, not a bool) and never raises. Returns the
-    number of score() calls."""
+    number of score() calls; report["reference_reward_mean"]: the mean over tasks of the best reward of the task's
+    own answer (as given, boxed, tagged): 0 means no reference answer scores, e.g. a wrong answer column or scorer."""
     if not callable(getattr(adapter, "score", None)):
         _adapter_fail(adapter, "score", "the adapter has neither score(task, response) nor start(task, index)")
-    calls = 0
+    calls, best = 0, []
     for k, task in enumerate(drawn):
-        for text in (*_MALFORMED, *_responses(task, k)) if k == 0 else _responses(task, k):
+        given = _responses(task, k)
+        for text in (*_MALFORMED, *given) if k == 0 else given:
             _adapter_score(adapter, task, k, len(drawn), text)
             calls += 1
+        if len(given) > 1:  # the reference answer, as given, boxed and tagged: the best of the three
+            best.append(max(float(adapter.score(task, text).reward) for text in given[:-1]))
+    report["reference_reward_mean"] = sum(best) / len(best) if best else None
     return calls
 
 
@@ -880,6 +886,9 @@ def _check_adapter_cli(name: str, options: dict, tasks: int, seed: int, backend:
         if engine is not None:
             engine.close()
     report.pop("rewards", None)
+    if report.get("reference_reward_mean") == 0:
+        report["warning"] = ("every task's own answer (as given, boxed and tagged) scores 0: check the answer column "
+                             "or field and the scorer")
     print(json.dumps({"adapter": name, "check": "pass", **report}), flush=True)
     return 0
 
@@ -899,8 +908,9 @@ def _main(argv: list[str] | None = None) -> int:
     cb.add_argument("--tolerance", type=float, default=0.05, help="mean |log-prob error| allowed against transformers")
     cb.add_argument("--no-reference", action="store_true", help="skip the comparison with transformers")
     ca = sub.add_parser("check-adapter", help="run check_adapter on a task adapter and print its report as JSON")
-    ca.add_argument("adapter", help="registered name, URL (reasoning-gym://chain_sum, dataset://data.jsonl, "
+    ca.add_argument("adapter", nargs="?", help="registered name, URL (reasoning-gym://chain_sum, dataset://data.jsonl, "
                     "poker://nlhe_headsup_v1) or pkg.mod:Class")
+    ca.add_argument("--config", help="check the task a run config names (its [[task.mix]] mixture too) instead")
     ca.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="adapter option (JSON value or text)")
     ca.add_argument("--tasks", type=int, default=ADAPTER_TASKS, help=f"tasks drawn and checked (default {ADAPTER_TASKS})")
     ca.add_argument("--seed", type=int, default=0)
@@ -918,6 +928,15 @@ def _main(argv: list[str] | None = None) -> int:
         except ValueError:
             options[key] = text
     if args.command == "check-adapter":
+        if (args.adapter is None) == (args.config is None):
+            parser.error("check-adapter takes an ADAPTER or --config FILE (one of them)")
+        if args.config is not None:
+            from echo2sdk.config import load_config
+
+            if options:
+                parser.error("--option applies to an ADAPTER; --config FILE names the task and its options")
+            cfg = load_config(args.config)
+            args.adapter, options = cfg.task.adapter, dict(cfg.task.options)
         return _check_adapter_cli(args.adapter, options, args.tasks, args.seed, args.backend, args.model)
 
     def emit(r: CheckResult) -> None:

@@ -10,7 +10,8 @@ PATH (relative to the learner's working directory, or absolute as dataset:///abs
 downloaded: a hub name is not a path.
 
 Columns: `question` (default: the first of problem, question, prompt, query, input) is the user message,
-or `template` formats the row (`"{question}\\n\\nOptions: {choices}"`); a `messages` column holding a chat
+or `template` formats the row: its placeholders are the row's own column names (`"{q}\\n\\nOptions: {choices}"`;
+the `question` column must exist all the same); a `messages` column holding a chat
 list is used as it is when `question = "messages"`. `answer` (default: the first of answer, final_answer,
 expected_answer, ground_truth, target, solution, output) is the reference; a worked solution keeps its
 final answer (after the last "####", or the last \\boxed{}). `id` names a column of task ids (default:
@@ -26,6 +27,7 @@ answer, and never needs the file. `scorer` is `exact`, `contains`, a scorer regi
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import random
@@ -167,6 +169,12 @@ class DatasetAdapter:
         self.template, self.system_prompt, self.info = template, system_prompt, list(info)
         self.scorer_name, self.scorer_options, self.split, self.shuffle = scorer, dict(scorer_options), split, shuffle
         self._scorer = load_scorer(scorer)
+        try:  # the options a scorer takes, checked now rather than failing every rollout
+            inspect.signature(self._scorer).bind("", "", **self.scorer_options)
+        except TypeError as e:
+            raise ConfigError(f"scorer_options = {self.scorer_options!r} do not fit scorer {scorer!r}: {e}") from None
+        except ValueError:
+            pass  # a callable without an inspectable signature (a C function): its first call tells
         self._tasks: list[tuple[str, tuple[dict[str, str], ...], str, dict[str, Any]]] | None = None
 
     def spec(self) -> tuple[str, dict[str, Any]]:
@@ -209,7 +217,7 @@ class DatasetAdapter:
             if self.template is not None:
                 try:
                     value = self.template.format_map(row)
-                except (KeyError, IndexError, ValueError) as e:
+                except (KeyError, IndexError, ValueError, AttributeError, TypeError) as e:
                     raise AdapterError(f"{where}: template = {self.template!r} cannot be filled: {type(e).__name__}: {e}") from None
             if not isinstance(value, str) or not value.strip():
                 raise AdapterError(f"{where}: column {column!r} must be a non-empty string, got {value!r:.80}")
@@ -219,7 +227,7 @@ class DatasetAdapter:
         return messages
 
     def _task(self, k: int, row: Mapping[str, Any]) -> tuple[str, tuple[dict[str, str], ...], str, dict[str, Any]]:
-        where = f"dataset://{self.path} row {k}"
+        where = f"dataset://{self.path} row {k} (from 0)"
         q = self._pick(row, self.question, QUESTION_COLUMNS, "question", where)
         a = self._pick(row, self.answer, ANSWER_COLUMNS, "answer", where)
         answer = row[a]

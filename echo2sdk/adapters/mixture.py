@@ -27,7 +27,7 @@ from typing import Any
 
 from echo2sdk.core import checks
 from echo2sdk.core.contracts import Score, Task
-from echo2sdk.errors import AdapterError, ConfigError
+from echo2sdk.errors import AdapterError, ConfigError, Echo2Error
 
 __all__ = ["MixtureAdapter", "MIXTURE", "component_name"]
 
@@ -75,7 +75,13 @@ class MixtureAdapter:
                 raise ConfigError(f"{where}.name = {name!r}: expected 1-64 letters, digits or _.+-")
             if name in self._adapters:
                 raise ConfigError(f"{where}: the name {name!r} is taken by another component; give one a `name`")
-            loaded = load_adapter(adapter, dict(options))
+            if adapter == MIXTURE or adapter.endswith(":MixtureAdapter"):
+                raise ConfigError(f"{where}.adapter = {adapter!r}: a mixture's components are tasks, not mixtures "
+                                  "(give their components here, with their weights)")
+            try:
+                loaded = load_adapter(adapter, dict(options))
+            except Echo2Error as e:
+                raise ConfigError(f"{where}.adapter = {adapter!r}: {e}") from e
             if is_episodic(loaded):
                 raise ConfigError(f"{where}.adapter = {adapter!r} is episodic; a mixture takes single-turn tasks only")
             self._adapters[name] = loaded
@@ -122,4 +128,8 @@ class MixtureAdapter:
             raise ValueError(f"task {task.id!r} names no component of this mixture: info['task'] = {name!r}")
         info = {k: v for k, v in task.info.items() if k != "task"}
         own = Task(id=task.id.partition("/")[2], messages=task.messages, answer=task.answer, info=info)
-        return adapter.score(own, response)
+        score = adapter.score(own, response)
+        if isinstance(score, Score) and isinstance(score.info, dict) and "task" in score.info:  # the name stays ours
+            info = {("component_task" if k == "task" else k): v for k, v in score.info.items()}
+            score = Score(reward=score.reward, correct=score.correct, info=info)
+        return score

@@ -8,8 +8,13 @@ reasoning-gym (PyPI `reasoning-gym`, the optional extra `reasoning-gym`) ships 1
 its own verifier. The stream of `tasks(seed)` is made of chunks of `chunk_size` items, each chunk a
 generator seeded from (seed, chunk number): endless, deterministic for a seed, never the same item twice
 by construction of the seeds. A task carries only (dataset seed, index) in `Task.info`; the worker that
-scores it rebuilds the same generator and item (generation is deterministic), so the item's metadata
-never crosses the wire and no data file is needed anywhere.
+scores it rebuilds the same generator and item (generation is deterministic; an item whose answer differs from
+the task's is a failed rollout, not a wrong score), so the item's metadata never crosses the wire. A config value
+naming a file (data_file) must be a plain file name of reasoning-gym's data folder.
+
+Some generators' verifiers evaluate the model's answer as Python or with sympy (EVALUATES_ANSWER): a remote
+worker loads them only with --allow-plugin reasoning-gym://NAME (the learner's own local workers are started
+with it when the config names them).
 
 The reward is the generator's own `score_answer` of the text inside the response's last
 <answer>...</answer> (reasoning-gym's convention, which its system prompts ask for); 0 without one.
@@ -32,9 +37,39 @@ from echo2sdk.core import checks
 from echo2sdk.core.contracts import Score, Task
 from echo2sdk.errors import ConfigError, DependencyNotInstalled, NameNotFound
 
-__all__ = ["ReasoningGymAdapter", "SCHEME"]
+__all__ = ["ReasoningGymAdapter", "SCHEME", "EVALUATES_ANSWER", "evaluates_answer"]
 
 SCHEME = "reasoning-gym"
+#: Generators whose verifier (reasoning-gym 0.1.25's score_answer) runs the model's answer through Python's eval or
+#: sympy's parse_expr (which evals it): code execution wherever it is scored. A rollout worker loads them only when
+#: its operator allows it (echo2 worker --allow-plugin reasoning-gym://NAME; runtime/trust/plugin_policy.py);
+#: composite can hold any generator. tests/adapters/test_tasks_people_have.py checks the list against the package.
+EVALUATES_ANSWER = frozenset({
+    "binary_matrix", "composite", "countdown", "intermediate_integration", "n_queens", "polynomial_multiplication",
+    "puzzle24", "simple_integration", "spiral_matrix", "string_insertion",
+})
+_PATH_KEYS = ("file", "path", "dir")  # config keys whose values name files: only plain names of the package's own
+
+
+def evaluates_answer(adapter: str) -> bool:
+    """Whether `adapter` ("reasoning-gym://NAME") is a generator in EVALUATES_ANSWER."""
+    scheme, _, name = adapter.partition("://")
+    return scheme == SCHEME and name in EVALUATES_ANSWER
+
+
+def _path_values(config: Any, where: str = "config") -> Iterator[tuple[str, str]]:
+    """(key path, value) of every string under a file-naming key (data_file, ...) that is not a plain file name:
+    reasoning-gym joins it onto its package folder, so a separator or '..' would read any file of the machine."""
+    items = config.items() if isinstance(config, Mapping) else enumerate(config) if isinstance(config, list) else ()
+    for key, value in items:
+        here = f"{where}.{key}"
+        if isinstance(value, (Mapping, list)):
+            yield from _path_values(value, here)
+        elif isinstance(value, str) and any(k in str(key).lower() for k in _PATH_KEYS) and (
+                "/" in value or "\\" in value or value.startswith(".") or ":" in value):
+            yield here, value
+
+
 _CACHED = 8  # generators kept per adapter (one per chunk seed); a worker scores the chunks of a few steps
 
 
@@ -52,8 +87,9 @@ class ReasoningGymAdapter:
                    are this adapter's to set
     system_prompt: a name of reasoning-gym's SYSTEM_PROMPTS ("default", "simple", "direct", "DeepSeekZero",
                    "chain_of_draft") or the prompt itself
-    fewshot:       worked examples shown before the question (an item of the same generator from its own seed,
-                   answered as <answer>ANSWER</answer>): small models follow a shown format far better
+    fewshot:       0-8 worked examples shown before the question (the first items of the same generator under a
+                   seed of their own, the same for every task, answered as <answer>ANSWER</answer>): small models
+                   follow a shown format far better
     chunk_size:    items per seeded generator instance (reasoning-gym's `size`)
     """
 
@@ -75,6 +111,9 @@ class ReasoningGymAdapter:
         for key in ("seed", "size"):
             if key in config:
                 raise ConfigError(f"reasoning-gym://{name}: config.{key} is set by the adapter (tasks(seed), chunk_size)")
+        for key, value in _path_values(config):
+            raise ConfigError(f"reasoning-gym://{name}: {key} = {value!r}: a file of reasoning-gym's own data folder is "
+                              "named by its plain file name (no folder, no '..')")
         if not isinstance(system_prompt, str) or not system_prompt.strip():
             raise ConfigError(f"reasoning-gym://{name}: system_prompt = {system_prompt!r}: expected a name or a prompt")
         checks.integer("fewshot", fewshot, lo=0, hi=8, error=ConfigError)
@@ -87,6 +126,9 @@ class ReasoningGymAdapter:
             raise NameNotFound("reasoning-gym dataset", name, DATASETS)
         self.name, self.config, self.fewshot, self.chunk_size = name, dict(config), fewshot, chunk_size
         self.system_prompt = system_prompt
+        if system_prompt not in SYSTEM_PROMPTS and not any(c.isspace() for c in system_prompt.strip()):
+            raise NameNotFound("reasoning-gym system_prompt (a name; a prompt of your own is a sentence)",
+                               system_prompt, SYSTEM_PROMPTS)
         self._system = SYSTEM_PROMPTS.get(system_prompt, system_prompt)
         self._rg = rg
         self._datasets: OrderedDict[int, Any] = OrderedDict()
@@ -159,6 +201,9 @@ class ReasoningGymAdapter:
             return Score(reward=0.0, correct=False, info={"answered": False})
         ds = self._dataset(ds_seed)
         entry = ds[index]
+        if str(entry["answer"]) != task.answer:  # another reasoning-gym version, or a generator not seeded alone
+            raise ValueError(f"task {task.id!r}: reasoning-gym://{self.name} regenerated item {index} of seed {ds_seed} "
+                             f"with answer {str(entry['answer'])[:80]!r}, not the task's {task.answer[:80]!r}")
         try:
             reward = float(ds.score_answer(answer, entry))
         except Exception as e:  # noqa: BLE001 - a verifier that chokes on a malformed answer scores it 0

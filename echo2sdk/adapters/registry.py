@@ -16,14 +16,12 @@ from typing import Any
 from echo2sdk.adapters.components import BUILTIN, KINDS
 from echo2sdk.adapters.contracts import SandboxPlugin
 from echo2sdk.errors import AdapterError, ConfigError, NameNotFound
-from echo2sdk.plugins import ENVS, import_reference, load_object, registered
+from echo2sdk.plugins import ENVS, RESERVED_SCHEMES, import_reference, load_object, registered
 
 __all__ = ["ENV_URL", "RESERVED_SCHEMES", "parse_env", "load_env_plugin", "resolve_component", "component_names"]
 
 ENV_URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9_+.-]*)://(?P<id>[A-Za-z0-9_][A-Za-z0-9_./:+-]*)$")
 
-#: Schemes with a meaning reserved by echo2sdk even when no plug-in for them is installed.
-RESERVED_SCHEMES = {"moba": "lane-battle MOBA sandboxes (moba://lane_1v1_v1); pip install -e contrib/moba (echo2-moba)"}
 
 _PLUGIN_ATTRS = ("scheme", "default_serializer", "default_penalty")
 _PLUGIN_METHODS = ("env_ids", "check", "make", "components")

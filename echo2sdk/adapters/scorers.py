@@ -94,6 +94,9 @@ def load_scorer(name: object) -> Callable[..., Any]:
     if name in _BUILTIN:
         return _BUILTIN[name]
     if ":" not in name and name not in registered(SCORERS):
+        if name == "math":
+            raise ConfigError("scorer = 'math' comes from the echo2-math package, which is not installed here: "
+                              "pip install -e contrib/math  (from a checkout of echo2sdk)")
         raise NameNotFound("scorer", name, [*_BUILTIN, *registered(SCORERS)])
     scorer = load_object(SCORERS, name)
     if not callable(scorer):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Collection, Callable, Sequence
 
 from echo2sdk.core import checks
 from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible, held_bytes
@@ -93,6 +93,7 @@ class StalenessBuffer:
         bytes_per_worker: int | None = None,
         bytes_per_pool: int | None = None,
         pool_of: Callable[[str], tuple[str, int] | None] | None = None,
+        task_names: Collection[str] = (),
     ) -> None:
         checks.integer("staleness", staleness, lo=0, error=ConfigError)  # S
         checks.integer("group_size", group_size, lo=1, error=ConfigError)
@@ -137,6 +138,7 @@ class StalenessBuffer:
         # the same by task (a record's meta.extra "task": a mixture's component), as rollout_means reads them:
         # [records, reward sum, scored, correct, groups, filtered]; at most MAX_TASKS names, the rest under OTHER_TASK
         self._by_task: dict[str, list] = {}
+        self.task_names = frozenset(task_names)  # a mixture's components: other names a record claims count as OTHER_TASK
 
         self._admitted = 0
         self._sampled = 0
@@ -356,8 +358,9 @@ class StalenessBuffer:
         filtered = self.filter_zero_variance and not has_signal(records)
         name = records[0].meta.extra.get("task")
         if isinstance(name, str):
-            if name not in self._by_task and len(self._by_task) >= MAX_TASKS:
-                name = OTHER_TASK  # a peer's names are not trusted to be few
+            if (self.task_names and name not in self.task_names) or (
+                    name not in self._by_task and len(self._by_task) >= MAX_TASKS):
+                name = OTHER_TASK  # a peer's names are not trusted: the learner's own, and few
             c = self._by_task.setdefault(name, [0, 0.0, 0, 0, 0, 0])
             c[0] += len(records)
             c[1] += sum(t.reward for t in records)

@@ -198,4 +198,67 @@ def test_health_warns_without_reward_signal_and_on_rising_failures(caplog):
         assert h.check({**ok, "step": 14, "adapter_failures": {"adapter_error": 1}, "adapter_failure_rate": 0.06}) == []
         [w] = h.check({**ok, "step": 15, "adapter_failures": {"nan": 3}, "adapter_failure_rate": 0.12})
         assert "failure rate rose" in w
-    assert len(h.warnings) == 5 and len(caplog.records) == 5
+        assert h.check({**ok, "step": 16}) == []  # no failures: the next ones warn again, whatever their rate
+        [w] = h.check({**ok, "step": 17, "adapter_failures": {"nan": 1}, "adapter_failure_rate": 0.01})
+        assert "the task adapter failed 1 rollout(s)" in w
+    assert len(h.warnings) == 6 and len(caplog.records) == 6
+
+
+def test_a_mixture_of_mixtures_is_refused_and_still_walked_by_the_policy(tmp_path):
+    from echo2sdk.runtime.protocol.messages import WorkerConfig
+    from echo2sdk.runtime.trust.plugin_policy import check_plugins
+
+    with pytest.raises(ConfigError, match=r"task.mix\[0\].adapter = 'mixture': a mixture's components are tasks"):
+        load_adapter("mixture", {"mix": [{"adapter": "mixture", "options": {"mix": [{"adapter": "toy"}]}}]})
+    with pytest.raises(ConfigError, match=r"task.mix\[0\].adapter = 'nosuch': unknown adapter 'nosuch'"):
+        load_adapter("mixture", {"mix": [{"adapter": "nosuch"}]})
+    inner = {"adapter": "mixture", "options": {"mix": [{"adapter": "gym://evil.module:Env"}]}}
+    cfg = WorkerConfig.from_mapping({"adapter": "mixture", "adapter_options": {"mix": [inner]}, "backend": "mock"})
+    with pytest.raises(ConfigError, match="has a ':' in its env id"):
+        check_plugins(cfg)
+
+
+def test_per_task_metrics_count_only_the_mixtures_own_names():
+    from echo2sdk.core.buffer import OTHER_TASK, StalenessBuffer
+    from echo2sdk.runtime.learner.build import mixture_names
+    from echo2sdk.runtime.learner.metrics import per_task
+
+    names = mixture_names("mixture", {"mix": [{"adapter": "toy"}, {"adapter": "dataset://d/qa.jsonl", "name": "x"}]})
+    assert names == ["toy", "x"] and mixture_names("math", {}) == []
+    buf = StalenessBuffer(staleness=3, group_size=2, task_names=names)
+    for k, name in enumerate(["toy", "forged", "x"]):
+        buf.add_group([_record(name, 1.0, True, f"g{k}"), _record(name, 0.0, False, f"g{k}")], vocab_size=10, max_len=64)
+    assert sorted(buf.stats()["completed_by_task"]) == [OTHER_TASK, "toy", "x"]
+    batch = [_record("toy", 1.0, True), _record("forged", 0.0, False)]
+    assert sorted(per_task(batch, None, names)) == [OTHER_TASK, "toy"]
+
+
+def test_a_components_own_task_key_in_score_info_does_not_rename_it():
+    class _Claims:
+        def tasks(self, seed):
+            for i in itertools.count():
+                yield Task(id=str(i), messages=({"role": "user", "content": "x"},))
+
+        def score(self, task, response):
+            return Score(reward=1.0, info={"task": "someone-else"})
+
+    adapter = load_adapter("mixture", {"mix": [{"adapter": "toy"}]})
+    adapter._adapters["toy"] = _Claims()
+    task = next(adapter.tasks(0))
+    assert adapter.score(task, "").info == {"component_task": "someone-else"}
+
+
+def test_health_names_a_mixture_component_that_stopped_teaching():
+    from echo2sdk.runtime.learner.health import Health
+
+    h = Health(steps=3)
+    ok = {"reward_std": 0.3, "filter_rate": 0.5, "adapter_failures": {}}
+    rows = [{"legs": {"filter_rate": 1.0, "rollout_accuracy": 0.0}, "sum": {"filter_rate": 0.4}},
+            {"legs": {"filter_rate": None}, "sum": {"filter_rate": 0.5}},  # completed nothing: does not count
+            {"legs": {"filter_rate": 1.0, "rollout_accuracy": 0.0}, "sum": {"filter_rate": 1.0}},
+            {"legs": {"filter_rate": 1.0, "rollout_accuracy": 0.0}, "sum": {"filter_rate": 0.2}},
+            {"legs": {"filter_rate": 1.0, "rollout_accuracy": 0.0}, "sum": {"filter_rate": 0.2}}]
+    out = [h.check({**ok, "step": k + 1, "tasks": t}) for k, t in enumerate(rows)]
+    assert out[:3] == [[], [], []] and out[4] == []  # once per streak
+    [w] = out[3]
+    assert w.startswith("task.mix component 'legs': every group it completed in the last 3 steps") and "0.00" in w

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -231,3 +232,102 @@ def test_the_reasoning_gym_mixture_example_loads_and_passes_check_adapter():
     adapter = load_adapter(cfg.task.adapter, cfg.task.options)
     assert adapter.names == ["basic_arithmetic", "leg_counting", "products"] and adapter.weights == [2.0, 1.0, 1.0]
     assert check_adapter(adapter, backend=MockBackend(), tasks=60)["tasks_checked"] == 60
+
+
+# -- what a coordinator's task options may make a worker do (an attacker-minded review) -------------------------
+def test_the_generators_whose_verifier_evaluates_answers_are_all_listed():
+    """reasoning-gym verifiers that eval the model's answer (or hand it to sympy's parse_expr, which evals): each is
+    in EVALUATES_ANSWER, so a worker takes it only with --allow-plugin. number_sorting evals its own answer only."""
+    import inspect
+    import re
+
+    from reasoning_gym.factory import DATASETS
+
+    from echo2sdk.adapters.reasoning_gym import EVALUATES_ANSWER
+
+    found = set()
+    for name, (cls, _) in DATASETS.items():
+        src = inspect.getsource(cls.score_answer) if "score_answer" in vars(cls) else ""
+        if re.search(r"\beval\(|\bexec\(|parse_expr|sympify", src) and name != "number_sorting":
+            found.add(name)
+    assert found and found <= EVALUATES_ANSWER, found - EVALUATES_ANSWER
+    assert EVALUATES_ANSWER <= set(DATASETS)
+
+
+def test_a_worker_takes_an_answer_evaluating_generator_only_when_allowed():
+    from echo2sdk.runtime.protocol.messages import WorkerConfig
+    from echo2sdk.runtime.trust.plugin_policy import allowances, check_plugins
+
+    cfg = WorkerConfig.from_mapping({"adapter": "reasoning-gym://countdown", "backend": "mock"})
+    with pytest.raises(ConfigError, match="evaluating them as Python.*--allow-plugin reasoning-gym://countdown"):
+        check_plugins(cfg)
+    check_plugins(cfg, ["reasoning-gym://countdown"])
+    assert allowances(cfg) == ["reasoning-gym://countdown"]  # the run's own local workers are started with it
+    check_plugins(WorkerConfig.from_mapping({"adapter": "reasoning-gym://chain_sum", "backend": "mock"}))
+    mixed = WorkerConfig.from_mapping({"adapter": "mixture", "backend": "mock", "adapter_options": {
+        "mix": [{"adapter": "toy"}, {"adapter": "reasoning-gym://puzzle24"}]}})
+    with pytest.raises(ConfigError, match="reasoning-gym://puzzle24"):
+        check_plugins(mixed)
+
+
+def test_a_file_naming_config_value_must_be_a_plain_name_of_the_package_data():
+    for value in ("/etc/passwd", "../../x.txt", "sub/words.txt", "C:\\x"):
+        with pytest.raises(ConfigError, match=r"config.data_file = .*plain file name"):
+            load_adapter("reasoning-gym://spell_backward", {"config": {"data_file": value}})
+    with pytest.raises(ConfigError, match=r"config.datasets.0.config.data_file"):
+        load_adapter("reasoning-gym://composite", {"config": {"datasets": [{"config": {"data_file": "/etc/x"}}]}})
+    assert next(load_adapter("reasoning-gym://spell_backward", {"config": {"data_file": "words3to10.txt"}}).tasks(0))
+
+
+def test_an_item_regenerated_with_another_answer_is_a_failure_not_a_wrong_score():
+    adapter = load_adapter("reasoning-gym://chain_sum", {"config": EASY["chain_sum"]})
+    task = next(adapter.tasks(0))
+    forged = Task(id=task.id, messages=task.messages, answer=task.answer + "1", info=task.info)
+    with pytest.raises(ValueError, match="regenerated item 0 of seed .* not the task's"):
+        adapter.score(forged, "<answer>1</answer>")
+
+
+def test_scorer_options_are_checked_when_the_adapter_is_built(tmp_path):
+    with pytest.raises(ConfigError, match=r"scorer_options = \{'tolerance': 0.1\} do not fit scorer 'exact'"):
+        load_adapter(f"dataset://{tmp_path}/qa.jsonl", {"scorer_options": {"tolerance": 0.1}})
+
+
+def test_import_reference_imports_nothing_that_is_not_a_reference():
+    from echo2sdk.plugins import import_reference
+
+    for ref in ("json:", "json:a-b", "os.path :join", "json"):
+        with pytest.raises(ImportError, match="is not a 'package.module:attribute' reference"):
+            import_reference(ref)
+    assert import_reference("json:dumps") is json.dumps
+
+
+def zero(response: str, answer: str):
+    """A scorer that never rewards: what a wrong scorer for a task looks like to check-adapter."""
+    return Score(reward=0.0, correct=False)
+
+
+def test_check_adapter_command_takes_a_config_and_flags_a_task_whose_own_answers_score_zero(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    ok = subprocess.run([sys.executable, "-m", "echo2sdk.testing", "check-adapter", "--config",
+                         str(root / "examples" / "reasoning_gym_mix.toml"), "--tasks", "30"],
+                        capture_output=True, text=True, timeout=120)
+    line = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert ok.returncode == 0 and line["adapter"] == "mixture" and line["reference_reward_mean"] == 1.0, ok.stderr
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "2"}\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    flat = subprocess.run([sys.executable, "-m", "echo2sdk.testing", "check-adapter", f"dataset://{path}", "--option",
+                           "scorer=test_tasks_people_have:zero", "--tasks", "5"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    line = json.loads(flat.stdout.strip().splitlines()[-1])
+    assert line["check"] == "pass" and line["reference_reward_mean"] == 0.0 and "scores 0" in line["warning"]
+
+
+def test_typos_in_a_scheme_or_a_prompt_name_get_suggestions():
+    with pytest.raises(NameNotFound, match=r"unknown URL scheme .*'reasoning_gym'.*Did you mean 'reasoning-gym'"):
+        load_adapter("reasoning_gym://chain_sum")
+    with pytest.raises(NameNotFound, match=r"system_prompt .*'Direct'.*Did you mean 'direct'"):
+        load_adapter("reasoning-gym://chain_sum", {"system_prompt": "Direct"})
+    assert load_adapter("reasoning-gym://chain_sum", {"system_prompt": "Answer in <answer> tags."})

@@ -50,6 +50,16 @@ def learner_args(cfg: Config) -> dict[str, Any]:
     )
 
 
+def mixture_names(adapter: str, options: dict[str, Any]) -> list[str]:
+    """A mixture's component names as the metrics count them (adapters.mixture), without loading the components;
+    [] for any other adapter (task names are then counted as they come, at most MAX_TASKS)."""
+    from echo2sdk.adapters.mixture import MIXTURE, component_name
+
+    mix = options.get("mix") if adapter == MIXTURE else None
+    return [p.get("name", component_name(p["adapter"])) for p in mix if isinstance(p, dict) and isinstance(
+        p.get("adapter"), str)] if isinstance(mix, list) else []
+
+
 def buffer_args(cfg: Config) -> dict[str, Any]:
     """Keyword arguments of `StalenessBuffer(**buffer_args(cfg))`: S, the group size n, the order, the
     intake's reward bound, dynamic sampling (zero-variance groups filtered; the fallback after patience x k),
@@ -63,7 +73,8 @@ def buffer_args(cfg: Config) -> dict[str, Any]:
     token_workers = max(4, cfg.rollout.workers + cfg.scheduler.standby)
     return dict(staleness=L.staleness, group_size=cfg.rollout.group_size, order=L.order, reward_bound=L.reward_bound,
                 filter_zero_variance=L.filter_zero_variance, fallback_after=L.filter_patience * k,
-                groups_per_worker=groups, bytes_per_worker=per_worker, bytes_per_pool=per_worker * token_workers)
+                groups_per_worker=groups, bytes_per_worker=per_worker, bytes_per_pool=per_worker * token_workers,
+                task_names=mixture_names(cfg.task.adapter, cfg.task.options))
 
 
 def record_budget(max_len: int) -> int:

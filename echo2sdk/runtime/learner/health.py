@@ -8,9 +8,10 @@ warns when
   (reward_std 0, so every advantage is 0 and grad_norm is 0), or every group the workers completed since the
   previous step was filtered for it (filter_rate 1). Repeated every `repeat` steps while it lasts, and an
   INFO line when the signal comes back;
-- the task adapter fails: the first step with failed rollouts (a score that raised or gave no finite reward;
-  their groups are dropped), and again whenever the failure rate since the previous step doubles over the
-  last one warned about.
+- a mixture's component has every completed group filtered for `steps` of the steps it completed groups in;
+- the task adapter fails: the first step with failed rollouts after one without (a score that raised or gave
+  no finite reward; their groups are dropped), and again whenever the failure rate since the previous step
+  doubles over the last one warned about.
 
 The failures of a step come from the workers' heartbeats (RunMetrics.failures_since_last): metrics.jsonl has
 `adapter_failures` (that step's, by reason) and `adapter_failure_rate`; the status page shows them.
@@ -32,11 +33,12 @@ class Health:
         self.steps, self.repeat = steps, repeat
         self.silent = 0  # steps in a row without a reward signal
         self.failure_rate = 0.0  # the rate last warned about
+        self.flat_tasks: dict[str, int] = {}  # a mixture's components: steps in a row with filter_rate 1
         self.warnings: list[str] = []  # every warning given (summary.json keeps them)
 
     def check(self, row: Mapping[str, Any]) -> list[str]:
         """The warnings `row` (a metrics row) gives; each is logged at WARNING."""
-        out = [*self._signal(row), *self._failures(row)]
+        out = [*self._signal(row), *self._components(row), *self._failures(row)]
         for text in out:
             log.warning("%s", text)
         self.warnings += out
@@ -66,11 +68,29 @@ class Health:
                 "with  echo2 eval --config CONFIG  and make it easier, raise rollout.temperature or "
                 "rollout.max_new_tokens, or add worked examples to the prompt"]
 
+    def _components(self, row: Mapping[str, Any]) -> list[str]:
+        """A mixture's component whose completed groups were all filtered for `steps` steps in a row (steps where it
+        completed none do not count either way): it adds nothing to the gradient. Once per streak."""
+        out = []
+        for name, part in (row.get("tasks") or {}).items():
+            rate = part.get("filter_rate")
+            if rate is None:
+                continue
+            self.flat_tasks[name] = self.flat_tasks.get(name, 0) + 1 if rate == 1 else 0
+            if self.flat_tasks[name] == self.steps:
+                acc = part.get("rollout_accuracy")
+                shown = "" if acc is None else f" (workers' accuracy {acc:.2f})"
+                out.append(f"task.mix component {name!r}: every group it completed in the last {self.steps} steps had "
+                           f"one reward for all its members{shown} (step {row.get('step')}): it adds nothing to the "
+                           "gradient; make it easier or harder, or lower its weight")
+        return out
+
     def _failures(self, row: Mapping[str, Any]) -> list[str]:
         failed = row.get("adapter_failures") or {}
         rate = row.get("adapter_failure_rate")
         total = sum(failed.values())
         if not total or rate is None:
+            self.failure_rate = 0.0  # a step without failures: the next one warns again
             return []
         if self.failure_rate and rate < 2 * self.failure_rate:
             return []

@@ -10,12 +10,13 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from echo2sdk.core import capacity
+from echo2sdk.core.buffer import MAX_TASKS, OTHER_TASK
 from echo2sdk.errors import CapacityError
 from echo2sdk.runtime.sinks import Sinks, sample_rows
 
@@ -53,6 +54,7 @@ def metrics_row(
     useful_rollouts_per_s: float | None = None, wait_causes: Mapping[str, float] | None = None,
     tasks_rollout: Mapping[str, Mapping[str, Any]] | None = None, rollouts: int = 0,
     adapter_failures: Mapping[str, int] | None = None, adapter_failure_rate: float | None = None,
+    task_names: Collection[str] = (),
 ) -> dict[str, Any]:
     """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
     (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
@@ -92,7 +94,7 @@ def metrics_row(
         "loss": st.loss, "kl": st.kl, "clip_frac": st.clip_frac, "is_weight_mean": st.is_weight_mean,
         "is_truncated_frac": st.is_truncated_frac, "grad_norm": st.grad_norm, "lr": st.lr,
         "task": _extra_means(records),
-        "tasks": per_task(records, tasks_rollout),  # by task ({} unless records name one: a mixture)
+        "tasks": per_task(records, tasks_rollout, task_names),  # by task ({} unless records name one: a mixture)
         "workers_alive": workers_alive, "t_bcast_s": t_q, "t_bcast_all_s": t_all, "broadcast_repairs": broadcast_repairs,
         "sampler_gap": _worker_stats(audit, "gap"),  # the worker audit (core/audit.py)
         "sampler_var": _worker_stats(audit, "var"),
@@ -159,15 +161,19 @@ def _extra_means(records: list) -> dict[str, float]:
     return {k: round(statistics.fmean(v), 4) for k, v in sorted(sums.items())}
 
 
-def per_task(records: list, rollout: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+def per_task(records: list, rollout: Mapping[str, Mapping[str, Any]] | None = None,
+             names: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """The batch split by task (records whose meta.extra names a "task": a mixture's components): trajectories,
     reward_mean, accuracy and the means of their metadata; with `rollout` (per task, what RunMetrics.
     rollout_since_last measured) the workers' level and the filter rate of the groups completed since the previous
-    step. {} when no record names a task."""
+    step. {} when no record names a task. A name a record claims that is not among `names` (the mixture's
+    components, when given), or past the first MAX_TASKS, counts as OTHER_TASK: workers are not trusted."""
     by: dict[str, list] = {}
     for t in records:
         name = t.meta.extra.get("task")
         if isinstance(name, str):
+            if (names and name not in names) or (name not in by and len(by) >= MAX_TASKS):
+                name = OTHER_TASK
             by.setdefault(name, []).append(t)
     out: dict[str, dict[str, Any]] = {}
     for name in sorted({*by, *(rollout or {})}):

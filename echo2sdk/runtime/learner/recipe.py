@@ -316,7 +316,7 @@ class Trainer:
         self.health.check(row)  # no reward signal, adapter failures: warnings on the console and in run.log
         return row
 
-    def _pool_counters(self) -> dict[str, int | float | None]:
+    def _pool_counters(self) -> dict[str, Any]:
         buf, coord = self.buffer.stats(), self.coordinator
         rollout = self.metrics.rollout_since_last(buf)
         return {
@@ -332,6 +332,7 @@ class Trainer:
             "batches_dropped": self.batches.dropped,
             "batches_withheld": self.replay.batches_withheld,
             "records_withheld": sum(self.replay.withheld_by_worker.values()),
+            "task_names": self.buffer.task_names,  # a mixture's components (per-task metrics count no others)
         }
 
     @staticmethod

@@ -11,7 +11,8 @@ that came over the wire are never imported as such: a worker loads
   with `echo2 worker --allow-plugin pkg.mod:Attr` (repeatable).
 
 A mixture (`mixture`, a config's [[task.mix]]) loads each of its components as an adapter: each is checked as
-the adapter itself is. The same holds for reference-like strings anywhere in the options (a sandbox adapter resolves its
+the adapter itself is. A reasoning-gym generator whose verifier evaluates the model's answer as Python
+(adapters.reasoning_gym.EVALUATES_ANSWER) needs `--allow-plugin reasoning-gym://NAME`. The same holds for reference-like strings anywhere in the options (a sandbox adapter resolves its
 serializer, renderer and specs from such strings), and for the environment of the `verifiers` adapter, which
 imports the module its env id names (`vf-x` -> `vf_x`) and calls its `load_environment(**env_args)`: that env
 must be an installed verifiers environment package here (a distribution that requires verifiers), or allowed
@@ -25,12 +26,12 @@ validates them: a factory that rejects them (TypeError) is a clean refusal, not 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterator
 from typing import Any
 
+from echo2sdk.adapters.reasoning_gym import evaluates_answer
 from echo2sdk.errors import ConfigError
-from echo2sdk.plugins import ADAPTERS, BACKENDS, ENVS, SANDBOX, registered
+from echo2sdk.plugins import ADAPTERS, BACKENDS, ENVS, REFERENCE, SANDBOX, registered
 from echo2sdk.runtime.protocol.messages import WorkerConfig, shown
 
 __all__ = ["check_plugins", "allowances", "REFERENCE"]
@@ -39,7 +40,8 @@ PASS_THROUGH = "backend_options.engine_options"  # vllm / sglang: the engine's o
 REMOTE_CODE = "trust_remote_code"
 MIXTURE = "mixture"  # the adapter (adapters/mixture.py) whose options name adapters it loads: each is checked
 VERIFIERS = "verifiers"  # the adapter (adapters/verifiers.py) whose env id names a module it imports
-REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # what plugins.import_reference would import
+# REFERENCE (plugins): what plugins.import_reference imports; it refuses any other string before importing
+_MAX_ADAPTERS = 256  # adapters a mixture may name (each is checked)
 _MAX_WALK = 100_000  # option values inspected (the welcome's size bounds them anyway)
 
 
@@ -82,7 +84,7 @@ def allowances(cfg: WorkerConfig | Any) -> list[str]:
         try:
             _check_name(group, "plug-in", name, frozenset())
         except ConfigError:
-            if "://" not in name:
+            if "://" not in name or evaluates_answer(name):
                 out.add(name)
     for field in ("adapter_options", "backend_options"):
         out.update(_references(getattr(cfg, field)))
@@ -98,6 +100,12 @@ def _check_name(group: str, kind: str, name: str, allowed: frozenset[str]) -> No
     if "://" in name and group == ADAPTERS:
         scheme = name.partition("://")[0]
         if scheme in registered(ADAPTERS):  # verifiers://ENV: that adapter (plugins.load_adapter); its env: below
+            if evaluates_answer(name) and name not in allowed:
+                raise ConfigError(
+                    f"the coordinator's adapter {shown(name)} scores answers by evaluating them as Python (reasoning-"
+                    f"gym's verifier for it calls eval or sympy's parse_expr); this worker takes it only when started "
+                    f"with  --allow-plugin {shown(name)[1:-1]}"
+                )
             return
         if scheme not in registered(ENVS) or SANDBOX not in registered(ADAPTERS):
             known = ", ".join(sorted(registered(ENVS))) or "none"
@@ -135,14 +143,19 @@ def _adapters(cfg: WorkerConfig) -> list[tuple[str, dict[str, Any]]]:
     """The adapters `cfg` makes a worker load, with their options: its adapter, and a mixture's components (each
     loaded as an adapter of its own: echo2sdk.adapters.mixture). A component that is not a table with a string
     adapter is the mixture's to refuse; it loads nothing."""
-    out = [(cfg.adapter, cfg.adapter_options)]
+    out: list[tuple[str, dict[str, Any]]] = []
     ep = registered(ADAPTERS).get(MIXTURE)
-    if cfg.adapter == MIXTURE or (ep is not None and cfg.adapter == ep.value):
-        mix = cfg.adapter_options.get("mix")
+    todo = [(cfg.adapter, cfg.adapter_options)]
+    while todo and len(out) < _MAX_ADAPTERS:  # a mixture refuses a mixture component; walked all the same
+        adapter, options = todo.pop(0)
+        out.append((adapter, options))
+        mix = options.get("mix") if adapter == MIXTURE or (ep is not None and adapter == ep.value) else None
         for part in mix if isinstance(mix, list) else ():
             if isinstance(part, dict) and isinstance(part.get("adapter"), str):
                 options = part.get("options")
-                out.append((part["adapter"], options if isinstance(options, dict) else {}))
+                todo.append((part["adapter"], options if isinstance(options, dict) else {}))
+    if todo:
+        raise ConfigError(f"the coordinator's mixture names more than {_MAX_ADAPTERS} adapters; refusing it")
     return out
 
 
