@@ -254,16 +254,19 @@ def _adapter_scores(adapter: Any, drawn: list, report: dict) -> int:
     calls, best = 0, []
     for k, task in enumerate(drawn):
         given = _responses(task, k)
-        for text in (*_MALFORMED, *given) if k == 0 else given:
-            _adapter_score(adapter, task, k, len(drawn), text)
-            calls += 1
+        if k == 0:
+            for text in _MALFORMED:
+                _adapter_score(adapter, task, k, len(drawn), text)
+        rewards = [_adapter_score(adapter, task, k, len(drawn), text) for text in given]
+        calls += len(given) + (len(_MALFORMED) if k == 0 else 0)
         if len(given) > 1:  # the reference answer, as given, boxed and tagged: the best of the three
-            best.append(max(float(adapter.score(task, text).reward) for text in given[:-1]))
+            best.append(max(rewards[:-1]))
     report["reference_reward_mean"] = sum(best) / len(best) if best else None
     return calls
 
 
-def _adapter_score(adapter: Any, task: Any, k: int, count: int, text: str) -> None:
+def _adapter_score(adapter: Any, task: Any, k: int, count: int, text: str) -> float:
+    """`score(task, text)`'s reward, checked (AdapterError naming the task and the response otherwise)."""
     from echo2sdk.core.contracts import Score
     from echo2sdk.core.failures import RewardError, as_reward
 
@@ -277,7 +280,7 @@ def _adapter_score(adapter: Any, task: Any, k: int, count: int, text: str) -> No
     if not isinstance(s.info, dict):
         _adapter_fail(adapter, "score", f"{where}: Score.info is {s.info!r} on {text[:40]!r}; expected a dict")
     try:
-        as_reward(s.reward)
+        return as_reward(s.reward)
     except RewardError as e:
         _adapter_fail(adapter, "score", f"{where}: score() gave {e} (on {text[:40]!r}); a reward is a finite int or "
                       "float, which workers count as a failed rollout otherwise")

@@ -29,7 +29,7 @@ from echo2sdk.core import checks
 from echo2sdk.core.contracts import Score, Task
 from echo2sdk.errors import AdapterError, ConfigError, Echo2Error
 
-__all__ = ["MixtureAdapter", "MIXTURE", "component_name"]
+__all__ = ["MixtureAdapter", "MIXTURE", "component_name", "part_name"]
 
 MIXTURE = "mixture"  # the registered adapter name a config's [[task.mix]] loads
 _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
@@ -42,6 +42,11 @@ def component_name(adapter: str) -> str:
     tail = tail.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
     stem = tail.split(".", 1)[0] if adapter.startswith("dataset://") else tail
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", stem)[:64] or "task"
+
+
+def part_name(part: Mapping[str, Any]) -> Any:
+    """A [[task.mix]] table's name in the metrics: its `name`, else component_name(its adapter)."""
+    return part.get("name", component_name(part["adapter"]))
 
 
 class MixtureAdapter:
@@ -70,7 +75,7 @@ class MixtureAdapter:
             options = part.get("options", {})
             if not isinstance(options, Mapping):
                 raise ConfigError(f"{where}.options = {options!r}: expected a table")
-            name = part.get("name", component_name(adapter))
+            name = part_name(part)
             if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise ConfigError(f"{where}.name = {name!r}: expected 1-64 letters, digits or _.+-")
             if name in self._adapters:

@@ -36,13 +36,24 @@ from echo2sdk.core import checks
 from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible, held_bytes
 from echo2sdk.errors import ConfigError, TrajectoryRejected
 
-__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK"]
+__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK", "task_bucket"]
 
 GroupKey = tuple[str, int]  # (meta.group_id, version)
 
 _ORDERS = ("fifo", "freshest")
 MAX_TASKS = 64  # task names counted apart (stats()["completed_by_task"]); a mixture names a few
 OTHER_TASK = "(other)"
+
+
+def task_bucket(name: str, known: Collection[str], seen: Collection[str]) -> str:
+    """The name a record's claimed task is counted under: itself when it is one of `known` (a mixture's
+    components; any name when none are known) and among the first MAX_TASKS `seen`, else OTHER_TASK. A peer's
+    names are not trusted: the learner's own, and few."""
+    if (known and name not in known) or (name not in seen and len(seen) >= MAX_TASKS):
+        return OTHER_TASK
+    return name
+
+
 MAX_BANNED = 4096  # quarantined worker ids remembered (bounded state; the coordinator refuses them by name too)
 
 
@@ -358,10 +369,7 @@ class StalenessBuffer:
         filtered = self.filter_zero_variance and not has_signal(records)
         name = records[0].meta.extra.get("task")
         if isinstance(name, str):
-            if (self.task_names and name not in self.task_names) or (
-                    name not in self._by_task and len(self._by_task) >= MAX_TASKS):
-                name = OTHER_TASK  # a peer's names are not trusted: the learner's own, and few
-            c = self._by_task.setdefault(name, [0, 0.0, 0, 0, 0, 0])
+            c = self._by_task.setdefault(task_bucket(name, self.task_names, self._by_task), [0, 0.0, 0, 0, 0, 0])
             c[0] += len(records)
             c[1] += sum(t.reward for t in records)
             c[2] += sum(x is not None for x in correct)

@@ -53,11 +53,11 @@ def learner_args(cfg: Config) -> dict[str, Any]:
 def mixture_names(adapter: str, options: dict[str, Any]) -> list[str]:
     """A mixture's component names as the metrics count them (adapters.mixture), without loading the components;
     [] for any other adapter (task names are then counted as they come, at most MAX_TASKS)."""
-    from echo2sdk.adapters.mixture import MIXTURE, component_name
+    from echo2sdk.adapters.mixture import MIXTURE, part_name
 
     mix = options.get("mix") if adapter == MIXTURE else None
-    return [p.get("name", component_name(p["adapter"])) for p in mix if isinstance(p, dict) and isinstance(
-        p.get("adapter"), str)] if isinstance(mix, list) else []
+    return [part_name(p) for p in mix if isinstance(p, dict) and isinstance(p.get("adapter"), str)] \
+        if isinstance(mix, list) else []
 
 
 def buffer_args(cfg: Config) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from echo2sdk.core import capacity
-from echo2sdk.core.buffer import MAX_TASKS, OTHER_TASK
+from echo2sdk.core.buffer import task_bucket
 from echo2sdk.errors import CapacityError
 from echo2sdk.runtime.sinks import Sinks, sample_rows
 
@@ -172,9 +172,7 @@ def per_task(records: list, rollout: Mapping[str, Mapping[str, Any]] | None = No
     for t in records:
         name = t.meta.extra.get("task")
         if isinstance(name, str):
-            if (names and name not in names) or (name not in by and len(by) >= MAX_TASKS):
-                name = OTHER_TASK
-            by.setdefault(name, []).append(t)
+            by.setdefault(task_bucket(name, names, by), []).append(t)
     out: dict[str, dict[str, Any]] = {}
     for name in sorted({*by, *(rollout or {})}):
         rs = by.get(name, [])
