@@ -223,11 +223,13 @@ class Learner:
                 self._ref_fwd(one, one, zero, zero, mode=ONE_PASS if mode == RECOMPUTE else mode)
         return loss
 
-    def step(self, groups: Sequence[Sequence[Trajectory]], screen: Screen | None = None) -> StepStats:
+    def step(self, groups: Sequence[Sequence[Trajectory]], screen: Screen | None = None,
+             lr_scale: float = 1.0) -> StepStats:
         """One learner step on `groups`: `updates_per_step` optimizer updates, all against pi_old = pi_theta at
         the step's start, so the clip acts from the second on (under `distributed`, every rank passes the same
         whole batch). `screen` (the worker audit, core/audit.py): each unit's rows of a worker over its
-        thresholds are withheld from every update of the step. ValueError for a batch without a loss-carrying
+        thresholds are withheld from every update of the step. `lr_scale` multiplies this step's scheduled rate
+        (a partial batch: lr_schedule.partial_factor). ValueError for a batch without a loss-carrying
         token; BatchWithheld when the screen withheld every row (nothing applied); NonFiniteUpdate for a NaN/inf
         loss or gradient norm: that update is not applied, nor any after it (those before it were); all are
         decided alike on every rank, from the batch or from all-reduced values."""
@@ -239,7 +241,7 @@ class Learner:
             raise ValueError("batch has no response token that carries loss")
         c = grpo.sequence_weights([sum(r.mask) for r in rows], self.loss_type, self.max_completion_length)
         coef = [torch.tensor(r.mask) * c_i for r, c_i in zip(rows, c)]
-        lr = self._set_lr()
+        lr = self._set_lr(lr_scale)
         plan = unit_plan(rows, self.micro_batch, self.rank, self.world, self.token_budget)
         modes = pass_plan(rows, self.micro_batch, self.world, self.token_budget)
         cache: dict[int, Any] = {}
@@ -329,9 +331,10 @@ class Learner:
         return factor
 
     # -- the learning-rate schedule ---------------------------------------------------------------
-    def _set_lr(self) -> float:
-        """lr * lr_factor at this step (core/lr_schedule.py) on every parameter group; returns it."""
-        lr = self.lr * lr_schedule.lr_factor(self.lr_scheduler, self.steps_done, self.total_steps, self.warmup_steps)
+    def _set_lr(self, scale: float = 1.0) -> float:
+        """lr * lr_factor at this step (core/lr_schedule.py) * scale on every parameter group; returns it."""
+        lr = scale * self.lr * lr_schedule.lr_factor(self.lr_scheduler, self.steps_done, self.total_steps,
+                                                     self.warmup_steps)
         for g in self.opt.param_groups:
             g["lr"] = lr
         return lr

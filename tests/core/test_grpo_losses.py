@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from echo2sdk.core.grpo import group_advantages, grpo_loss, sequence_weights, token_terms  # noqa: E402
-from echo2sdk.core.lr_schedule import lr_factor, warmup_steps  # noqa: E402
+from echo2sdk.core.lr_schedule import lr_factor, partial_factor, warmup_steps  # noqa: E402
 
 # Two sequences, 2 and 3 loss tokens (the third position of the first is padding), pi_theta = pi_old = pi_sampler:
 # r_t = w_t = 1, so l_t = -A_i on every loss token.
@@ -108,3 +108,13 @@ def test_lr_schedules_with_warmup():
     assert warmup_steps(30, ratio=0.1) == 3 and warmup_steps(30, steps=5, ratio=0.1) == 5
     with pytest.raises(ValueError, match="lr_scheduler"):
         lr_factor("step", 0, 10)
+
+
+def test_a_partial_batch_scales_the_rate_by_its_share_of_the_groups():
+    assert [partial_factor("sqrt", m, 4) for m in (1, 2, 4, 6)] == pytest.approx([0.5, 0.5 ** 0.5, 1.0, 1.0])
+    assert [partial_factor("linear", m, 4) for m in (1, 3)] == pytest.approx([0.25, 0.75])
+    assert partial_factor("none", 1, 4) == 1.0
+    with pytest.raises(ValueError, match="partial_lr.*'cube'"):
+        partial_factor("cube", 1, 4)
+    with pytest.raises(ValueError, match="n=0"):
+        partial_factor("sqrt", 0, 4)

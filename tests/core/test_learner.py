@@ -224,6 +224,18 @@ def test_offline_steps_change_nothing_and_the_schedule_position_is_state(tiny):
     assert other.step([group]).lr == pytest.approx(5e-3) == lr.step([group]).lr  # a resumed learner goes on
 
 
+def test_lr_scale_multiplies_one_steps_rate_and_moves_the_weights_less(tiny):
+    """A partial batch's step (learner.partial_lr): the scheduled rate times lr_scale for that step only."""
+    group = _group("g", [[21, 22], [31, 32]], [1.0, 0.0])
+    full, half = (Learner(tiny, lr=1e-2, precision="fp32", updates_per_step=1) for _ in range(2))
+    before = {k: v.clone() for k, v in full.model.state_dict().items()}
+    assert half.step([group], lr_scale=0.5).lr == pytest.approx(5e-3) and full.step([group]).lr == pytest.approx(1e-2)
+    moved = {name: sum(float((lr.model.state_dict()[k] - v).abs().sum()) for k, v in before.items())
+             for name, lr in (("full", full), ("half", half))}
+    assert 0 < moved["half"] < moved["full"]
+    assert half.step([group]).lr == pytest.approx(1e-2)  # the next step is back at the scheduled rate
+
+
 def _episodes(n=4, turns=3, seed=0):
     """A group of n multi-turn records of different lengths: actions (loss mask 1) between user turns (0)."""
     import random

@@ -25,9 +25,11 @@ def _group(gid: str, rewards: tuple[float, ...]) -> list[Trajectory]:
 class _Learner:
     def __init__(self) -> None:
         self.batches: list[int] = []
+        self.scales: list[float] = []
 
-    def step(self, groups, screen):
+    def step(self, groups, screen, lr_scale=1.0):
         self.batches.append(len(groups))
+        self.scales.append(lr_scale)
         return SimpleNamespace()
 
 
@@ -59,6 +61,7 @@ def test_after_max_wait_s_a_step_trains_on_the_informative_groups_it_has():
     feeder.join()
     assert 0.35 < time.perf_counter() - t0 < 1.5 and 0.35 < waited < 1.5
     assert learner.batches == [1] and [g[0].meta.group_id for g in groups] == ["ok-0"] and b.partial == 1
+    assert learner.scales == [0.5]  # learner.partial_lr "sqrt" (the default): sqrt(1/4)
     # 4 groups completed during the wait, all filtered: the wait was spent on groups the learner cannot use
     assert b.wait_causes["filtered"] > 0.3 and abs(sum(b.wait_causes.values()) - waited) < 0.01
 
@@ -70,6 +73,7 @@ def test_without_max_wait_s_a_step_waits_for_all_of_its_groups():
     waited, _, groups, _ = b.learn(4, 0, learner)
     feeder.join()
     assert learner.batches == [4] and len(groups) == 4 and b.partial == 0 and waited > 0.4
+    assert learner.scales == [1.0]
     assert b.wait_causes["filtered"] == 0 and abs(b.wait_causes["empty"] - waited) < 0.01
 
 
@@ -107,3 +111,30 @@ def test_the_fallback_says_it_fills_the_batch_and_a_partial_batch_does_not(caplo
     b, learner = _batches(partial, max_wait_s=0.2), _Learner()
     b.learn(4, 0, learner)
     assert learner.batches == [1] and "fills its batch" not in caplog.text
+
+
+def test_a_partial_batch_steps_at_the_rate_learner_partial_lr_gives_it():
+    for rule, want in (("linear", 0.25), ("none", 1.0), ("sqrt", 0.5)):
+        buffer = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
+        buffer.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
+        b, learner = _batches(buffer, max_wait_s=0.05, partial_lr=rule), _Learner()
+        b.learn(4, 0, learner)
+        assert learner.scales == [want], rule
+
+
+def test_the_capacity_verdict_judges_a_full_batchs_t_train_not_the_partial_steps():
+    """With learner.max_wait_s the steps train on small batches; their T_train would lower mu_min, the bar the pool
+    is judged by. summary.json's mu_min takes a full batch's: forward and backward scaled to R, the rest as is."""
+    from echo2sdk.core import capacity
+    from echo2sdk.runtime.learner.metrics import full_batch_t_train, summary
+
+    def row(n: int, fwd: float, bwd: float, rest: float) -> dict:
+        return {"trajectories": n, "t_train_s": fwd + bwd + rest, "t_forward_s": fwd, "t_backward_s": bwd,
+                "t_bcast_s": 1.0, "learner_wait_s": 2.0, "staleness_max": 0}
+
+    assert full_batch_t_train(row(16, 2.0, 4.0, 1.0), 16) == 7.0  # a full batch: its own
+    assert full_batch_t_train(row(4, 0.5, 1.0, 1.0), 16) == 7.0  # 1.5 s x 4 + 1 s
+    rows = [row(4, 0.5, 1.0, 1.0)] * 5
+    out = summary(rows, 40.0, S=3, kappa=2, R=16, mu_pool=3.0)
+    assert out["T_train_median_s"] == 2.5 and out["T_train_full_batch_s"] == 7.0
+    assert out["mu_min"] == capacity.mu_min(7.0, 1.0, 16, 2) == out["capacity"]["mu_min"]

@@ -74,9 +74,9 @@ def test_max_wait_s_is_off_by_default_and_reaches_the_batches():
     from echo2sdk.errors import ConfigError
 
     L = _cfg().learner
-    assert (L.max_wait_s, L.min_groups) == (None, 1)
-    L = _cfg("learner.max_wait_s=2.5", "learner.min_groups=2").learner
-    assert (L.max_wait_s, L.min_groups) == (2.5, 2)
-    for bad in ("learner.max_wait_s=0", "learner.min_groups=0"):
+    assert (L.max_wait_s, L.min_groups, L.partial_lr) == (None, 1, "sqrt")
+    L = _cfg("learner.max_wait_s=2.5", "learner.min_groups=2", "learner.partial_lr=linear").learner
+    assert (L.max_wait_s, L.min_groups, L.partial_lr) == (2.5, 2, "linear")
+    for bad in ("learner.max_wait_s=0", "learner.min_groups=0", "learner.partial_lr=cube"):
         with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):
             _cfg(bad)

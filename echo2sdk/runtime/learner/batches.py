@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from echo2sdk.core.audit import BatchWithheld
 from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.core.lr_schedule import partial_factor
 from echo2sdk.errors import Echo2Error
 from echo2sdk.runtime.learner.replay import AuditReplay
 
@@ -47,7 +48,8 @@ class LocalWorkers(Protocol):
 class DataLimits:
     """How long the learner waits: learner.data_timeout_s without progress, 5 heartbeats once every local worker
     has exited and none is connected; learner.filter_patience for the zero-variance note; where worker logs are;
-    learner.max_wait_s and learner.min_groups: after that long a step trains on the informative groups it has."""
+    learner.max_wait_s and learner.min_groups: after that long a step trains on the informative groups it has, at
+    the rate learner.partial_lr gives such a batch (core/lr_schedule.partial_factor)."""
 
     data_timeout_s: float
     heartbeat_s: float
@@ -55,6 +57,7 @@ class DataLimits:
     logs: Path
     max_wait_s: float | None = None
     min_groups: int = 1
+    partial_lr: str = "sqrt"
 
 
 class Batches:
@@ -90,7 +93,8 @@ class Batches:
                 continue
             self.partial += n < k
             try:
-                return t_wait, t0, groups, learner.step(groups, self.audit.screen(v_t, groups))
+                scale = partial_factor(self.limits.partial_lr, n, k)
+                return t_wait, t0, groups, learner.step(groups, self.audit.screen(v_t, groups), scale)
             except BatchWithheld as e:
                 self.audit.withheld_batch(v_t, [t for g in groups for t in g], e.audit_sums, e.withheld)
             except (ValueError, RuntimeError) as e:

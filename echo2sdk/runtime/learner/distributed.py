@@ -132,10 +132,10 @@ class Lockstep:
         if self.world > 1:
             _broadcast_bytes(pack({"op": op, **args}))
 
-    def step(self, groups: list[list[Trajectory]], screen: Screen | None = None) -> Any:
+    def step(self, groups: list[list[Trajectory]], screen: Screen | None = None, lr_scale: float = 1.0) -> Any:
         self._announce("step", groups=[[t.to_wire() for t in g] for g in groups],
-                       screen=list(astuple(screen)) if screen is not None else None)
-        return self.learner.step(groups, screen)
+                       screen=list(astuple(screen)) if screen is not None else None, lr_scale=lr_scale)
+        return self.learner.step(groups, screen, lr_scale)
 
     def replay_sums(self, records: list[Trajectory], states: dict[int, dict[str, Any]]) -> list[Any]:
         """The audit's replay runs on rank 0 alone (Learner.replay_sums): nothing to announce."""
@@ -173,7 +173,8 @@ def follow(learner: Any) -> Followed:
         if op == "step":
             try:
                 screen = Screen(*msg["screen"]) if msg.get("screen") is not None else None
-                learner.step([[Trajectory.from_wire(t) for t in g] for g in msg["groups"]], screen)
+                learner.step([[Trajectory.from_wire(t) for t in g] for g in msg["groups"]], screen,
+                             float(msg.get("lr_scale", 1.0)))
                 steps += 1
             except (ValueError, RuntimeError) as e:  # rank 0 drops the same batch (batches.Batches.learn) and goes on
                 log.warning("rank %d: learner step failed (%s: %s); batch dropped", learner.rank, type(e).__name__, e)

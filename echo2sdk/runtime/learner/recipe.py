@@ -214,7 +214,7 @@ class Trainer:
                                    threads=ro.threads, nice=ro.nice, allow=allowances(self.coordinator.worker_config),
                                    plaintext=not cfg.run.tls, grace_s=LOCAL_GRACE_S, run_dir=self.out)
         limits = DataLimits(L.data_timeout_s, cfg.run.heartbeat_s, L.filter_patience, self.out / "workers",
-                            max_wait_s=L.max_wait_s, min_groups=L.min_groups)
+                            max_wait_s=L.max_wait_s, min_groups=L.min_groups, partial_lr=L.partial_lr)
         self.batches = Batches(self.buffer, self.coordinator, self.local, self.replay, limits, self._stop)
         self.provisioning = Provisioning(cfg, self.coordinator, self.metrics, self.out)
 
