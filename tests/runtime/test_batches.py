@@ -10,16 +10,18 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from echo2sdk.core.buffer import StalenessBuffer
-from echo2sdk.core.records import Meta, Trajectory
+from echo2sdk.core.records import Meta, Trajectory, TrajectoryRejected
 from echo2sdk.runtime.learner.batches import Batches, DataLimits
 
 G = 2
 
 
-def _group(gid: str, rewards: tuple[float, ...]) -> list[Trajectory]:
+def _group(gid: str, rewards: tuple[float, ...], version: int = 0) -> list[Trajectory]:
     meta = Meta(group_id=gid, prompt_ids=(1,), response_ids=(2,), logprobs=(-0.1,))
-    return [Trajectory(prompt="p", response="r", reward=r, version=0, meta=meta) for r in rewards]
+    return [Trajectory(prompt="p", response="r", reward=r, version=version, meta=meta) for r in rewards]
 
 
 class _Learner:
@@ -44,7 +46,10 @@ def _feed(buffer: StalenessBuffer, groups: list[list[Trajectory]], every_s: floa
     def run() -> None:
         for g in groups:
             time.sleep(every_s)
-            buffer.add_group(g, vocab_size=8, max_len=8)
+            try:
+                buffer.add_group(g, vocab_size=8, max_len=8)
+            except TrajectoryRejected:  # counted by the buffer
+                pass
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -138,3 +143,18 @@ def test_the_capacity_verdict_judges_a_full_batchs_t_train_not_the_partial_steps
     out = summary(rows, 40.0, S=3, kappa=2, R=16, mu_pool=3.0)
     assert out["T_train_median_s"] == 2.5 and out["T_train_full_batch_s"] == 7.0
     assert out["mu_min"] == capacity.mu_min(7.0, 1.0, 16, 2) == out["capacity"]["mu_min"]
+
+
+def test_a_wait_on_groups_from_an_old_snapshot_counts_as_waiting_for_a_snapshot():
+    """Workers still generating on a version below v_t - S deliver groups the buffer refuses as stale: the learner
+    waits for the snapshot to reach them (learner_wait_snapshot_s), not for the pool to produce."""
+    buffer = StalenessBuffer(staleness=1, group_size=G, filter_zero_variance=True)
+    buffer.set_version(3)  # the floor is v 2
+    feeder = _feed(buffer, [_group(f"old-{i}", (0.0, 1.0), version=0) for i in range(3)]
+                   + [_group("flat", (1.0, 1.0), version=3), _group("ok", (0.0, 1.0), version=3)], 0.1)
+    b, learner = _batches(buffer), _Learner()
+    waited, _, _, _ = b.learn(1, 3, learner)
+    feeder.join()
+    c = b.wait_causes  # 5 groups arrived: 3 stale, 1 filtered, 1 ready
+    assert abs(sum(c.values()) - waited) < 0.01 and c["snapshot"] > 0.5 * waited > c["filtered"] > 0
+    assert c["snapshot"] == pytest.approx(3 * c["filtered"]) and c["empty"] == pytest.approx(c["filtered"])

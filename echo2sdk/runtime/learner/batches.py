@@ -38,6 +38,9 @@ class Pool(Protocol):
     def alive_workers(self) -> list: ...
 
 
+WAIT_CAUSES = ("filtered", "snapshot", "empty")  # learner_wait_<cause>_s in metrics.jsonl
+
+
 class LocalWorkers(Protocol):
     def started(self) -> list[str]: ...
 
@@ -71,7 +74,7 @@ class Batches:
         self.dropped = 0  # batches the learner step raised on (dropped, training went on)
         self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
         # the last step's waiting by cause: "filtered" (groups completed, all of zero reward variance) or "empty"
-        self.wait_causes: dict[str, float] = {"filtered": 0.0, "empty": 0.0}
+        self.wait_causes: dict[str, float] = dict.fromkeys(WAIT_CAUSES, 0.0)
         self.partial = 0  # steps that trained on fewer than k groups (learner.max_wait_s)
 
     def learn(self, k: int, v_t: int, learner: Any) -> tuple[float, float, list, StepStats]:
@@ -82,7 +85,7 @@ class Batches:
         the same way, without counting as a drop. Returns (time waited, when the stepped batch was taken, the
         batch, the step's stats)."""
         t_wait, drops = 0.0, 0
-        self.wait_causes = {"filtered": 0.0, "empty": 0.0}
+        self.wait_causes = dict.fromkeys(WAIT_CAUSES, 0.0)
         while True:
             t_wait += self.wait(k)
             t0 = time.perf_counter()
@@ -114,14 +117,15 @@ class Batches:
         """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
         core/buffer.py), or, with learner.max_wait_s, until that long has passed with learner.min_groups ready
         (`learn` then trains on those); the time spent is learner_wait_s, split in `wait_causes` by what the pool
-        produced meanwhile: the share of the groups completed during the wait that were filtered for zero reward
-        variance counts as "filtered" (the pool was busy, on groups the learner cannot use), the rest as "empty"
-        (all of it when no group completed). Every 30 s of waiting while groups are being filtered, a warning says
+        produced meanwhile: of the groups that arrived during the wait, the share filtered for zero reward variance
+        counts as "filtered" (the pool was busy, on groups the learner cannot use), the share refused as stale
+        (v < v_t - S: generated on a snapshot older than the learner can use) as "snapshot" (waiting for the
+        workers to install a newer one), the rest as "empty" (all of it when no group arrived). Every 30 s of waiting while groups are being filtered, a warning says
         so. Raises Stopped when `stop` is set."""
         t0 = time.perf_counter()
         last_progress = last_note = t0
-        stats = self.buffer.stats()
-        have, filtered, completed = self.buffer.ready_groups(), stats["filtered_groups"], stats["completed_groups"]
+        before = self.buffer.stats()
+        have, filtered = self.buffer.ready_groups(), before["filtered_groups"]
         lim = self.limits
         while not self.buffer.wait_for(k, timeout=self._poll(t0)):
             if self.stop.is_set():
@@ -136,7 +140,7 @@ class Batches:
                 have, last_progress = self.buffer.ready_groups(), now
             self._check_progress(now - last_progress, filtered)
         waited = time.perf_counter() - t0
-        self._note_causes(waited, filtered, completed)
+        self._note_causes(waited, before)
         ready = self.buffer.ready_groups()
         if ready < k and self.buffer.wait_for(k, timeout=0):  # not a partial batch (learner.max_wait_s): the fallback
             log.info("step fills its batch with %d zero-variance group(s): learner.filter_patience=%d x %d groups "
@@ -149,14 +153,18 @@ class Batches:
             return 1.0
         return min(1.0, max(0.01, t0 + self.limits.max_wait_s - time.perf_counter()))
 
-    def _note_causes(self, waited: float, filtered_before: int, completed_before: int) -> None:
-        """Split `waited` seconds between "filtered" and "empty" by the share of the groups completed meanwhile
-        that were filtered."""
-        stats = self.buffer.stats()
-        completed = stats["completed_groups"] - completed_before
-        share = (stats["filtered_groups"] - filtered_before) / completed if completed else 0.0
-        self.wait_causes["filtered"] += waited * share
-        self.wait_causes["empty"] += waited * (1 - share)
+    def _note_causes(self, waited: float, before: dict) -> None:
+        """Split `waited` seconds between the WAIT_CAUSES by the shares of the groups that arrived meanwhile
+        (`before`: the buffer's stats at the wait's start): filtered ones, stale ones (records refused as "stale",
+        in groups), and the rest."""
+        now, g = self.buffer.stats(), self.buffer.group_size
+        filtered = now["filtered_groups"] - before["filtered_groups"]
+        stale = (now["rejected"].get("stale", 0) - before["rejected"].get("stale", 0)) / g
+        arrived = now["completed_groups"] - before["completed_groups"] + stale
+        shares = {"filtered": filtered / arrived, "snapshot": stale / arrived} if arrived else {}
+        shares["empty"] = 1.0 - sum(shares.values())
+        for cause, share in shares.items():
+            self.wait_causes[cause] += waited * share
 
     def _check_progress(self, idle_s: float, filtered_before: int) -> None:
         """Raise when waiting cannot end: every local worker exited and none is connected, or no admissible
