@@ -332,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     _keys_parser(sub)
     _plot_parser(sub)
     _fleet_parser(sub)
+    _plan_parser(sub)
+    _simulate_parser(sub)
+    _eval_parser(sub)
+    return p
+
+
+def _plan_parser(sub: argparse._SubParsersAction) -> None:
+    """echo2 plan: the provisioning decision for a worker catalog."""
     pl = sub.add_parser("plan", help="provisioning decision: mu_min, mu_target, chosen workers, cost, idle share")
     pl.add_argument("--catalog", required=True, help="worker catalog, .toml ([[worker]]) or .csv: name, price_per_hour, mu, "
                     "count; or skypilot:H100,L4,A100:8 for SkyPilot's cheapest price of each type (needs --mu-table)")
@@ -367,6 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--group-size", type=int, help="G, samples per prompt (with --accuracy)")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_plan)
+
+
+def _simulate_parser(sub: argparse._SubParsersAction) -> None:
+    """echo2 simulate: the paper-scale experiments on the discrete-event simulator."""
     sm = sub.add_parser("simulate", help="paper-scale experiments on the discrete-event simulator")
     sm.add_argument("scenario", choices=["paper", "launch", "filter"], help="'paper': Fig. 3(c), Fig. 4, Tables 2 and "
                     "4, cost; 'launch': launch latency x spot preemptions x early activation (writes DIR/launch.json); "
@@ -380,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--anchor-every", type=int, default=10, help="with --delta-ratio: a full snapshot every N "
                     "publications (default 10)")
     sm.set_defaults(func=_simulate)
+
+
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    """echo2 eval: base vs trained policy on held-out tasks or against opponents."""
     ev = sub.add_parser("eval", help="base vs trained policy: accuracy and reward on held-out tasks (--task), or net "
                         "chip change vs rule-based and LLM opponents (--env)")
     ev.add_argument("--env", help="sandbox env URL (default poker://nlhe_headsup_v1 unless --task)")
@@ -406,7 +422,6 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--backend", default="hf", help="inference backend of the evaluated policies (hf, vllm, ...)")
     ev.add_argument("--batch", type=int, default=16, help="hands played (or tasks answered) side by side")
     ev.set_defaults(func=_eval)
-    return p
 
 
 def _worker_parser(sub: argparse._SubParsersAction) -> None:

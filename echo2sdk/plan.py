@@ -269,19 +269,27 @@ def make_plan(
         return plan
     plan.mu_target = sel.mu_target
     if not sel.feasible:
-        plan.warnings.append(
-            f"infeasible: the whole catalog delivers mu_pool = {sel.mu_pool:.4g} rollouts/s < mu_target = "
-            f"{sel.mu_target:.4g} (short by {sel.shortfall:.4g}); the learner will idle about "
-            f"{100 * plan.idle_share:.1f}% of the time"
-        )
-        _fixes(plan, catalog, offers, estimate, learner_price_per_hour)
-        if filter_rate and sum(o.mu for o in offers) >= capacity.mu_target(
-                capacity.mu_min(T_train, tb, R_useful, kappa), gamma):
-            plan.warnings.append(
-                f"short because of filtering: only {100 * (1 - filter_rate):.0f}% of the rollouts are useful (f = "
-                f"{filter_rate:.3g}); without it the catalog would suffice")
+        _warn_short(plan, sel, catalog, offers, estimate, learner_price_per_hour)
     _warn_staleness(plan, S)
     return plan
+
+
+def _warn_short(plan: Plan, sel: Selection, catalog: list[CatalogEntry], offers: list[WorkerOffer], estimate: Any,
+                learner_price: float) -> None:
+    """The whole catalog misses mu_target (`sel`, the selection): the warning, the fixes, and whether filtering
+    alone makes it short (the catalog would reach the target on the useful rollouts R)."""
+    plan.warnings.append(
+        f"infeasible: the whole catalog delivers mu_pool = {sel.mu_pool:.4g} rollouts/s < mu_target = "
+        f"{sel.mu_target:.4g} (short by {sel.shortfall:.4g}); the learner will idle about "
+        f"{100 * plan.idle_share:.1f}% of the time"
+    )
+    _fixes(plan, catalog, offers, estimate, learner_price)
+    f = plan.filter_rate
+    if f and sum(o.mu for o in offers) >= capacity.mu_target(
+            capacity.mu_min(plan.T_train, plan.T_bcast, plan.R, plan.kappa), plan.gamma):
+        plan.warnings.append(
+            f"short because of filtering: only {100 * (1 - f):.0f}% of the rollouts are useful (f = "
+            f"{f:.3g}); without it the catalog would suffice")
 
 
 def _checked(

@@ -896,10 +896,9 @@ def _check_adapter_cli(name: str, options: dict, tasks: int, seed: int, backend:
     return 0
 
 
-def _main(argv: list[str] | None = None) -> int:
+def _parser() -> Any:
+    """The command line of ``python -m echo2sdk.testing``: check-backend and check-adapter."""
     import argparse
-    import json
-    import sys
 
     parser = argparse.ArgumentParser(prog="python -m echo2sdk.testing", description="echo2sdk conformance suites")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -920,6 +919,14 @@ def _main(argv: list[str] | None = None) -> int:
     ca.add_argument("--backend", help="also play 2 groups through this backend: mock (no model) or a registered "
                     "backend name with --model")
     ca.add_argument("--model", default="tiny-random", help="the --backend's model (default tiny-random)")
+    return parser
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import json
+    import sys
+
+    parser = _parser()
     args = parser.parse_args(argv)
     options = {}
     for item in args.option:

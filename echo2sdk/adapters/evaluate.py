@@ -143,14 +143,7 @@ def evaluate(
     if batch < 1:
         raise ConfigError(f"echo2 eval: batch = {batch!r} must be >= 1")
     scheme = parse_env(env)[0]
-    plugin = load_env_plugin(scheme)
-    # the plug-in's opponents; poker's by default; a single-player env (no eval_opponents) plays one column: the
-    # env as configured, no `opponent` option injected
-    solo = (SOLO,) if scheme != "poker" else DEFAULT_OPPONENTS
-    opponents = list(opponents or getattr(plugin, "eval_opponents", None) or solo)
-    metric = metric or default_metric(scheme, plugin)
-    summarize = getattr(plugin, "summarize", None)
-    also = [k for k in getattr(plugin, "eval_paired_metrics", ()) if k != metric]
+    opponents, metric, summarize, also = _plugin_measures(scheme, load_env_plugin(scheme), opponents, metric)
     backend_cls = load_backend_class(backend)
     table: dict[str, dict[str, Cell]] = {}
     base_model = next(iter(policies.values()))
@@ -174,6 +167,21 @@ def evaluate(
             policy.close()
         table[label] = row
     return table
+
+
+def _plugin_measures(
+    scheme: str, plugin: Any, opponents: Sequence[str] | None, metric: str | None
+) -> tuple[list[str], str, Callable[[list[dict[str, Any]]], Mapping[str, Any]] | None, list[str]]:
+    """What an evaluation plays and measures: (opponents, metric, the plug-in's `summarize` or None, its paired
+    metrics other than `metric`). `opponents` and `metric` when given, else the env plug-in's."""
+    # the plug-in's opponents; poker's by default; a single-player env (no eval_opponents) plays one column: the
+    # env as configured, no `opponent` option injected
+    solo = (SOLO,) if scheme != "poker" else DEFAULT_OPPONENTS
+    opponents = list(opponents or getattr(plugin, "eval_opponents", None) or solo)
+    metric = metric or default_metric(scheme, plugin)
+    summarize = getattr(plugin, "summarize", None)
+    also = [k for k in getattr(plugin, "eval_paired_metrics", ()) if k != metric]
+    return opponents, metric, summarize, also
 
 
 def _play_cell(

@@ -129,7 +129,13 @@ class StalenessBuffer:
         self.reward_bound = float(reward_bound)
         checks.integer("fallback_after", fallback_after, lo=0, error=ConfigError)
         self.filter_zero_variance, self.fallback_after = bool(filter_zero_variance), fallback_after
+        self.task_names = frozenset(task_names)  # a mixture's components: other names a record claims count as OTHER_TASK
+        self._init_groups()
+        self._init_counters()
 
+    def _init_groups(self) -> None:
+        """The held groups (empty) and the state around them: v_t, the arrival counter, the sampled keys, the
+        refused workers and the filtered groups set aside."""
         self._cond = threading.Condition()
         self._version = 0  # v_t
         self._seq = 0  # arrival counter of complete groups (for "fifo" and ties)
@@ -140,6 +146,10 @@ class StalenessBuffer:
         self._sampled_keys: set[GroupKey] = set()
         self._banned: dict[str, None] = {}  # workers whose records are refused (drop_worker): the newest MAX_BANNED
         self._aside: dict[GroupKey, list[Trajectory]] = {}  # filtered groups, newest last (at most fallback_after)
+
+    def _init_counters(self) -> None:
+        """The counters `stats()` reports, all zero: filtered and completed groups (overall and by task),
+        admissions, samples, rejections and evictions by reason, the staleness histogram."""
         self._filtered_since = 0  # groups filtered since the last sample
         self._filtered_groups = self._completed_groups = self._fallback_groups = 0
         self._filtered = 0  # records of filtered groups dropped unsampled
@@ -149,8 +159,6 @@ class StalenessBuffer:
         # the same by task (a record's meta.extra "task": a mixture's component), as rollout_means reads them:
         # [records, reward sum, scored, correct, groups, filtered]; at most MAX_TASKS names, the rest under OTHER_TASK
         self._by_task: dict[str, list] = {}
-        self.task_names = frozenset(task_names)  # a mixture's components: other names a record claims count as OTHER_TASK
-
         self._admitted = 0
         self._sampled = 0
         self._rejected: Counter[str] = Counter()

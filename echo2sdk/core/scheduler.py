@@ -44,6 +44,10 @@ A failed launch (:meth:`Scheduler.mark_launch_failed`, or no heartbeat within ``
 the activation) is replaced the same way, and its kind of machine is skipped for ``launch_backoff_s``:
 the retry goes to the next-cheapest kind.
 
+The registered workers, their states and their heartbeat statistics (mu_i, a_i, rho_i, mu_pool) are kept by
+:class:`echo2sdk.core.throughput.Throughput`, which the scheduler holds; :class:`Patience` keeps the closed loop's
+hysteresis timers.
+
 The scheduler is a pure state machine over a caller-supplied clock: it never sleeps, starts or stops
 anything. It returns :class:`Action` values; the caller applies them: :class:`echo2sdk.runtime.learner.live_loop.LiveLoop` (the trainer's
 thread against the coordinator and a provider from :mod:`echo2sdk.providers`) or the simulator in
@@ -56,25 +60,25 @@ import math
 import random
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from echo2sdk.core import capacity
 from echo2sdk.core.provisioning import Solver, WorkerOffer, check_solver, select
+from echo2sdk.core.throughput import ACTIVE, FAILED, STANDBY, Throughput, Worker
 from echo2sdk.errors import CapacityError
 
 __all__ = [
     "Action",
     "Scheduler",
     "LaunchStats",
+    "Patience",
     "STANDBY",
     "PRIOR_HOURS",
     "LEAD_SAMPLES",
     "ACTIVE",
     "FAILED",
 ]
-
-STANDBY, ACTIVE, FAILED = "standby", "active", "failed"
 
 _REL = 1e-9  # relative tolerance when comparing a capacity against the target
 PRIOR_HOURS = 10.0  # the prior preemption rate weighs as this many active machine-hours of observation
@@ -90,21 +94,6 @@ class Action:
     worker: str
     at: float
     reason: str
-
-
-@dataclass
-class _Worker:
-    name: str
-    price_per_hour: float
-    mu_prior: float
-    state: str = STANDBY
-    since: float = 0.0  # when the current state began
-    samples: deque = field(default_factory=deque)  # (t, cumulative rollouts, rate, cumulative busy s); any may be None
-    last_beat: float | None = None
-    first_beat: float | None = None  # first heartbeat in the current state
-    last_mu: float | None = None  # the last measured mu_i, kept across release for ranking
-    kind: str = ""  # the machine type (launch failures back off a kind; lead times are per kind)
-    launched_at: float | None = None  # activated by us and no heartbeat since: pending (launching)
 
 
 class LaunchStats:
@@ -148,6 +137,40 @@ class LaunchStats:
 
     def backed_off_until(self, now: float) -> dict[str, float]:
         return {k: until for k, (until, _) in self._backoff.items() if until > now}
+
+
+class Patience:
+    """The closed loop's hysteresis (C.2.1): since when capacity has been below the target (``below_since``) and
+    above the release threshold (``above_since``), when the last decision was taken, and whether a failed worker
+    awaits its replacement. A deviation is acted on once it has lasted ``sustain_s`` and ``cooldown_s`` have
+    passed since the last decision."""
+
+    def __init__(self, *, sustain_s: float, cooldown_s: float) -> None:
+        self.sustain_s, self.cooldown_s = sustain_s, cooldown_s
+        self.below_since: float | None = None
+        self.above_since: float | None = None
+        self.last_action = -math.inf
+        self.failure_pending = False
+
+    def below(self, now: float) -> bool:
+        """Capacity is below the target at `now`: whether that is sustained (and the cooldown over)."""
+        self.above_since = None
+        if self.below_since is None:
+            self.below_since = now
+        return now - self.below_since >= self.sustain_s and now - self.last_action >= self.cooldown_s
+
+    def above(self, now: float) -> bool:
+        """Capacity is above the release threshold at `now`: whether that is sustained (and the cooldown over)."""
+        self.below_since = None
+        self.failure_pending = False
+        if self.above_since is None:
+            self.above_since = now
+        return now - self.above_since >= self.sustain_s and now - self.last_action >= self.cooldown_s
+
+    def within(self) -> None:
+        """Capacity is between the two thresholds: nothing to act on."""
+        self.below_since = self.above_since = None
+        self.failure_pending = False
 
 
 class Scheduler:
@@ -219,14 +242,12 @@ class Scheduler:
         self.anticipate = bool(anticipate)
         self._rng = random.Random(seed)
         self._random_rank: dict[str, float] = {}
-        self.workers: dict[str, _Worker] = {}
+        self.throughput = Throughput(self.window_s, self.heartbeat_s)  # the workers and their heartbeat statistics
+        self.workers: dict[str, Worker] = self.throughput.workers
         self.mu_min: float | None = None
         self.mu_target: float | None = None
         self.calibration: dict[str, float] = {}
-        self._below_since: float | None = None
-        self._above_since: float | None = None
-        self._last_action = -math.inf
-        self._failure_pending = False
+        self.patience = Patience(sustain_s=self.sustain_s, cooldown_s=self.cooldown_s)
         self._changes_since_calibration = 0
         self._active_at_calibration = 0
         self.launches = LaunchStats(lead_prior_s=self.lead_prior_s, preempt_per_hour=self.preempt_per_hour)
@@ -242,7 +263,7 @@ class Scheduler:
         self.mu_target = capacity.mu_target(self.mu_min, self.gamma)
         self.calibration = {"T_train": float(T_train), "T_bcast": float(T_bcast), "R": float(R), "kappa": kappa}
         self._changes_since_calibration = 0
-        self._active_at_calibration = len(self._activated())
+        self._active_at_calibration = len(self.throughput.activated())
         return self.mu_target
 
     def set_target(self, mu_target: float) -> None:
@@ -258,47 +279,34 @@ class Scheduler:
     # ------------------------------------------------------------------ registry
 
     def add_worker(
-        self,
-        name: str,
-        price_per_hour: float,
-        mu: float,
-        *,
-        active: bool = False,
-        now: float = 0.0,
-        kind: str | None = None,
+        self, name: str, price_per_hour: float, mu: float, *, active: bool = False, now: float = 0.0, kind: str | None = None
     ) -> None:
         """Register a worker with its price c_i and a prior mu_i (catalog value or warm-up measurement),
         used until heartbeats measure it. ``active=True`` registers it as already working (up, not
         pending). ``kind``: its machine type (default: its name), for launch back-off and lead times."""
-        offer = WorkerOffer(name, price_per_hour, mu)  # validates
-        if name in self.workers:
-            raise CapacityError(f"worker {name!r} is already registered")
-        if kind is not None and (not isinstance(kind, str) or not kind):
-            raise CapacityError(f"kind of worker {name!r} must be a non-empty string, got kind={kind!r}")
-        w = _Worker(name, offer.price_per_hour, offer.mu, kind=kind or name)
-        self.workers[name] = w
+        w = self.throughput.add(name, price_per_hour, mu, kind)
         if active:
-            self._set_state(w, ACTIVE, now)
+            self.throughput.set_state(w, ACTIVE, now)
 
     def remove_worker(self, name: str) -> None:
         self.workers.pop(name, None)
 
     def set_prior(self, name: str, mu: float) -> None:
         """Replace a worker's prior throughput (e.g. after a warm-up measurement)."""
-        self._get(name).mu_prior = capacity.quantity(f"mu of worker {name!r}", mu)
+        self.throughput.get(name).mu_prior = capacity.quantity(f"mu of worker {name!r}", mu)
 
     def mark_active(self, name: str, now: float) -> None:
         """Record that a worker is active without a decision of ours (e.g. it joined already working)."""
-        self._set_state(self._get(name), ACTIVE, now)
+        self.throughput.set_state(self.throughput.get(name), ACTIVE, now)
 
     def mark_standby(self, name: str, now: float) -> None:
         """Return a (failed or released) worker to the standby pool, e.g. after it re-joined."""
-        self._set_state(self._get(name), STANDBY, now)
+        self.throughput.set_state(self.throughput.get(name), STANDBY, now)
 
     def mark_failed(self, name: str, now: float, reason: str = "reported failed") -> Action | None:
         """Declare a worker failed (the coordinator dropped it). Returns the "failed" action, if any. The
         failure of an active worker that had sent a heartbeat counts toward the preemption rate lambda."""
-        w = self._get(name)
+        w = self.throughput.get(name)
         if w.state == FAILED:
             return None
         if w.state == ACTIVE and w.launched_at is None and w.first_beat is not None:
@@ -311,130 +319,72 @@ class Scheduler:
         target needs it, and its kind is skipped for ``launch_backoff_s`` when picking activations, so
         the retry goes to the next-cheapest kind (by rho). Returns the "failed" action (None when the
         worker had already failed; the back-off applies either way)."""
-        w = self._get(name)
+        w = self.throughput.get(name)
         if self.launch_backoff_s > 0:
             self.launches.back_off(w.kind, now + self.launch_backoff_s, reason)
         if w.state == FAILED:
             return None
         return self._fail(w, now, f"{reason}; kind {w.kind!r} skipped for {self.launch_backoff_s:.0f} s")
 
-    def _fail(self, w: _Worker, now: float, reason: str) -> Action:
+    def _fail(self, w: Worker, now: float, reason: str) -> Action:
         """`w` is FAILED now; an active one is to be replaced. The "failed" action, logged."""
         if w.state == ACTIVE:
-            self._failure_pending = True
+            self.patience.failure_pending = True
             self._changes_since_calibration += 1
-        self._set_state(w, FAILED, now)
+        self.throughput.set_state(w, FAILED, now)
         action = Action("failed", w.name, now, reason)
         self.log.append(action)
         return action
 
     def heartbeat(
-        self,
-        name: str,
-        now: float,
-        *,
-        rollouts: float | None = None,
-        rate: float | None = None,
-        busy_s: float | None = None,
+        self, name: str, now: float, *, rollouts: float | None = None, rate: float | None = None, busy_s: float | None = None
     ) -> None:
         """A heartbeat from worker `name` at time `now`. ``rollouts``: its cumulative count of delivered
         rollouts; with ``busy_s`` (cumulative seconds spent generating) mu_i is delta rollouts / delta
         busy over the window (the rate while generating, immune to idle spells); without it, delta
         rollouts / delta time. ``rate``: the worker's own estimate in rollouts/s, averaged over the
         window when no counts are given. Heartbeats from unknown or failed workers are ignored."""
-        w = self.workers.get(name)
-        if w is None or w.state == FAILED:
-            return
-        if w.last_beat is not None and now <= w.last_beat:
-            return  # a repeated reading of the same heartbeat
-        w.last_beat = now
-        if w.first_beat is None:
-            w.first_beat = now
-        if w.launched_at is not None and w.state == ACTIVE:  # the first since we activated it: up
+        w = self.throughput.record(name, now, rollouts, rate, busy_s)
+        if w is not None and w.launched_at is not None and w.state == ACTIVE:  # the first since we activated it: up
             self.launches.note_lead(w.kind, now - w.launched_at)
             w.launched_at = None
-        w.samples.append((now, rollouts, rate, busy_s))
-        self._trim(w, now)
 
     # ------------------------------------------------------------------ estimates
 
-    def _trim(self, w: _Worker, now: float) -> None:
-        while w.samples and w.samples[0][0] < now - self.window_s:
-            w.samples.popleft()
-
     def mu_i(self, name: str, now: float) -> float:
-        """mu_i(t): delivered rollouts per second over the window since the worker's state began; the
-        prior until at least half a window of heartbeats spans the measurement."""
-        w = self._get(name)
-        self._trim(w, now)
-        s = w.samples  # all inside the window and since the state began (cleared on every change)
-        if self._measured(w, now):
-            if s[0][1] is not None and s[-1][1] is not None:
-                if s[0][3] is not None and s[-1][3] is not None:
-                    busy = s[-1][3] - s[0][3]
-                    if busy >= self.window_s / 2 or (busy > 0 and w.last_mu is None):
-                        w.last_mu = max(0.0, (s[-1][1] - s[0][1]) / busy)
-                    return w.last_mu if w.last_mu is not None else w.mu_prior
-                w.last_mu = max(0.0, (s[-1][1] - s[0][1]) / (s[-1][0] - s[0][0]))
-                return w.last_mu
-            rates = [r for _, _, r, _ in s if r is not None]
-            if rates:
-                w.last_mu = max(0.0, sum(rates) / len(rates))
-                return w.last_mu
-        return w.mu_prior
-
-    def _measured(self, w: _Worker, now: float) -> bool:
-        s = w.samples
-        return len(s) >= 2 and s[-1][0] - s[0][0] >= self.window_s / 2
+        """mu_i(t): delivered rollouts per second over the window (:meth:`Throughput.mu_i`)."""
+        return self.throughput.mu_i(name, now)
 
     def a_i(self, name: str, now: float) -> float:
-        """a_i(t): heartbeats received over those expected in the window, counted from the first
-        heartbeat of the current state (1.0 for a worker too new to judge, 0.0 for a failed or a pending
-        one: a launching machine is not capacity yet; one that never reports is failed after
-        boot_timeout_s)."""
-        w = self._get(name)
-        if w.state == FAILED or (w.state == ACTIVE and w.launched_at is not None):
-            return 0.0
-        if w.first_beat is None:
-            return 1.0
-        span = min(self.window_s, now - w.first_beat)
-        if span < 2 * self.heartbeat_s:
-            return 1.0
-        self._trim(w, now)
-        return min(1.0, len(w.samples) / (span / self.heartbeat_s + 1))
+        """a_i(t): heartbeats received over those expected in the window (:meth:`Throughput.a_i`)."""
+        return self.throughput.a_i(name, now)
 
     def rho_i(self, name: str, now: float) -> float:
-        w = self._get(name)
-        mu = w.last_mu if w.state != ACTIVE and w.last_mu else self.mu_i(name, now)
-        return w.price_per_hour / mu if mu > 0 else math.inf
+        """rho_i = c_i / mu_i (:meth:`Throughput.rho_i`)."""
+        return self.throughput.rho_i(name, now)
 
     def active(self) -> list[str]:
         """The active set A: activated workers that are up (not pending)."""
-        return [n for n, w in self.workers.items() if w.state == ACTIVE and w.launched_at is None]
+        return self.throughput.active()
 
     def pending(self) -> list[str]:
-        """Workers the scheduler activated that have not sent a heartbeat since (launching). Their
-        ``state`` is ACTIVE: the decision stands; they are not in A yet."""
-        return [n for n, w in self.workers.items() if w.state == ACTIVE and w.launched_at is not None]
-
-    def _activated(self) -> list[str]:
-        return [n for n, w in self.workers.items() if w.state == ACTIVE]
+        """Activated workers without a heartbeat since (launching; :meth:`Throughput.pending`)."""
+        return self.throughput.pending()
 
     def standby(self) -> list[str]:
-        return [n for n, w in self.workers.items() if w.state == STANDBY]
+        return self.throughput.standby()
 
     def contribution(self, name: str, now: float) -> float:
         """a_i(t) * mu_i(t) of one worker."""
-        return self.a_i(name, now) * self.mu_i(name, now)
+        return self.throughput.contribution(name, now)
 
     def mu_pool(self, now: float) -> float:
-        """mu_pool(t) = sum over active workers of a_i(t) * mu_i(t) (paper eq. (4)); pending ones are
-        not in it."""
-        return sum(self.contribution(n, now) for n in self.active())
+        """mu_pool(t) = sum over active workers of a_i(t) * mu_i(t) (paper eq. (4)); pending ones are not in it."""
+        return self.throughput.mu_pool(now)
 
     def mu_pending(self, now: float) -> float:
         """The capacity on its way: the sum of the pending workers' priors mu_i."""
-        return sum(self.workers[n].mu_prior for n in self.pending())
+        return self.throughput.mu_pending(now)
 
     def lead_s(self, kind: str | None = None) -> float:
         """L: seconds from activation to first heartbeat, the median of the last ``LEAD_SAMPLES``
@@ -462,7 +412,7 @@ class Scheduler:
 
     def cost_per_hour(self) -> float:
         """sum of c_i over active and pending workers (a machine is billed from its activation)."""
-        return sum(self.workers[n].price_per_hour for n in self._activated())
+        return self.throughput.cost_per_hour()
 
     # ------------------------------------------------------------------ decisions
 
@@ -478,18 +428,18 @@ class Scheduler:
         if self.order == "random":
             actions = self._activate_until_target(now, "initial provisioning")
         else:
-            have = sum(self.workers[n].mu_prior for n in self._activated())
+            have = sum(self.workers[n].mu_prior for n in self.throughput.activated())
             offers = [WorkerOffer(n, self.workers[n].price_per_hour, self.workers[n].mu_prior)
                       for n in self.standby() if self.launches.backoff(self.workers[n].kind, now) is None]
             actions = []
             if have < self.mu_target * (1 - _REL) and offers:
                 sel = select(offers, self.mu_target - have, self.solver)
                 for o in sel.chosen:
-                    self._launch(self.workers[o.name], now)
+                    self.throughput.launch(self.workers[o.name], now)
                     actions.append(Action("activate", o.name, now, f"initial provisioning; rho={o.rho:.4g}"))
-                self._last_action = now
+                self.patience.last_action = now
                 self.log += actions
-        self._below_since = self._above_since = None
+        self.patience.below_since = self.patience.above_since = None
         return actions
 
     def step(self, now: float) -> list[Action]:
@@ -498,47 +448,31 @@ class Scheduler:
         assert self.mu_target is not None
         actions: list[Action] = []
         self.launches.observe(now, len(self.active()))  # exposure for lambda
-        for w in list(self.workers.values()):  # liveness
-            if w.state != ACTIVE:
-                continue
-            if w.launched_at is not None:
-                if now - w.launched_at > self.boot_timeout_s:
-                    actions.append(self.mark_launch_failed(
-                        w.name, now, f"no heartbeat {now - w.launched_at:.0f} s after activation"))
-            elif w.last_beat is None or w.last_beat < w.since:
-                if now - w.since > self.boot_timeout_s:
-                    actions.append(self.mark_failed(w.name, now, f"no heartbeat {now - w.since:.0f} s after activation"))
-            elif now - w.last_beat > self.fail_after_s:
-                actions.append(self.mark_failed(w.name, now, f"silent for {now - w.last_beat:.0f} s"))
+        for w, why, launching in self.throughput.overdue(now, self.boot_timeout_s, self.fail_after_s):  # liveness
+            actions.append((self.mark_launch_failed if launching else self.mark_failed)(w.name, now, why))
         actions = [a for a in actions if a is not None]
 
         cap = self.mu_projected(now)
         target = self.mu_target
+        p = self.patience
         if cap < target * (1 - _REL):
-            self._above_since = None
-            if self._below_since is None:
-                self._below_since = now
-            sustained = now - self._below_since >= self.sustain_s and now - self._last_action >= self.cooldown_s
-            if (self._failure_pending or sustained) and self.standby():
-                why = "replace failed worker" if self._failure_pending else (
-                    f"{self._describe(now, cap)} < mu_target {target:.3g} for {now - self._below_since:.0f} s"
+            sustained = p.below(now)
+            if (p.failure_pending or sustained) and self.standby():
+                assert p.below_since is not None
+                why = "replace failed worker" if p.failure_pending else (
+                    f"{self._describe(now, cap)} < mu_target {target:.3g} for {now - p.below_since:.0f} s"
                 )
                 actions += self._activate_until_target(now, why)
-                self._below_since = None
-            self._failure_pending = False
+                p.below_since = None
+            p.failure_pending = False
         elif cap > target * (1 + self.release_margin):
-            self._below_since = None
-            self._failure_pending = False
-            if self._above_since is None:
-                self._above_since = now
-            if now - self._above_since >= self.sustain_s and now - self._last_action >= self.cooldown_s:
+            if p.above(now):
                 action = self._release_one(now, cap)
                 if action is not None:
                     actions.append(action)
-                self._above_since = None  # one release per sustained interval: gradual
+                p.above_since = None  # one release per sustained interval: gradual
         else:
-            self._below_since = self._above_since = None
-            self._failure_pending = False
+            p.within()
         return actions
 
     @property
@@ -546,7 +480,7 @@ class Scheduler:
         """True when the target is set, no standby worker is left, and the active set misses it by
         its priors (the plain warning `status()` reports)."""
         return bool(self.mu_target) and not self.standby() and (
-            sum(self.workers[n].mu_prior for n in self._activated()) < self.mu_target * (1 - _REL)
+            sum(self.workers[n].mu_prior for n in self.throughput.activated()) < self.mu_target * (1 - _REL)
         )
 
     def status(self, now: float) -> dict:
@@ -560,7 +494,7 @@ class Scheduler:
             "active": self.active(),
             "pending": self.pending(),
             "standby": self.standby(),
-            "failed": [n for n, w in self.workers.items() if w.state == FAILED],
+            "failed": self.throughput.failed(),
             "cost_per_hour": self.cost_per_hour(),
             "cost_per_hour_pending": sum(self.workers[n].price_per_hour for n in self.pending()),
             "lead_s": self.lead_s(),
@@ -574,22 +508,6 @@ class Scheduler:
     def _need_target(self) -> None:
         if self.mu_target is None:
             raise CapacityError("the scheduler has no mu_target: call calibrate(...) or set_target(...) first")
-
-    def _get(self, name: str) -> _Worker:
-        try:
-            return self.workers[name]
-        except KeyError:
-            raise CapacityError(f"unknown worker {name!r}; registered: {sorted(self.workers)}") from None
-
-    def _set_state(self, w: _Worker, state: str, now: float) -> None:
-        w.state, w.since = state, now
-        w.first_beat = w.launched_at = None
-        w.samples.clear()  # measurements restart with the new state (an idle spell says nothing of mu_i)
-
-    def _launch(self, w: _Worker, now: float) -> None:
-        """Our activation: ACTIVE and pending until its first heartbeat."""
-        self._set_state(w, ACTIVE, now)
-        w.launched_at = now
 
     def _describe(self, now: float, cap: float) -> str:
         """The capacity figure a reason quotes: mu_pool alone while nothing is pending or expected lost."""
@@ -620,12 +538,12 @@ class Scheduler:
                 skipped.setdefault(w.kind, f"kind {w.kind!r} skipped until t={until:.0f} s (launch failed: {why})")
                 continue
             mu_guess = w.last_mu or w.mu_prior
-            self._launch(w, now)
+            self.throughput.launch(w, now)
             cap += mu_guess
             note = "".join(f"; {s}" for s in skipped.values())
             actions.append(Action("activate", name, now, f"{reason}; rho={w.price_per_hour / mu_guess:.4g}{note}"))
         if actions:
-            self._last_action = now
+            self.patience.last_action = now
             self._changes_since_calibration += len(actions)
         self.log += actions
         return actions
@@ -637,12 +555,12 @@ class Scheduler:
         keep = 1.0 - self._loss_fraction()
         ranked = sorted(self.active(), key=lambda n: (-self._order_key(n, now), n))
         for name in ranked:  # most expensive first
-            if not self._measured(self.workers[name], now):
+            if not self.throughput.measured(self.workers[name]):
                 continue  # too new to judge
             rest = cap - self.contribution(name, now) * keep  # its mu_pool share, less its expected loss
             if rest >= self.mu_target * (1 + _REL):
-                self._set_state(self.workers[name], STANDBY, now)
-                self._last_action = now
+                self.throughput.set_state(self.workers[name], STANDBY, now)
+                self.patience.last_action = now
                 self._changes_since_calibration += 1
                 why = f"{self._describe(now, cap)} > mu_target {self.mu_target:.3g}; {rest:.3g} without it"
                 action = Action("release", name, now, why)

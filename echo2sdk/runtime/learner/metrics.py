@@ -58,16 +58,10 @@ def metrics_row(
 ) -> dict[str, Any]:
     """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
     (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
-    rewards = [t.reward for t in records]
-    scored = [c for c in (t.meta.extra.get("correct") for t in records) if c is not None]
     t_q, t_all = t_bcast
     return {
-        "step": step, "version": version, "time_s": round(time_s, 3), "t_train_s": round(st.t_train_s, 4),
-        "t_forward_s": round(st.t_forward_s, 4), "t_backward_s": round(st.t_backward_s, 4), "t_optim_s": round(st.t_optim_s, 4),
-        "t_publish_s": round(publish_s, 4), "t_step_wall_s": round(wall_s, 4), "learner_wait_s": round(wait_s, 4),
-        "reward_mean": statistics.fmean(rewards),
-        "reward_std": statistics.pstdev(rewards),
-        "accuracy": statistics.fmean(bool(c) for c in scored) if scored else None,  # None: the task scores no "correct"
+        "step": step, "version": version, **_timings(st, time_s, wall_s, wait_s, publish_s),
+        **_batch_levels(records),
         # every group completed since the previous step, filtered or not: the policy's level, which the trained
         # batch's reward and accuracy are not under dynamic sampling (it keeps the groups with mixed rewards)
         "rollout_reward_mean": rollout_reward_mean,
@@ -96,17 +90,45 @@ def metrics_row(
         "task": _extra_means(records),
         "tasks": per_task(records, tasks_rollout, task_names),  # by task ({} unless records name one: a mixture)
         "workers_alive": workers_alive, "t_bcast_s": t_q, "t_bcast_all_s": t_all, "broadcast_repairs": broadcast_repairs,
+        **_audit_columns(audit, replay, replay_s),
+        "records_withheld": sum(st.withheld),  # of this step's batch, by the audit's screen (not trained on)
+        "workers_quarantined": workers_quarantined,
+        "batches_dropped": batches_dropped,  # so far: batches the learner step raised on (the recipe's _learn)
+        "batches_withheld": batches_withheld,  # so far: batches the audit's screen withheld whole (records_withheld)
+        "records_withheld_total": records_withheld,  # so far
+    }
+
+
+def _timings(st: StepStats, time_s: float, wall_s: float, wait_s: float, publish_s: float) -> dict[str, float]:
+    """A row's timings: time since the run began, the learner's phases, publishing, the step's wall time and
+    the learner's wait for its batch (seconds)."""
+    return {
+        "time_s": round(time_s, 3), "t_train_s": round(st.t_train_s, 4),
+        "t_forward_s": round(st.t_forward_s, 4), "t_backward_s": round(st.t_backward_s, 4), "t_optim_s": round(st.t_optim_s, 4),
+        "t_publish_s": round(publish_s, 4), "t_step_wall_s": round(wall_s, 4), "learner_wait_s": round(wait_s, 4),
+    }
+
+
+def _batch_levels(records: list) -> dict[str, float | None]:
+    """The trained batch's reward mean and spread, and its accuracy (None: the task scores no "correct")."""
+    rewards = [t.reward for t in records]
+    scored = [c for c in (t.meta.extra.get("correct") for t in records) if c is not None]
+    return {
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards),
+        "accuracy": statistics.fmean(bool(c) for c in scored) if scored else None,  # None: the task scores no "correct"
+    }
+
+
+def _audit_columns(audit: dict[str, Any] | None, replay: dict[str, Any] | None, replay_s: float) -> dict[str, Any]:
+    """The worker audit's statistics per worker (core/audit.py) and its replay's, with the replay's time."""
+    return {
         "sampler_gap": _worker_stats(audit, "gap"),  # the worker audit (core/audit.py)
         "sampler_var": _worker_stats(audit, "var"),
         # the audit's replay: a few records per worker under the version each claims (lag 0 for both statistics)
         "sampler_replay_gap": _worker_stats(replay, "gap"),
         "sampler_replay_var": _worker_stats(replay, "var"),
         "t_audit_replay_s": round(replay_s, 4),
-        "records_withheld": sum(st.withheld),  # of this step's batch, by the audit's screen (not trained on)
-        "workers_quarantined": workers_quarantined,
-        "batches_dropped": batches_dropped,  # so far: batches the learner step raised on (the recipe's _learn)
-        "batches_withheld": batches_withheld,  # so far: batches the audit's screen withheld whole (records_withheld)
-        "records_withheld_total": records_withheld,  # so far
     }
 
 

@@ -6,8 +6,9 @@ training overlap because workers keep generating under their installed version m
 
 The Trainer holds components and calls them; none of them calls back into it: `build` turns the Config
 into arguments, `Batches` waits for and steps on each batch, `Publication` owns v_t and publishing,
-`AuditReplay` audits the workers, `RunMetrics` keeps the rows, `Calibration` / `Provisioning` measure and
-provision the pool, the `local` provider starts the run's own workers, `console` owns the terminal.
+`AuditReplay` audits the workers, `RunMetrics` keeps the rows, `RunSecrets` keeps the token and signing key,
+`Calibration` / `Provisioning` measure and provision the pool, the `local` provider starts the run's own
+workers, `console` owns the terminal.
 
 Checkpoints (checkpoint.py) are written every run.save_every steps, after the last step and on
 SIGTERM/SIGINT; `Trainer(cfg, resume=DIR)` continues from one. Under torchrun the learner is sharded over
@@ -48,11 +49,11 @@ from echo2sdk.runtime.learner.metrics import (
 from echo2sdk.runtime.learner.health import Health
 from echo2sdk.runtime.learner.publication import Publication
 from echo2sdk.runtime.learner.replay import AuditReplay
+from echo2sdk.runtime.learner.run_secrets import RunSecrets
 from echo2sdk.runtime.learner.tasks import CountedTasks
 from echo2sdk.runtime.providers.local import LocalProvider
 from echo2sdk.runtime.sinks import load_sinks, redact
 from echo2sdk.runtime.sinks.jsonl import reset_run_files
-from echo2sdk.runtime.trust.credentials import new_token
 from echo2sdk.runtime.trust.plugin_policy import allowances
 
 __all__ = ["Trainer"]
@@ -74,7 +75,7 @@ class Trainer:
             raise ConfigError("scheduler.enabled: warm-up calibration runs on one learner process; "
                               "start without --nproc-per-node, or set scheduler.enabled = false")
         # run.token, run.token_file or $ECHO2_TOKEN, checked now (>= 128 bits), before anything is loaded
-        self._given_token = build.run_token(cfg) if self.topo.leader else None
+        self.secrets = RunSecrets(build.run_token(cfg) if self.topo.leader else None)
         self.step = 0  # updates done (the metrics' step), across resumes
         self.learner: Any = None
         self.ops: distributed.Lockstep | None = None  # the learner calls that are collectives under torchrun
@@ -87,8 +88,6 @@ class Trainer:
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
         self._stop = threading.Event()  # set by the first SIGTERM/SIGINT
         self._stop_signal: int | None = None
-        self._signing_key: Any = None
-        self._drawn_token = False
         self._tasks: CountedTasks | None = None
         self._rows_at_setup = 0  # rows restored by a resume (calibrate runs before this process trains)
         self._held = contextlib.ExitStack()  # process-wide settings undone by close()
@@ -184,21 +183,16 @@ class Trainer:
 
     def _coordinator(self, kept: dict[str, bytes]) -> Coordinator:
         """The coordinator with the run's token (given, kept by the checkpoint, or drawn) and signing key."""
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
         cfg = self.cfg
-        token = self._given_token or kept.get("token", b"").decode() or new_token()
-        self._drawn_token = not self._given_token
-        if cfg.broadcast.topology != "direct":
-            raw = kept.get("signing.key")
-            self._signing_key = Ed25519PrivateKey.from_private_bytes(raw) if raw else Ed25519PrivateKey.generate()
+        token = self.secrets.token(kept)
+        signing_key = self.secrets.load_signing_key(kept, cfg.broadcast.topology)
         return Coordinator(
             buffer=self.buffer,
             tasks=self._tasks,
             worker_config=build.worker_config(cfg, self.model_path),
             base=ModelFolder(self.model_path, cfg.learner.snapshot_dtype),  # for workers started with --bootstrap
             vocab_size=self.learner.vocab_size,
-            **build.coordinator_args(cfg, token, self._signing_key),
+            **build.coordinator_args(cfg, token, signing_key),
             **build.coordinator_tls(cfg, kept),
         )
 
@@ -376,23 +370,12 @@ class Trainer:
         path = checkpoint.save(
             self.out / "checkpoints", self.step, keep=self.cfg.run.keep_checkpoints, optimizer=optimizer, state=state,
             write_model=lambda d: self.learner.save(str(d), tokenizer_from=self.model_path, state=model),
-            secrets=self._secrets(),
+            secrets=self.secrets.to_keep(self.coordinator),
         )
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
         self.last_checkpoint = {"path": str(path), "step": self.step, "bytes": size, "save_s": time.perf_counter() - t0}
         log.info("checkpoint %s: %.1f MB in %.2f s", path, size / 1e6, self.last_checkpoint["save_s"])
         return path
-
-    def _secrets(self) -> dict[str, bytes]:
-        out = {}
-        if self._signing_key is not None:
-            out["signing.key"] = self._signing_key.private_bytes_raw()
-        identity = getattr(self.coordinator, "identity", None)
-        if identity is not None:
-            out["tls-cert.pem"], out["tls-key.pem"] = identity.cert_pem, identity.key_pem
-        if self._drawn_token and self.coordinator is not None:
-            out["token"] = self.coordinator.token.encode()
-        return out
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         cfg, coord, stopped = self.cfg, self.coordinator, self._stop_signal
