@@ -23,6 +23,7 @@ ROW = {
     "filter_rate": (float, int, None), "filter_rate_predicted": (float, int, None), "rollouts": int,
     "rollouts_per_s": (float, int, None), "useful_rollouts_per_s": (float, int, None), "adapter_failures": dict,
     "adapter_failure_rate": (float, int, None), "learner_wait_filtered_s": float, "learner_wait_empty_s": float,
+    "learner_wait_snapshot_s": float,
     "staleness_max": int, "staleness_mean": float, "trajectories": int, "tokens": int, "rejected": int,
     "evicted": int, "groups_filtered": int, "groups_filtered_frac": float, "loss": float, "kl": float,
     "clip_frac": float, "is_weight_mean": float, "is_truncated_frac": float, "grad_norm": float, "lr": float,
@@ -77,7 +78,8 @@ def test_run_writes_metrics_summary_and_checkpoint(tiny_run):
     assert any(r["t_bcast_s"] is not None for r in rows)  # snapshots reached the workers (kappa = 1)
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == steps == summary["steps"]
     for r in rows:  # the wait split by cause adds up to it (1 ms of rounding each)
-        assert abs(r["learner_wait_filtered_s"] + r["learner_wait_empty_s"] - r["learner_wait_s"]) < 2e-3, r
+        causes = r["learner_wait_filtered_s"] + r["learner_wait_empty_s"] + r["learner_wait_snapshot_s"]
+        assert abs(causes - r["learner_wait_s"]) < 2e-3, r
     cap = summary["capacity"]  # the capacity rule judged in useful rollouts (issue 35)
     f = summary["buffer"]["filtered_groups"] / max(summary["buffer"]["completed_groups"], 1)
     assert cap["filter_rate"] == round(f, 4) and cap["mu_pool_useful"] == pytest.approx(cap["mu_pool_raw"] * (1 - f))

@@ -81,6 +81,7 @@ def metrics_row(
         # pool worked on groups the learner cannot use) and the rest (the pool had not produced enough yet)
         "learner_wait_filtered_s": round((wait_causes or {}).get("filtered", 0.0), 4),
         "learner_wait_empty_s": round((wait_causes or {}).get("empty", 0.0), 4),
+        "learner_wait_snapshot_s": round((wait_causes or {}).get("snapshot", 0.0), 4),
         "staleness_max": max(deltas), "staleness_mean": statistics.fmean(deltas),
         "trajectories": len(records), "tokens": st.tokens, "rejected": rejected, "evicted": evicted,
         "groups_filtered": groups_filtered,  # so far: zero-variance groups not trained on (dynamic sampling)
@@ -392,6 +393,7 @@ def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, 
         "learner_wait_s": round(sum(r["learner_wait_s"] for r in rows), 3),
         "learner_wait_filtered_s": round(sum(r.get("learner_wait_filtered_s", 0.0) for r in rows), 3),
         "learner_wait_empty_s": round(sum(r.get("learner_wait_empty_s", 0.0) for r in rows), 3),
+        "learner_wait_snapshot_s": round(sum(r.get("learner_wait_snapshot_s", 0.0) for r in rows), 3),
     }
     if enough is False:
         out["why"] = (f"useful rollouts {useful:.3g}/s < mu_min {mu_min:.3g}/s" +
