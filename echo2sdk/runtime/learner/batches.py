@@ -73,7 +73,7 @@ class Batches:
         self.last: list = []  # the last batch sampled
         self.dropped = 0  # batches the learner step raised on (dropped, training went on)
         self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
-        # the last step's waiting by cause: "filtered" (groups completed, all of zero reward variance) or "empty"
+        # the last step's waiting by cause (WAIT_CAUSES, split as `wait` says)
         self.wait_causes: dict[str, float] = dict.fromkeys(WAIT_CAUSES, 0.0)
         self.partial = 0  # steps that trained on fewer than k groups (learner.max_wait_s)
 
@@ -120,8 +120,8 @@ class Batches:
         produced meanwhile: of the groups that arrived during the wait, the share filtered for zero reward variance
         counts as "filtered" (the pool was busy, on groups the learner cannot use), the share refused as stale
         (v < v_t - S: generated on a snapshot older than the learner can use) as "snapshot" (waiting for the
-        workers to install a newer one), the rest as "empty" (all of it when no group arrived). Every 30 s of waiting while groups are being filtered, a warning says
-        so. Raises Stopped when `stop` is set."""
+        workers to install a newer one), the rest as "empty" (all of it when no group arrived). Every 30 s of
+        waiting while groups are being filtered, a warning says so. Raises Stopped when `stop` is set."""
         t0 = time.perf_counter()
         last_progress = last_note = t0
         before = self.buffer.stats()
