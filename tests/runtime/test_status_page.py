@@ -5,6 +5,7 @@ without the token)."""
 from __future__ import annotations
 
 import http.client
+import re
 import shutil
 import threading
 import tomllib
@@ -122,6 +123,8 @@ def _watch(browser, shot, seen: dict) -> None:
         page = _page(browser)
         assert (page["connection"], page["chain_nodes"], page["bars"]) == ("live", 2, 3)  # chains; Delta = 0..S
         assert page["failures"].endswith("/ 0")  # no adapter failures in the run
+        # the run's wait split by cause: three numbers in seconds (tiny-random's groups are all filtered)
+        assert re.fullmatch(r"[\d.]+ / [\d.]+ / [\d.]+ s", page["causes"]), page["causes"]
         assert browser.save_screenshot(str(shot))
     except BaseException as e:  # noqa: BLE001 - handed to the test's thread
         seen["error"] = e
@@ -145,6 +148,7 @@ def _page(browser) -> dict:
         " points: Number(document.getElementById('reward-curve').dataset.points),"
         " connection: document.getElementById('connection').textContent,"
         " failures: document.getElementById('failures').textContent,"
+        " causes: document.getElementById('wait-causes').textContent,"
         " chain_nodes: n('#chains circle.node.active'), bars: n('#staleness rect.bar')}")
 
 

@@ -28,6 +28,8 @@ function drawFacts(s) {
   $("budget").textContent = `${run.S} / ${run.kappa} / ${run.R}`;
   $("bubble").textContent = `${fmt(100 * L.bubble_ratio, 1)} %`;
   $("wait").textContent = `${fmt(L.last_wait_s, 2)} s / ${fmt(L.last_train_s, 2)} s`;
+  const c = L.wait_by_cause_s;
+  $("wait-causes").textContent = `${fmt(c.filtered, 1)} / ${fmt(c.snapshot, 1)} / ${fmt(c.empty, 1)} s`;
   $("tbcast").textContent = `${fmt(s.broadcast.t_bcast_s, 2)} s / ${fmt(s.broadcast.t_bcast_all_s, 2)} s`;
   $("cost").textContent = `$${fmt(s.cost.usd, 4)} (${fmt(s.cost.usd_per_hour, 2)} $/h)`;
   const f = s.failures;
