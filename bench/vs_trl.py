@@ -41,7 +41,9 @@ Correctness level: TRL's mean accuracy over its last 5 steps (fewer when --steps
 reach it: the wall time (from the start of its process's work, imports excluded, model loading and worker
 start-up included) at the end of the first step whose trailing 5-step mean accuracy reaches the level.
 ratio = echo2's time / TRL's time; the goal is ratio <= 0.5 (issue 35). Also printed: each side's trailing
-5-step mean accuracy at TRL's total wall time (over the last 5 steps that ended by then). echo2's steps are
+5-step mean accuracy at TRL's total wall time (over the last 5 steps that ended by then), and each side's accuracy
+pooled over its newest 5 x R completions by then (whole steps: a 5-step window holds 80 of TRL's completions and
+as few as 20 of echo2's, so the pooled figure compares equal samples). echo2's steps are
 cheaper than TRL's (partial batches after max_wait_s, generation overlapped), so --echo2-steps lets it run
 about as long as TRL does; TRL runs --steps steps either way.
 
@@ -156,8 +158,10 @@ def run_echo2(cfg) -> dict:
     key = "rollout_accuracy" if cfg.learner.filter_zero_variance else "accuracy"  # what was generated (docstring)
     rows = [row for row in rows if row[key] is not None]  # a step no group completed before
     reward = "rollout_reward_mean" if cfg.learner.filter_zero_variance else "reward_mean"
+    completions = "rollouts" if cfg.learner.filter_zero_variance else "trajectories"  # what the accuracy is over
     return {"setup_s": setup_s, "total_s": t_end - t0, "bf16": autocast, "accuracy_of": key,
             "wall_s": [setup_s + row["time_s"] for row in rows], "accuracy": [row[key] for row in rows],
+            "completions": [row[completions] for row in rows],
             "reward": [row[reward] for row in rows], "steps_with_accuracy": len(rows), "steps": [row["step"] for row in rows]}
 
 
@@ -211,7 +215,7 @@ def run_trl(cfg, threads: int) -> dict:
         raise RuntimeError(f"TRL ran {len(rounds)} generation rounds and {len(ends)} steps, expected {L.steps}")
     return {"setup_s": began[0], "total_s": t_end, "bf16": bf16, "wall_s": ends, "accuracy_of": "generation batch",
             "steps_with_accuracy": len(ends), "steps": list(range(1, len(ends) + 1)),
-            "accuracy": [a for a, _ in rounds], "reward": [r for _, r in rounds]}
+            "accuracy": [a for a, _ in rounds], "reward": [r for _, r in rounds], "completions": [R] * len(ends)}
 
 
 def _side(argv: list[str]) -> None:
@@ -237,6 +241,20 @@ def accuracy_at(wall_s: list[float], accuracy: list[float], t: float, window: in
     """The mean accuracy of the last `window` steps that ended by time `t` (fewer if fewer did; None: none)."""
     done = [a for w, a in zip(wall_s, accuracy, strict=True) if w <= t + 1e-9]
     return statistics.fmean(done[-window:]) if done else None
+
+
+def pooled_accuracy_at(run: dict, t: float, n: int) -> tuple[float, int] | None:
+    """(accuracy, completions) over the newest whole steps that ended by time `t` and hold at least `n` completions
+    between them (all of them if fewer): a window of the same size for both sides, where a 5-step window holds 80
+    of TRL's completions and as few as 20 of echo2's. None when no step ended by `t`."""
+    right = total = 0.0
+    for w, a, c in sorted(zip(run["wall_s"], run["accuracy"], run["completions"], strict=True), reverse=True):
+        if w > t + 1e-9 or c <= 0:
+            continue
+        right, total = right + a * c, total + c
+        if total >= n:
+            break
+    return (right / total, int(total)) if total else None
 
 
 def plot(runs: dict[str, dict], reach: dict, level: float, png: Path, title: str, filter_on: bool) -> None:
@@ -329,7 +347,8 @@ def main() -> None:
                               "s_per_step_after_setup": round((r["wall_s"][-1] - r["setup_s"]) / steps[side], 2),
                               "wall_s": [round(t, 2) for t in r["wall_s"]],
                               "accuracy": [round(a, 4) for a in r["accuracy"]],
-                              "reward": [round(x, 4) for x in r["reward"]]}), flush=True)
+                              "reward": [round(x, 4) for x in r["reward"]], "completions": r["completions"]}),
+                  flush=True)
 
     window = min(WINDOW, args.steps)
     level = statistics.fmean(runs["trl"]["accuracy"][-window:])
@@ -337,6 +356,7 @@ def main() -> None:
     ratio = reach["echo2"][0] / reach["trl"][0] if reach["echo2"] and reach["trl"] else None
     t_trl = runs["trl"]["total_s"]
     at_trl_end = {side: accuracy_at(r["wall_s"], r["accuracy"], t_trl, window) for side, r in runs.items()}
+    pooled = {side: pooled_accuracy_at(r, t_trl, window * cfg.learner.trajectories_per_step) for side, r in runs.items()}
     print(json.dumps({
         "model": args.model, "steps": args.steps, "level": round(level, 4),
         "level_rule": f"TRL's mean accuracy over its last {window} steps; reached at the end of the first step whose "
@@ -349,6 +369,9 @@ def main() -> None:
         "echo2_accuracy_last": round(statistics.fmean(runs["echo2"]["accuracy"][-window:]), 4),
         "trl_total_s": round(t_trl, 2),
         "accuracy_at_trl_total_s": {side: a if a is None else round(a, 4) for side, a in at_trl_end.items()},
+        # the same moment over equal numbers of completions (window x R), less noisy than 5 steps of either side
+        "pooled_accuracy_at_trl_total_s": {side: p and {"accuracy": round(p[0], 4), "completions": p[1]}
+                                           for side, p in pooled.items()},
         "png": args.png,
     }), flush=True)
     plot(runs, reach, level, Path(args.png), f"echo2 vs TRL GRPOTrainer: {args.model}, {steps['echo2']} / {args.steps} steps, "

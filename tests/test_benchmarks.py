@@ -162,6 +162,15 @@ def test_vs_trl_level_is_reached_at_the_first_full_window_whose_mean_reaches_it(
     assert time_to_level(wall, acc, 0.5, 1) == (10.0, 1)
 
 
+def test_vs_trl_pooled_accuracy_takes_whole_newest_steps_up_to_n_completions():
+    pooled = _vs_trl().pooled_accuracy_at
+    run = {"wall_s": [10.0, 20.0, 30.0, 40.0], "accuracy": [0.0, 1.0, 0.5, 0.25], "completions": [8, 4, 4, 16]}
+    assert pooled(run, 35.0, 8) == (0.75, 8)  # steps 3 and 2 (step 4 ended after t)
+    assert pooled(run, 35.0, 6) == (0.75, 8)  # whole steps: step 2 is taken whole
+    assert pooled(run, 40.0, 100) == (0.3125, 32)  # fewer than n: all of them, weighted by completions
+    assert pooled(run, 5.0, 8) is None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                     reason='trl is not installed (the optional extra "bench": pip install -e ".[bench]")')
@@ -192,6 +201,9 @@ def test_vs_trl_runs_both_sides_and_prints_the_comparison(tmp_path):
     assert result["trl_step_to_level"] == 2  # TRL's own trailing mean equals the level at its last step
     assert result["trl_total_s"] == pytest.approx(trl["total_s"], abs=0.01)
     assert result["accuracy_at_trl_total_s"]["trl"] == pytest.approx(result["level"], abs=1e-4)
+    assert trl["completions"] == [16, 16] and all(c > 0 for c in echo2["completions"])
+    pooled = result["pooled_accuracy_at_trl_total_s"]["trl"]  # 32 completions < 5 x 16: both steps, equal weights
+    assert pooled["completions"] == 32 and pooled["accuracy"] == pytest.approx(result["level"], abs=1e-4)
     if result["echo2_time_to_level_s"] is not None:
         expected = result["echo2_time_to_level_s"] / result["trl_time_to_level_s"]
         assert result["ratio"] == pytest.approx(expected, abs=2e-3)
