@@ -148,7 +148,7 @@ class LearnerConfig(_Section):
     min_groups: int = Field(1, ge=1, description="the fewest groups a step trains on after learner.max_wait_s")
     partial_lr: Literal["sqrt", "linear", "none"] = Field(
         "sqrt", description="the learning rate of a step on m of its k = R/n groups (learner.max_wait_s): lr x "
-        "sqrt(m/k) (Adam's square-root scaling rule), lr x m/k (linear) or lr (none)"
+        "sqrt(m/k) (after Adam's square-root scaling rule), lr x m/k (linear) or lr (none)"
     )
     is_cap: float = Field(2.0, gt=0, description="C: truncation of min(pi_old / pi_sampler, C)")
     importance_weight: bool = Field(

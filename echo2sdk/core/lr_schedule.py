@@ -8,9 +8,11 @@ Counted in learner steps (every optimizer update of one step uses the same rate)
     linear    factor = (total - step) / (total - warmup)       from 1 down to 1 / (total - warmup)
     cosine    factor = (1 + cos(pi * (step - warmup) / (total - warmup))) / 2
 
-A partial batch (learner.max_wait_s: n of the step's k groups) multiplies that rate by `partial_factor`:
-sqrt(n / k) (Adam's square-root scaling rule: Malladi et al., 2022, "On the SDEs and Scaling Rules for
-Adaptive Gradient Algorithms"), n / k (the linear rule) or 1.
+A partial batch (learner.max_wait_s: m of the step's k groups) multiplies that rate by `partial_factor`:
+sqrt(m / k) (following Adam's square-root scaling rule: Malladi et al., 2022, "On the SDEs and Scaling Rules for
+Adaptive Gradient Algorithms", which is for a batch size fixed through training and also adapts Adam's betas
+and eps; here only the rate moves, step by step), m / k (the linear rule) or 1. The schedule counts a partial
+step as a step.
 """
 
 from __future__ import annotations
@@ -42,14 +44,14 @@ def lr_factor(kind: str, step: int, total: int, warmup: int = 0) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def partial_factor(rule: str, n: int, k: int) -> float:
-    """The learning-rate factor of a step on n of its k groups (n >= k: 1): a smaller batch has a noisier
+def partial_factor(rule: str, m: int, k: int) -> float:
+    """The learning-rate factor of a step on m of its k groups (m >= k: 1): a smaller batch has a noisier
     gradient, and Adam moves the weights about lr per update whatever the batch, so many small steps at the full
     rate walk further than the signal warrants."""
     if rule not in PARTIAL_RULES:
         raise ValueError(f"learner.partial_lr must be one of {PARTIAL_RULES}, got {rule!r}")
-    if n < 1 or k < 1:
-        raise ValueError(f"a batch of n={n!r} of k={k!r} groups: both must be >= 1")
-    if n >= k or rule == "none":
+    if m < 1 or k < 1:
+        raise ValueError(f"a batch of m={m!r} of k={k!r} groups: both must be >= 1")
+    if m >= k or rule == "none":
         return 1.0
-    return math.sqrt(n / k) if rule == "sqrt" else n / k
+    return math.sqrt(m / k) if rule == "sqrt" else m / k

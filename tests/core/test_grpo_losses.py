@@ -116,5 +116,5 @@ def test_a_partial_batch_scales_the_rate_by_its_share_of_the_groups():
     assert partial_factor("none", 1, 4) == 1.0
     with pytest.raises(ValueError, match="partial_lr.*'cube'"):
         partial_factor("cube", 1, 4)
-    with pytest.raises(ValueError, match="n=0"):
+    with pytest.raises(ValueError, match="m=0"):
         partial_factor("sqrt", 0, 4)

@@ -128,7 +128,7 @@ def test_a_partial_batch_steps_at_the_rate_learner_partial_lr_gives_it():
 
 
 def test_the_capacity_verdict_judges_a_full_batchs_t_train_not_the_partial_steps():
-    """With learner.max_wait_s the steps train on small batches; their T_train would lower mu_min, the bar the pool
+    """With learner.max_wait_s the steps train on small batches; their T_train would raise mu_min, the bar the pool
     is judged by. summary.json's mu_min takes a full batch's: forward and backward scaled to R, the rest as is."""
     from echo2sdk.core import capacity
     from echo2sdk.runtime.learner.metrics import full_batch_t_train, summary
@@ -143,6 +143,8 @@ def test_the_capacity_verdict_judges_a_full_batchs_t_train_not_the_partial_steps
     out = summary(rows, 40.0, S=3, kappa=2, R=16, mu_pool=3.0)
     assert out["T_train_median_s"] == 2.5 and out["T_train_full_batch_s"] == 7.0
     assert out["mu_min"] == capacity.mu_min(7.0, 1.0, 16, 2) == out["capacity"]["mu_min"]
+    mixed = summary(rows + [row(16, 2.0, 5.0, 1.0)], 40.0, S=3, kappa=2, R=16, mu_pool=3.0)
+    assert mixed["T_train_full_batch_s"] == 8.0  # a measured full step is preferred to the estimate
 
 
 def test_a_wait_on_groups_from_an_old_snapshot_counts_as_waiting_for_a_snapshot():
@@ -150,11 +152,33 @@ def test_a_wait_on_groups_from_an_old_snapshot_counts_as_waiting_for_a_snapshot(
     waits for the snapshot to reach them (learner_wait_snapshot_s), not for the pool to produce."""
     buffer = StalenessBuffer(staleness=1, group_size=G, filter_zero_variance=True)
     buffer.set_version(3)  # the floor is v 2
-    feeder = _feed(buffer, [_group(f"old-{i}", (0.0, 1.0), version=0) for i in range(3)]
-                   + [_group("flat", (1.0, 1.0), version=3), _group("ok", (0.0, 1.0), version=3)], 0.1)
     b, learner = _batches(buffer), _Learner()
+    groups = [_group(f"old-{i}", (0.0, 1.0), version=0) for i in range(3)]
+    groups += [_group("flat", (1.0, 1.0), version=3), _group("ok", (0.0, 1.0), version=3)]
+    feeder = _feed(buffer, groups, 0.3)  # the first arrives 0.3 s in: after the wait has taken its "before"
     waited, _, _, _ = b.learn(1, 3, learner)
     feeder.join()
-    c = b.wait_causes  # 5 groups arrived: 3 stale, 1 filtered, 1 ready
+    c = b.wait_causes  # 5 groups arrived: 3 stale, 1 filtered, 1 ready (counted as "empty": the rest)
     assert abs(sum(c.values()) - waited) < 0.01 and c["snapshot"] > 0.5 * waited > c["filtered"] > 0
     assert c["snapshot"] == pytest.approx(3 * c["filtered"]) and c["empty"] == pytest.approx(c["filtered"])
+
+
+def test_calibration_waits_for_a_whole_batch_whatever_max_wait_s_says():
+    """Warm-up calibration times T_train on a full batch: wait(k, whole=True) ignores learner.max_wait_s."""
+    buffer = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
+    buffer.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
+    feeder = _feed(buffer, [_group("ok-1", (0.0, 1.0))], 0.4)
+    b = _batches(buffer, max_wait_s=0.05)
+    waited = b.wait(2, whole=True)
+    feeder.join()
+    assert waited > 0.3 and buffer.ready_groups() == 2 and len(buffer.sample(2)) == 2
+
+
+def test_the_live_recalibration_remeasures_a_full_batchs_t_train():
+    """The live scheduler's mu_target (RunMetrics.remeasure) takes the same full-batch T_train as the summary."""
+    from echo2sdk.runtime.learner.metrics import RunMetrics
+
+    m = RunMetrics(out=None, sinks=None, R=16, kappa=2)
+    m.rows = [{"trajectories": 4, "t_train_s": 2.5, "t_forward_s": 0.5, "t_backward_s": 1.0, "t_bcast_s": 1.0,
+               "filter_rate": 0.0}] * 5
+    assert m.remeasure()["T_train"] == 7.0  # 1.5 s x 4 + 1 s, not the partial steps' 2.5 s

@@ -90,14 +90,17 @@ class Batches:
             t_wait += self.wait(k)
             t0 = time.perf_counter()
             n = k if self.buffer.wait_for(k, timeout=0) else min(k, self.buffer.ready_groups())  # max_wait_s: fewer
+            if n == 0:  # the ready groups went (a worker dropped, or stale) since the wait ended: wait again
+                continue
             try:
                 groups = self.last = self.buffer.sample(n)
             except ValueError:  # a partial batch's groups went stale meanwhile: wait again
                 continue
-            self.partial += n < k
+            scale = partial_factor(self.limits.partial_lr, n, k)
             try:
-                scale = partial_factor(self.limits.partial_lr, n, k)
-                return t_wait, t0, groups, learner.step(groups, self.audit.screen(v_t, groups), scale)
+                stats = learner.step(groups, self.audit.screen(v_t, groups), scale)
+                self.partial += n < k
+                return t_wait, t0, groups, stats
             except BatchWithheld as e:
                 self.audit.withheld_batch(v_t, [t for g in groups for t in g], e.audit_sums, e.withheld)
             except (ValueError, RuntimeError) as e:
@@ -113,10 +116,10 @@ class Batches:
         log.warning("learner step at v%d failed (%s: %s): batch of %d records dropped (records by worker: %s)",
                     v_t, type(error).__name__, error, sum(workers.values()), dict(workers))
 
-    def wait(self, k: int) -> float:
+    def wait(self, k: int, whole: bool = False) -> float:
         """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
-        core/buffer.py), or, with learner.max_wait_s, until that long has passed with learner.min_groups ready
-        (`learn` then trains on those); the time spent is learner_wait_s, split in `wait_causes` by what the pool
+        core/buffer.py), or, with learner.max_wait_s (and not `whole`), until that long has passed with
+        learner.min_groups ready (`learn` then trains on those); the time spent is learner_wait_s, split in `wait_causes` by what the pool
         produced meanwhile: of the groups that arrived during the wait, the share filtered for zero reward variance
         counts as "filtered" (the pool was busy, on groups the learner cannot use), the share refused as stale
         (v < v_t - S: generated on a snapshot older than the learner can use) as "snapshot" (waiting for the
@@ -131,7 +134,8 @@ class Batches:
             if self.stop.is_set():
                 raise Stopped()
             now = time.perf_counter()
-            if lim.max_wait_s is not None and now - t0 >= lim.max_wait_s and self.buffer.ready_groups() >= lim.min_groups:
+            due = lim.max_wait_s is not None and not whole and now - t0 >= lim.max_wait_s
+            if due and self.buffer.ready_groups() >= lim.min_groups:
                 break
             if now - last_note >= 30.0:
                 last_note = now

@@ -60,7 +60,7 @@ class Calibration:
         """T_train, its `steps` samples, T_bcast, mu per worker and the filter rate (the share of the groups completed
         so far that dynamic sampling dropped: the pool is sized on useful rollouts); and the state published to time
         T_bcast."""
-        self.batches.wait(k)
+        self.batches.wait(k, whole=True)  # T_train of a full batch, whatever learner.max_wait_s says
         groups = self.batches.buffer.sample(k)
         own = self._await_own_rates(join_timeout_s)
         t_a, got_a = time.monotonic(), {w.worker_id: w.trajectories for w in self.coordinator.alive_workers()}

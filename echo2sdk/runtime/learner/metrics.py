@@ -77,8 +77,9 @@ def metrics_row(
         # their groups are dropped; the rate is of the rollouts scored meanwhile (runtime/learner/health.py warns)
         "adapter_failures": dict(adapter_failures or {}),
         "adapter_failure_rate": adapter_failure_rate,
-        # learner_wait_s by cause, split by the share of the groups completed meanwhile that were filtered (the
-        # pool worked on groups the learner cannot use) and the rest (the pool had not produced enough yet)
+        # learner_wait_s by cause (runtime/learner/batches.py), split by the shares of the groups that arrived
+        # meanwhile: filtered (the pool worked on groups the learner cannot use), stale ("snapshot": generated on a
+        # snapshot older than v_t - S) and the rest ("empty": ready groups, or none arrived)
         "learner_wait_filtered_s": round((wait_causes or {}).get("filtered", 0.0), 4),
         "learner_wait_empty_s": round((wait_causes or {}).get("empty", 0.0), 4),
         "learner_wait_snapshot_s": round((wait_causes or {}).get("snapshot", 0.0), 4),
@@ -277,13 +278,13 @@ class RunMetrics:
             self.sinks.log_table(step, "samples", sample_rows(records, samples))
 
     def remeasure(self) -> dict[str, Any] | None:
-        """T_train (median of the last 5 steps) and T_bcast (the last publication) from the run itself (the live
-        scheduler's recalibration); None until both exist."""
+        """T_train of a full batch (median of the last 5 steps, full_batch_t_train) and T_bcast (the last
+        publication) from the run itself (the live scheduler's recalibration); None until both exist."""
         rows = self.rows[-5:]
         bcasts = [r["t_bcast_s"] for r in self.rows if r.get("t_bcast_s") is not None]
         if len(rows) < 5 or not bcasts:
             return None
-        return {"T_train": statistics.median(r["t_train_s"] for r in rows), "T_bcast": bcasts[-1],
+        return {"T_train": statistics.median(full_batch_t_train(r, self.R) for r in rows), "T_bcast": bcasts[-1],
                 "R": capacity.raw_rate(self.R, sizing_filter_rate(self.filter_rate(), self.max_filter_rate)),
                 "kappa": self.kappa}
 
@@ -313,7 +314,10 @@ def sizing_filter_rate(f: float, cap: float) -> float:
 def full_batch_t_train(row: dict[str, Any], R: int) -> float:
     """T_train of a full batch of R trajectories, from one step's row: the step's own when it trained on R or
     more; for a partial batch (learner.max_wait_s) its forward and backward time scaled by R / trajectories plus
-    the rest (optimizer updates, bookkeeping), which does not grow with the batch."""
+    the rest of the step (optimizer updates, bookkeeping), which does not grow with the batch. An estimate: it
+    takes the time as linear in trajectories (micro-batches make it step-shaped) and the timers as synchronous
+    (on a GPU, asynchronous kernels move some backward time into the optimizer's timer); Timing prefers the
+    run's full steps where there are any."""
     n, t = row.get("trajectories") or 0, row["t_train_s"]
     if n >= R or n <= 0:
         return t
@@ -335,7 +339,8 @@ class Timing:
     @classmethod
     def of(cls, rows: list[dict[str, Any]], R: int) -> Timing:
         t_train = statistics.median(r["t_train_s"] for r in rows) if rows else 0.0  # rows: none if stopped at once
-        full = statistics.median(full_batch_t_train(r, R) for r in rows) if rows else 0.0
+        whole = [r for r in rows if (r.get("trajectories") or 0) >= R] or rows  # measured full steps, if any
+        full = statistics.median(full_batch_t_train(r, R) for r in whole) if rows else 0.0
         bcasts = [r["t_bcast_s"] for r in rows if r["t_bcast_s"] is not None]
         return cls(t_train, full, statistics.median(bcasts) if bcasts else 0.0,
                    sum(r["learner_wait_s"] for r in rows), sum(r["t_train_s"] for r in rows))
@@ -352,7 +357,8 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
     numbers measured on the run (T_train, T_bcast, mu_pool, mu_min, the bubble), then `rest` as given (the pool's,
     the checkpoint's and the audit's figures, the config). mu_min is computed with a full batch's T_train: with
     partial batches (learner.max_wait_s) the steps' own T_train is that of the smaller batches the pool's
-    shortfall caused, which would lower the bar it is judged by."""
+    shortfall caused, which would raise mu_min (up to "infeasible"), judging the pool against a learner faster
+    than a full batch allows."""
     head, tail, t = rows[:5], rows[-5:], Timing.of(rows, R)
     try:
         mu_min: float | str = capacity.mu_min(t.T_train_full, t.T_bcast, R, kappa)
