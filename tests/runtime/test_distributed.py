@@ -32,7 +32,7 @@ RANK_SCRIPT = textwrap.dedent('''
     import torch
     from safetensors.torch import save_file
     sys.path.insert(0, sys.argv[2])
-    from test_distributed import CASES, KW, SCREEN, batch
+    from test_distributed import CASES, KW, LR_SCALE, SCREEN, batch
     from echo2sdk.core.learner import Learner
     from echo2sdk.runtime.learner import distributed
     from echo2sdk.weights import resolve_model
@@ -45,7 +45,7 @@ RANK_SCRIPT = textwrap.dedent('''
         if topo.leader:
             ops = distributed.Lockstep(learner, topo.world)
             t0 = time.perf_counter()
-            st = ops.step(batch(), SCREEN)
+            st = ops.step(batch(), SCREEN, lr_scale=LR_SCALE)
             step_s = time.perf_counter() - t0
             params = ops.model_state()
             opt = ops.optimizer_state()
@@ -76,6 +76,8 @@ KW = dict(lr=1e-3, precision="fp32", beta=0.1, micro_batch=3, threads=1, device=
 #: the worker audit's screen: group 0's claimed log-probs (-60) are far from the policy's (~ -7.6), the others'
 #: (-3.0) within the threshold: its rows are withheld on whichever rank runs them
 SCREEN = Screen(v_t=0, gap_threshold=10.0, var_threshold=0.5)
+#: a partial batch's rate (learner.partial_lr): announced with the step, so a follower's shards move as rank 0's
+LR_SCALE = 0.5
 
 
 def batch() -> list:
@@ -119,7 +121,7 @@ def test_two_gloo_ranks_take_the_same_step_as_one_process(ranks, case, checkpoin
 
     one = Learner(resolve_model("tiny-random"), gradient_checkpointing=checkpointing, token_budget=token_budget, **KW)
     t0 = time.perf_counter()
-    want = one.step(batch(), SCREEN)
+    want = one.step(batch(), SCREEN, lr_scale=LR_SCALE)
     one_s = time.perf_counter() - t0
     folder = ranks / case
     got = json.loads((folder / "stats.json").read_text())
