@@ -119,8 +119,8 @@ class Batches:
     def wait(self, k: int, whole: bool = False) -> float:
         """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
         core/buffer.py), or, with learner.max_wait_s (and not `whole`), until that long has passed with
-        learner.min_groups ready (`learn` then trains on those); the time spent is learner_wait_s, split in `wait_causes` by what the pool
-        produced meanwhile: of the groups that arrived during the wait, the share filtered for zero reward variance
+        learner.min_groups ready (`learn` then trains on those); the time spent is learner_wait_s, split in
+        `wait_causes` by what the pool produced meanwhile: of the groups that arrived during the wait, the share filtered for zero reward variance
         counts as "filtered" (the pool was busy, on groups the learner cannot use), the share refused as stale
         (v < v_t - S: generated on a snapshot older than the learner can use) as "snapshot" (waiting for the
         workers to install a newer one), the rest as "empty" (all of it when no group arrived). Every 30 s of

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from echo2sdk.core import capacity
 from echo2sdk.core.buffer import task_bucket
 from echo2sdk.errors import CapacityError
+from echo2sdk.runtime.learner.batches import WAIT_CAUSES
 from echo2sdk.runtime.sinks import Sinks, sample_rows
 
 if TYPE_CHECKING:
@@ -278,13 +279,12 @@ class RunMetrics:
             self.sinks.log_table(step, "samples", sample_rows(records, samples))
 
     def remeasure(self) -> dict[str, Any] | None:
-        """T_train of a full batch (median of the last 5 steps, full_batch_t_train) and T_bcast (the last
-        publication) from the run itself (the live scheduler's recalibration); None until both exist."""
+        """T_train of a full batch (full_batch_median of the last 5 steps) and T_bcast (the last publication) from the run itself (the live scheduler's recalibration); None until both exist."""
         rows = self.rows[-5:]
         bcasts = [r["t_bcast_s"] for r in self.rows if r.get("t_bcast_s") is not None]
         if len(rows) < 5 or not bcasts:
             return None
-        return {"T_train": statistics.median(full_batch_t_train(r, self.R) for r in rows), "T_bcast": bcasts[-1],
+        return {"T_train": full_batch_median(rows, self.R), "T_bcast": bcasts[-1],
                 "R": capacity.raw_rate(self.R, sizing_filter_rate(self.filter_rate(), self.max_filter_rate)),
                 "kappa": self.kappa}
 
@@ -316,8 +316,8 @@ def full_batch_t_train(row: dict[str, Any], R: int) -> float:
     more; for a partial batch (learner.max_wait_s) its forward and backward time scaled by R / trajectories plus
     the rest of the step (optimizer updates, bookkeeping), which does not grow with the batch. An estimate: it
     takes the time as linear in trajectories (micro-batches make it step-shaped) and the timers as synchronous
-    (on a GPU, asynchronous kernels move some backward time into the optimizer's timer); Timing prefers the
-    run's full steps where there are any."""
+    (on a GPU, asynchronous kernels move some backward time into the optimizer's timer), so full_batch_median
+    prefers measured full steps."""
     n, t = row.get("trajectories") or 0, row["t_train_s"]
     if n >= R or n <= 0:
         return t
@@ -325,10 +325,22 @@ def full_batch_t_train(row: dict[str, Any], R: int) -> float:
     return t + grows * (R / n - 1)
 
 
+def full_batch_median(rows: list[dict[str, Any]], R: int) -> float:
+    """The capacity rule's T_train from steps' rows (at least one): the median of the full steps among them if
+    there are any (measured), else of full_batch_t_train over the partial ones (estimated)."""
+    whole = [r["t_train_s"] for r in rows if (r.get("trajectories") or 0) >= R]
+    return statistics.median(whole or [full_batch_t_train(r, R) for r in rows])
+
+
+def wait_by_cause(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The learner's wait over `rows` by cause (WAIT_CAUSES: learner_wait_<cause>_s summed), in seconds."""
+    return {c: sum(r.get(f"learner_wait_{c}_s", 0.0) for r in rows) for c in WAIT_CAUSES}
+
+
 @dataclass(frozen=True)
 class Timing:
     """The run's learner timings from its rows: T_train (median), T_train of a full batch of R (median of
-    full_batch_t_train: the capacity rule's T_train), T_bcast (median), the bubble."""
+    full_batch_median: the capacity rule's T_train), T_bcast (median), the bubble."""
 
     T_train: float
     T_train_full: float
@@ -339,8 +351,7 @@ class Timing:
     @classmethod
     def of(cls, rows: list[dict[str, Any]], R: int) -> Timing:
         t_train = statistics.median(r["t_train_s"] for r in rows) if rows else 0.0  # rows: none if stopped at once
-        whole = [r for r in rows if (r.get("trajectories") or 0) >= R] or rows  # measured full steps, if any
-        full = statistics.median(full_batch_t_train(r, R) for r in whole) if rows else 0.0
+        full = full_batch_median(rows, R) if rows else 0.0
         bcasts = [r["t_bcast_s"] for r in rows if r["t_bcast_s"] is not None]
         return cls(t_train, full, statistics.median(bcasts) if bcasts else 0.0,
                    sum(r["learner_wait_s"] for r in rows), sum(r["t_train_s"] for r in rows))
@@ -392,14 +403,15 @@ def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, 
     wait was spent on. `enough` is None when mu_min could not be computed."""
     useful = mu_pool * (1 - f)
     enough = None if isinstance(mu_min, str) else useful >= mu_min
+    causes = wait_by_cause(rows)
     out = {
         "mu_pool_raw": mu_pool, "filter_rate": round(f, 4), "mu_pool_useful": useful, "mu_min": mu_min,
         "enough": enough,
         "short_because_of_filtering": bool(not enough and enough is not None and mu_pool >= mu_min),
         "learner_wait_s": round(sum(r["learner_wait_s"] for r in rows), 3),
-        "learner_wait_filtered_s": round(sum(r.get("learner_wait_filtered_s", 0.0) for r in rows), 3),
-        "learner_wait_empty_s": round(sum(r.get("learner_wait_empty_s", 0.0) for r in rows), 3),
-        "learner_wait_snapshot_s": round(sum(r.get("learner_wait_snapshot_s", 0.0) for r in rows), 3),
+        "learner_wait_filtered_s": round(causes["filtered"], 3),
+        "learner_wait_empty_s": round(causes["empty"], 3),
+        "learner_wait_snapshot_s": round(causes["snapshot"], 3),
     }
     if enough is False:
         out["why"] = (f"useful rollouts {useful:.3g}/s < mu_min {mu_min:.3g}/s" +

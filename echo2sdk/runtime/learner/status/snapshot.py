@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from echo2sdk.core import capacity
 from echo2sdk.core.broadcast.planner import SOURCE
-from echo2sdk.runtime.learner.batches import WAIT_CAUSES
-from echo2sdk.runtime.learner.metrics import shown_level
+from echo2sdk.runtime.learner.metrics import shown_level, wait_by_cause
 
 if TYPE_CHECKING:
     from echo2sdk.config import Config
@@ -83,8 +82,7 @@ def status_snapshot(view: RunView) -> dict[str, Any]:
         "learner": {"bubble_ratio": capacity.bubble_ratio(wait, busy), "wait_total_s": wait,
                     "train_total_s": busy, "last_wait_s": last.get("learner_wait_s"),
                     "last_train_s": last.get("t_train_s"),
-                    # the run's wait by cause (runtime/learner/batches.py WAIT_CAUSES)
-                    "wait_by_cause_s": {c: sum(r.get(f"learner_wait_{c}_s", 0.0) for r in rows) for c in WAIT_CAUSES}},
+                    "wait_by_cause_s": wait_by_cause(rows)},
         "cost": _cost(workers, cfg.scheduler.prices),
         # the workers' view, as the progress bar shows it: under dynamic sampling the trained batch holds
         # mixed-reward groups only, so its mean is not the policy's level
