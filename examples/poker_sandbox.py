@@ -19,7 +19,8 @@ p.add_argument("--policy", default="smollm2-135m", help="model name or HF folder
 p.add_argument("--steps", type=int, default=6, help="learner steps")
 p.add_argument("--out", default="runs/poker_sandbox")
 p.add_argument("--workers", type=int, default=2, help="local rollout-worker processes")
-p.add_argument("--nice", type=int, default=10, help="CPU niceness of the local workers (0: same as the learner)")
+p.add_argument("--nice", type=lambda v: v if v == "idle" else int(v), default="idle",
+               help="CPU priority of the local workers: idle (only on cores the learner leaves idle), or a niceness 0-19")
 p.add_argument("--worker-timeout", type=float, default=15.0, help="seconds a silent worker is kept (raise on a loaded machine)")
 args = p.parse_args()
 pi_theta = pi_ref = args.policy

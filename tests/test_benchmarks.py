@@ -171,6 +171,14 @@ def test_vs_trl_pooled_accuracy_takes_whole_newest_steps_up_to_n_completions():
     assert pooled(run, 5.0, 8) is None
 
 
+def test_vs_trl_pooled_accuracy_between_takes_every_step_that_ended_in_the_stretch():
+    between = _vs_trl().pooled_accuracy_between
+    run = {"wall_s": [10.0, 20.0, 30.0, 40.0], "accuracy": [0.0, 0.5, 1.0, 0.25], "completions": [4, 4, 4, 20]}
+    assert between(run, 0.0, 20.0) == (0.25, 8)  # steps 1 and 2: (0 x 4 + 0.5 x 4) / 8
+    assert between(run, 20.0, 40.0) == (0.375, 24)  # steps 3 and 4, weighted by completions: (4 + 5) / 24
+    assert between(run, 40.0, 50.0) is None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                     reason='trl is not installed (the optional extra "bench": pip install -e ".[bench]")')
@@ -204,6 +212,9 @@ def test_vs_trl_runs_both_sides_and_prints_the_comparison(tmp_path):
     assert trl["completions"] == [16, 16] and all(c > 0 for c in echo2["completions"])
     pooled = result["pooled_accuracy_at_trl_total_s"]["trl"]  # 32 completions < 5 x 16: both steps, equal weights
     assert pooled["completions"] == 32 and pooled["accuracy"] == pytest.approx(result["level"], abs=1e-4)
+    halves = [result[f"pooled_accuracy_{h}_half_of_trl_time"]["trl"] for h in ("first", "second")]
+    assert halves[1]["completions"] in (16, 32)  # TRL's last step ends at its total time: in the second half
+    assert sum(h["completions"] for h in halves if h) == 32
     if result["echo2_time_to_level_s"] is not None:
         expected = result["echo2_time_to_level_s"] / result["trl_time_to_level_s"]
         assert result["ratio"] == pytest.approx(expected, abs=2e-3)

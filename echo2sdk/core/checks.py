@@ -12,7 +12,9 @@ import math
 
 from echo2sdk.errors import ConfigError
 
-__all__ = ["real", "integer", "is_real", "shown"]
+__all__ = ["real", "integer", "is_real", "shown", "nice", "IDLE"]
+
+IDLE = "idle"  # a niceness: the worker runs under SCHED_IDLE (runtime/worker/priority.py)
 
 
 def is_real(value: object) -> bool:
@@ -74,3 +76,18 @@ def shown(value: object, limit: int = 80) -> str:
     except RecursionError:  # a value nested deeper than repr goes (a peer's msgpack can nest a thousand levels)
         text = f"<{type(value).__name__} nested too deep to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def nice(value: object, error: type[Exception] = ValueError) -> int | str:
+    """A CPU niceness as rollout.nice and `echo2 worker --nice` take it: "idle" (any case) or a whole number 0-19
+    (an int or its digits); `error` naming the value otherwise (a bool, 1.5, 20, "low")."""
+    if isinstance(value, str) and value.strip().lower() == IDLE:
+        return IDLE
+    n = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        n = int(value)
+    if n is None or not 0 <= n <= 19:
+        raise error(f"nice must be 'idle' or an integer 0-19, got {value!r}")
+    return n

@@ -48,7 +48,9 @@ from echo2sdk.core.audit import BatchWithheld, Screen, TokenSums
 from echo2sdk.core.audit_sums import AuditReplay, note_audit_sums, row_audit
 from echo2sdk.core.forward import unit_logprobs
 from echo2sdk.core.grpo import group_advantages
-from echo2sdk.core.learner_setup import check_knobs, learner_device, load_policy, rank_world, tied_aliases, unit_forwards
+from echo2sdk.core.learner_setup import (
+    KERNEL_KEYS, adamw, check_knobs, learner_device, load_policy, rank_world, tied_aliases, unit_forwards,
+)
 from echo2sdk.core.records import Trajectory
 from echo2sdk.core.units import ONE_PASS, RECOMPUTE, SHARED, pass_plan, rows_of, unit_plan, unit_tokens
 from echo2sdk.core.units import Row as _Row
@@ -142,7 +144,7 @@ class Learner:
         self.grad_clip, self.micro_batch, self.temperature = grad_clip, micro_batch, temperature
         self.token_budget = token_budget
         self.autocast = precision == "bf16" or (precision == "auto" and bf16_is_fast())
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.opt = adamw(self.model, lr, weight_decay, distributed)
         self.lr, self.lr_scheduler, self.warmup_steps, self.total_steps = lr, lr_scheduler, warmup_steps, total_steps
         self.steps_done = 0  # learner steps taken: the schedule's position (checkpointed: schedule_state)
         self._screen: Screen | None = None  # the current step's (step(screen=...))
@@ -391,9 +393,14 @@ class Learner:
         return get_optimizer_state_dict(self.model, self.opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        """Restore what optimizer_state returned (every rank passes the whole of it)."""
+        """Restore what optimizer_state returned (every rank passes the whole of it). The moments and the step
+        come from `state`; how the update runs (fused, foreach, capturable) stays this learner's: torch's
+        load_state_dict would take those from the saved groups too (a checkpoint from before the fused AdamW, or
+        one process's checkpoint resumed under torchrun)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+        mine = {k: self.opt.defaults.get(k) for k in KERNEL_KEYS}
+        state = {**state, "param_groups": [{**g, **mine} for g in state.get("param_groups", [])]}
         set_optimizer_state_dict(self.model, self.opt, state, options=StateDictOptions(full_state_dict=True))
 
     def snapshot_state(self, dtype: str = "bfloat16") -> dict:

@@ -236,6 +236,40 @@ def test_lr_scale_multiplies_one_steps_rate_and_moves_the_weights_less(tiny):
     assert half.step([group]).lr == pytest.approx(1e-2)  # the next step is back at the scheduled rate
 
 
+def test_the_fused_adamw_takes_the_loops_step(tiny):
+    """One process uses torch's fused AdamW (core/learner_setup.adamw): three steps land where the per-parameter
+    loop's do, to float rounding; a distributed learner (FSDP's DTensors) keeps the loop."""
+    groups = [_group("g", [[21, 22], [31, 32]], [1.0, 0.0]), _group("h", [[41, 42, 43], [51]], [0.0, 1.0])]
+    fused, loop = (Learner(tiny, lr=1e-2, weight_decay=0.1, precision="fp32") for _ in range(2))
+    loop.opt = torch.optim.AdamW(loop.model.parameters(), lr=1e-2, weight_decay=0.1)
+    assert fused.opt.defaults["fused"] is True and not loop.opt.defaults["fused"]
+    before = {k: v.clone() for k, v in fused.model.state_dict().items()}
+    for _ in range(3):
+        assert fused.step(groups).loss == pytest.approx(loop.step(groups).loss, rel=1e-5, abs=1e-7)
+    a, b = fused.model.state_dict(), loop.model.state_dict()
+    moved = max(float((a[k] - before[k]).abs().max()) for k in a)
+    assert moved > 1e-3 and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6 * max(moved, 1.0)
+
+
+def test_a_saved_loop_state_loads_into_the_fused_learner_and_stays_fused(tiny):
+    """A checkpoint written before the fused AdamW (its groups say fused None) resumes with the moments and the step
+    it saved, and the learner keeps its own kernel: torch's load_state_dict would take the saved group's."""
+    group = _group("g", [[21, 22], [31, 32]], [1.0, 0.0])
+    old = Learner(tiny, lr=1e-2, precision="fp32")
+    old.opt = torch.optim.AdamW(old.model.parameters(), lr=1e-2, fused=False)
+    old.step([group])
+    saved = old.optimizer_state()
+    assert all(g["fused"] is False for g in saved["param_groups"])
+    new = Learner(tiny, lr=1e-2, precision="fp32")
+    new.load_optimizer_state(saved)
+    assert all(g["fused"] is True for g in new.opt.param_groups)
+    state = new.optimizer_state()["state"]
+    assert {float(v["step"]) for v in state.values()} == {1.0}  # one update a step (the default)
+    name = next(iter(state))
+    assert torch.equal(state[name]["exp_avg"], saved["state"][name]["exp_avg"])
+    new.step([group])  # and it steps
+
+
 def _episodes(n=4, turns=3, seed=0):
     """A group of n multi-turn records of different lengths: actions (loss mask 1) between user turns (0)."""
     import random

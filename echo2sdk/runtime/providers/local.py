@@ -22,12 +22,13 @@ from pathlib import Path
 
 from echo2sdk.errors import ConfigError
 from echo2sdk.runtime.providers.ledger import Ledger, Machine
+from echo2sdk.runtime.worker.priority import parse_nice
 
 __all__ = ["LocalProvider", "worker_command", "worker_env", "process_started"]
 
 
 def worker_command(
-    host: str, port: int, worker_id: str, nice: int, allow: Sequence[str] = (), plaintext: bool = False,
+    host: str, port: int, worker_id: str, nice: int | str, allow: Sequence[str] = (), plaintext: bool = False,
     python: str | None = None,
 ) -> list[str]:
     """The command line of one local rollout worker (the token travels in its environment: ps shows argv).
@@ -55,7 +56,7 @@ class LocalProvider:
         *,
         log_dir: str | os.PathLike = ".",
         threads: int = 1,
-        nice: int = 0,
+        nice: int | str = 0,
         python: str | None = None,
         allow: Sequence[str] = (),
         plaintext: bool = False,
@@ -66,7 +67,7 @@ class LocalProvider:
             raise ConfigError("local provider: a token is required (workers must authenticate)")
         self.connect, self.token = connect, token
         self.log_dir = Path(log_dir)
-        self.threads, self.nice = int(threads), int(nice)
+        self.threads, self.nice = int(threads), parse_nice(nice)
         self.python = python or sys.executable
         self.allow, self.plaintext = tuple(allow), bool(plaintext)
         self.grace_s = float(grace_s)
