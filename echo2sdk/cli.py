@@ -455,8 +455,8 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:
                         "this machine's AWS_*/cloud credentials), into $ECHO2_CACHE/bootstrap")
     w.add_argument("--price", type=float, default=0.0, help="$/h of this machine, for cost-aware activation")
     w.add_argument("--nice", type=_nice, default=0, metavar="N|idle",
-                   help="lower this process's CPU priority by N (0-19), or 'idle': run only on cores nothing else "
-                        "wants (Linux SCHED_IDLE; local workers beside a learner)")
+                   help="lower this process's CPU priority to niceness N (0-19; never raised), or 'idle': run "
+                        "only on cores nothing else wants (Linux SCHED_IDLE; local workers beside a learner)")
     w.add_argument("--no-relay", action="store_true", help="do not serve snapshot chunks to peers (behind a NAT)")
     w.add_argument("--relay-only", action="store_true", help="forward snapshots, generate nothing (bandwidth helper)")
     w.add_argument("--relay-uplink-mbps", type=float, help="pace what this worker forwards (emulate a capped uplink)")

@@ -110,7 +110,7 @@ def test_staleness_bench_prints_a_line_per_run_a_summary_and_a_png(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "staleness.py"), "--model", "tiny-random", "--steps", "2", "--S", "2,3",
          "--importance-weight", "off", "--workers", "1", "--set", "learner.filter_zero_variance=false",
-         "--set", "rollout.max_new_tokens=8", "--out", str(tmp_path)],
+         "--set", "rollout.max_new_tokens=8", "--set", "rollout.nice=0", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, check=True,
     ).stdout
     *runs, summary = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -186,10 +186,12 @@ def test_vs_trl_runs_both_sides_and_prints_the_comparison(tmp_path):
     png = tmp_path / "vs_trl.png"
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--model", "tiny-random", "--steps", "2",
-         "--set", "rollout.max_new_tokens=4", "--set", "rollout.workers=1", "--png", str(png)],
+         "--set", "rollout.max_new_tokens=4", "--set", "rollout.workers=1", "--png", str(png),
+         "--set", "rollout.nice=0"],  # the suite's other process shares the cores: an idle worker would wait for it
         capture_output=True, text=True, timeout=600, check=True,
     ).stdout
     params, echo2, trl, result = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert "(1, 1 torch thread(s) each, nice 0: rollout.nice)" in params["differs"][0]
     assert params["R"] == 16 and params["n"] == 4 and params["max_new_tokens"] == 4 and params["steps"] == 2
     trl_cfg = params["trl_config"]
     assert trl_cfg["num_generations"] == 4 and trl_cfg["max_completion_length"] == 4

@@ -86,7 +86,7 @@ def nice(value: object, error: type[Exception] = ValueError) -> int | str:
     n = None
     if isinstance(value, int) and not isinstance(value, bool):
         n = value
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         n = int(value)
     if n is None or not 0 <= n <= 19:
         raise error(f"nice must be 'idle' or an integer 0-19, got {value!r}")

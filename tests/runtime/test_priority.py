@@ -26,7 +26,7 @@ def test_nice_takes_idle_or_0_to_19(given, want):
     assert parse_nice(given) == want
 
 
-@pytest.mark.parametrize("bad", ["low", "20", -1, 1.5, True, None, "1.0"])
+@pytest.mark.parametrize("bad", ["low", "20", -1, 1.5, True, None, "1.0", "\u00b2"])
 def test_a_bad_nice_is_refused_by_value(bad):
     with pytest.raises(ValueError, match=f"nice must be 'idle' or an integer 0-19, got {bad!r}"):
         parse_nice(bad)
@@ -64,6 +64,8 @@ def _probe(nice: str) -> dict:
 @needs_linux
 def test_idle_moves_every_thread_to_sched_idle():
     got = _probe("idle")
+    if got["said"].startswith("nice 19 (SCHED_IDLE refused"):
+        pytest.skip(f"this system refuses SCHED_IDLE: {got['said']}")
     assert got["said"] == "SCHED_IDLE" and got["threads"] >= 3 and got["policies"] == [os.SCHED_IDLE]
 
 
@@ -110,5 +112,7 @@ def test_echo2_worker_applies_idle_before_it_connects():
     cmd = [sys.executable, "-m", "echo2sdk.cli", "worker", "--connect", f"127.0.0.1:{port}", "--plaintext",
            "--connect-timeout-s", "1", "--nice", "idle"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ, ECHO2_TOKEN="t" * 40))
+    if "SCHED_IDLE refused" in done.stderr:
+        pytest.skip("this system refuses SCHED_IDLE (the worker fell back to nice 19)")
     assert "echo2 worker: CPU priority: SCHED_IDLE" in done.stderr, done.stderr[-2000:]
     assert "cannot reach the coordinator" in done.stderr
