@@ -78,9 +78,9 @@ def shown(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def nice(value: object, error: type[Exception] = ValueError) -> int | str:
+def nice(value: object) -> int | str:
     """A CPU niceness as rollout.nice and `echo2 worker --nice` take it: "idle" (any case) or a whole number 0-19
-    (an int or its digits); `error` naming the value otherwise (a bool, 1.5, 20, "low")."""
+    (an int or its digits); ValueError naming the value otherwise (a bool, 1.5, 20, "low")."""
     if isinstance(value, str) and value.strip().lower() == IDLE:
         return IDLE
     n = None
@@ -89,5 +89,5 @@ def nice(value: object, error: type[Exception] = ValueError) -> int | str:
     elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         n = int(value)
     if n is None or not 0 <= n <= 19:
-        raise error(f"nice must be 'idle' or an integer 0-19, got {value!r}")
+        raise ValueError(f"nice must be 'idle' or an integer 0-19, got {value!r}")
     return n
