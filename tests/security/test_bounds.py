@@ -264,9 +264,9 @@ time.sleep(600)
 
 
 def _settled_growth(pid: int, before: int, bound_mib: float) -> float:
-    """RSS growth over `before` (MiB) once it is under `bound_mib`, or after 20 s (a loaded machine, the whole
+    """RSS growth over `before` (MiB) once it is under `bound_mib`, or after 30 s (a loaded machine, the whole
     suite on 2 cores, handles the closes and the trims later)."""
-    deadline = time.monotonic() + 20.0
+    deadline = time.monotonic() + 30.0
     time.sleep(3.0)  # closed, counted, trimmed: within 3 s on a quiet machine
     while (growth := (_rss_kib(pid) - before) / 1024) >= bound_mib and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -288,9 +288,10 @@ def test_1000_idle_connections_opened_and_closed_leave_a_bare_coordinator_as_it_
     bursts of closed connections (server.HeapTrim). After a warm-up burst, 1000 idle connections (4 bursts of 250)
     leave a high-water mark that the heap's fragmentation keeps, and 1000 more add little to it: memory does not
     grow with connections. Measured (first 1000, next 1000): quiet +3.9/+0.6 and +7.6/-2.5 MiB; under the whole
-    suite on 2 cores +8.1/+10.5 (slower handshakes, more of them in flight at once); trim off, quiet +7.8/+6.4.
-    Bursts of 250 after a warm-up do not reach the one-burst high-water mark of the original finding, so this
-    guards against a per-connection leak (2000 x ~70 KiB = +140 MiB) more than it measures the trim."""
+    suite on 2 cores +8.1/+10.5 (slower handshakes, more of them in flight at once), and in CI +24.9/-11.5 (trimmed
+    only after the first 20 s); trim off, quiet +7.8/+6.4. Bursts of 250 after a warm-up do not reach the one-burst
+    high-water mark of the original finding, so this guards against a per-connection leak (1000 x ~70 KiB = +68 MiB,
+    2000: +137 MiB) more than it measures the trim: the bounds leave room for a loaded machine's late trims."""
     here = os.path.dirname(__file__)
     p = subprocess.Popen([sys.executable, "-c", _BARE, here], stdout=subprocess.PIPE, text=True)
     try:
@@ -299,14 +300,14 @@ def test_1000_idle_connections_opened_and_closed_leave_a_bare_coordinator_as_it_
         time.sleep(3.0)
         before = _rss_kib(p.pid)
         _bursts(port, 1000)
-        first = _settled_growth(p.pid, before, 24)
+        first = _settled_growth(p.pid, before, 16)
         mid = _rss_kib(p.pid)
         _bursts(port, 1000)
         more = _settled_growth(p.pid, mid, 8)
         print(json.dumps({"measure": "idle_connections_rss_growth_mib", "connections": [1000, 1000],
                           "growth_mib": [round(first, 1), round(more, 1)]}))
-        assert first < 24, first  # was +44 to +73 MiB, and more with more connections
-        assert first + more < 32, (first, more)  # 2000 connections: no per-connection growth (a leak: +140 MiB)
+        assert first < 40, first  # was +44 to +73 MiB, and more with more connections (a leak: +68 MiB)
+        assert first + more < 48, (first, more)  # 2000 connections: no per-connection growth (a leak: +137 MiB)
     finally:
         p.kill()
         p.wait(10)
