@@ -224,7 +224,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _filter_rate(args: argparse.Namespace) -> dict[str, Any]:
-    """echo2 plan's filter rate: --filter-rate F as given, or predicted from --accuracy P and --group-size G."""
+    """echo2 plan's filter rate: --filter-rate F as given, or predicted from --accuracy P and --group-size G (and
+    --prompt-concentration NU where the prompts are not alike)."""
     from echo2sdk.core import capacity
     from echo2sdk.errors import ConfigError
 
@@ -233,11 +234,13 @@ def _filter_rate(args: argparse.Namespace) -> dict[str, Any]:
     if args.accuracy is not None:
         if args.group_size is None:
             raise ConfigError("--accuracy needs --group-size: f = p^G + (1 - p)^G")
-        f = capacity.filter_rate(args.accuracy, args.group_size)
+        nu = args.prompt_concentration
+        f = capacity.filter_rate(args.accuracy, args.group_size, nu)
+        how = "p^G + (1 - p)^G" if nu is None else f"beta-binomial, prompt concentration nu = {nu:g}"
         return {"filter_rate": f, "filter_rate_source": f"predicted from accuracy p = {args.accuracy:g}, G = "
-                                                         f"{args.group_size}: p^G + (1 - p)^G"}
-    if args.group_size is not None:
-        raise ConfigError("--group-size goes with --accuracy")
+                                                         f"{args.group_size}: {how}"}
+    if args.group_size is not None or args.prompt_concentration is not None:
+        raise ConfigError("--group-size and --prompt-concentration go with --accuracy")
     return {"filter_rate": args.filter_rate or 0.0, "filter_rate_source": "given"}
 
 
@@ -374,8 +377,12 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--filter-rate", type=float, help="f: the share of GRPO groups dynamic sampling drops (zero reward "
                     "variance); the pool is sized on useful rollouts, R / (1 - f) generated a step")
     pl.add_argument("--accuracy", type=float, help="predict f from the policy's accuracy p on the task and --group-size "
-                    "G (binary rewards): f = p^G + (1 - p)^G")
+                    "G (binary rewards): f = p^G + (1 - p)^G if every prompt is as hard, more with "
+                    "--prompt-concentration")
     pl.add_argument("--group-size", type=int, help="G, samples per prompt (with --accuracy)")
+    pl.add_argument("--prompt-concentration", type=float, metavar="NU", help="how alike the task's prompts are (with "
+                    "--accuracy): their success rates spread as Beta(p NU, (1 - p) NU); a run's summary.json gives it "
+                    "(capacity.prompt_concentration). Default: alike")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_plan)
 

@@ -202,3 +202,11 @@ def test_cli_plan_predicts_the_filter_rate_from_an_accuracy():
     assert both.returncode == 2 and "not both" in both.stderr
     alone = _cli(*base, "--accuracy", "0.5")
     assert alone.returncode == 2 and "--group-size" in alone.stderr
+    # prompts not alike (a = b = 2): 2 x (2*3*4*5)/(4*5*6*7) = 0.286 of the groups filtered at the same accuracy
+    spread = _cli(*base, "--accuracy", "0.5", "--group-size", "4", "--prompt-concentration", "4")
+    assert spread.returncode == 0, spread.stderr
+    wide = json.loads(spread.stdout)
+    assert wide["filter_rate"] == pytest.approx(2 / 7) and "nu = 4" in wide["filter_rate_source"]
+    assert wide["chosen"][0]["count"] > data["chosen"][0]["count"]
+    lone = _cli(*base, "--prompt-concentration", "1")
+    assert lone.returncode == 2 and "go with --accuracy" in lone.stderr

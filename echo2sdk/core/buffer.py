@@ -155,9 +155,11 @@ class StalenessBuffer:
         self._filtered = 0  # records of filtered groups dropped unsampled
         # Every completed group's records, filtered or not: what the workers produce, not what the learner trains on.
         self._completed_records = self._completed_correct = self._completed_scored = 0
+        self._completed_pairs = 0  # sum over groups of k (k - 1), k its correct records: how alike the prompts are
         self._completed_reward = 0.0
         # the same by task (a record's meta.extra "task": a mixture's component), as rollout_means reads them:
-        # [records, reward sum, scored, correct, groups, filtered]; at most MAX_TASKS names, the rest under OTHER_TASK
+        # [records, reward sum, scored, correct, groups, filtered, pairs]; at most MAX_TASKS names, the rest under
+        # OTHER_TASK
         self._by_task: dict[str, list] = {}
         self._admitted = 0
         self._sampled = 0
@@ -323,6 +325,7 @@ class StalenessBuffer:
                 "completed_reward_sum": self._completed_reward,
                 "completed_scored": self._completed_scored,  # records whose meta.extra has "correct"
                 "completed_correct": self._completed_correct,
+                "completed_correct_pairs": self._completed_pairs,  # sum of k (k - 1) (capacity.prompt_concentration)
                 "filtered_groups": self._filtered_groups,
                 "fallback_groups": self._fallback_groups,
                 "aside_groups": len(self._aside),
@@ -373,17 +376,20 @@ class StalenessBuffer:
         self._completed_reward += sum(t.reward for t in records)
         correct = [t.meta.extra.get("correct") for t in records]
         self._completed_scored += sum(c is not None for c in correct)
-        self._completed_correct += sum(bool(c) for c in correct)
+        k = sum(bool(c) for c in correct)
+        self._completed_correct += k
+        self._completed_pairs += k * (k - 1)
         filtered = self.filter_zero_variance and not has_signal(records)
         name = records[0].meta.extra.get("task")
         if isinstance(name, str):
-            c = self._by_task.setdefault(task_bucket(name, self.task_names, self._by_task), [0, 0.0, 0, 0, 0, 0])
+            c = self._by_task.setdefault(task_bucket(name, self.task_names, self._by_task), [0, 0.0, 0, 0, 0, 0, 0])
             c[0] += len(records)
             c[1] += sum(t.reward for t in records)
             c[2] += sum(x is not None for x in correct)
-            c[3] += sum(bool(x) for x in correct)
+            c[3] += k
             c[4] += 1
             c[5] += int(filtered)
+            c[6] += k * (k - 1)
         if filtered:
             self._filtered_groups += 1
             self._filtered_since += 1

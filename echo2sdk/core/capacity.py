@@ -37,6 +37,7 @@ __all__ = [
     "mu_target",
     "t_bcast_quantile",
     "filter_rate",
+    "prompt_concentration",
     "useful_rate",
     "raw_rate",
 ]
@@ -198,16 +199,46 @@ def t_bcast_quantile(delays: Iterable[float], n_workers: int, q: float) -> float
     return ordered[need - 1] if len(ordered) >= need else None
 
 
-def filter_rate(p: float, G: int) -> float:
-    """Predicted filter rate of binary rewards: a group of G samples that each succeed with probability p has zero
-    reward variance when all succeed or all fail,
+def filter_rate(p: float, G: int, nu: float | None = None) -> float:
+    """Predicted filter rate of binary rewards: a group of G samples of one prompt has zero reward variance when all
+    succeed or all fail. If every prompt is solved with the same probability p,
 
         f = p^G + (1 - p)^G
 
-    (0.66 at p = 0.10 and 0.85 at p = 0.96 with G = 4; 1 for G = 1). CapacityError unless p in [0, 1], G >= 1."""
+    (0.66 at p = 0.10 and 0.85 at p = 0.96 with G = 4; 1 for G = 1). Prompts are rarely alike: some are always
+    solved, some never, and that filters more groups at the same mean accuracy. With the prompts' success
+    probabilities spread as Beta(a, b), a = p * nu, b = (1 - p) * nu (nu, their concentration: see
+    prompt_concentration), the group's number of successes is beta-binomial and
+
+        f = prod_{i<G} (a + i) / (nu + i) + prod_{i<G} (b + i) / (nu + i)
+
+    (p = 0.3, G = 4: 0.25 alike, 0.43 at nu = 3, 0.82 at nu = 0.3). nu=None: alike (the limit nu -> infinity).
+    CapacityError unless p in [0, 1], G >= 1 and nu > 0."""
     p = checks.real("p", p, lo=0, hi=1, error=CapacityError)
     G = checks.integer("G", G, lo=1, error=CapacityError)
-    return p**G + (1 - p) ** G
+    if nu is None:
+        return p**G + (1 - p) ** G
+    nu = quantity("nu", nu)
+    a, b = p * nu, (1 - p) * nu
+    return math.prod((a + i) / (nu + i) for i in range(G)) + math.prod((b + i) / (nu + i) for i in range(G))
+
+
+#: prompt_concentration's smallest nu: every prompt all but always or never solved (f = 0.9992 at p = 0.3, G = 4)
+NU_FLOOR = 1e-3
+
+
+def prompt_concentration(p: float, p2: float) -> float | None:
+    """nu, how alike the prompts are, from the mean accuracy p and the mean of the prompts' squared success
+    probabilities p2 = E[p_j^2] (method of moments of a Beta: var = p2 - p^2, nu = p (1 - p) / var - 1). p2 is
+    estimated without bias from groups of G >= 2 samples with k successes each: E[k (k - 1)] = G (G - 1) p2.
+    None where the prompts look alike (var <= 0, or p in {0, 1}: nothing to tell them apart); a spread at or past the
+    largest a Beta allows (every prompt always or never solved, or sampling noise past it) gives nu = NU_FLOOR."""
+    p = checks.real("p", p, lo=0, hi=1, error=CapacityError)
+    p2 = checks.real("p2", p2, lo=0, hi=1, error=CapacityError)
+    var = p2 - p * p
+    if var <= 0 or p in (0.0, 1.0):
+        return None
+    return max(p * (1 - p) / var - 1, NU_FLOOR)
 
 
 def _f(f: object) -> float:

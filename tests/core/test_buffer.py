@@ -458,7 +458,7 @@ def test_completed_groups_are_summed_filtered_or_not():
     s = buf.stats()
     assert (s["filtered_groups"], s["completed_groups"], s["completed_records"]) == (1, 2, 4)
     assert s["completed_reward_sum"] == pytest.approx(2.2 + 1.0)
-    assert (s["completed_scored"], s["completed_correct"]) == (2, 2)
+    assert (s["completed_scored"], s["completed_correct"], s["completed_correct_pairs"]) == (2, 2, 2)  # k (k - 1)
 
 
 def test_fallback_fills_the_batch_with_the_newest_filtered_groups():

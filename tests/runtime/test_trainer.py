@@ -20,7 +20,8 @@ ROW = {
     "t_backward_s": float, "t_optim_s": float, "t_publish_s": float, "t_step_wall_s": float,
     "learner_wait_s": float, "reward_mean": float, "reward_std": float, "accuracy": (float, None),
     "rollout_reward_mean": (float, None), "rollout_accuracy": (float, None),
-    "filter_rate": (float, int, None), "filter_rate_predicted": (float, int, None), "rollouts": int,
+    "filter_rate": (float, int, None), "filter_rate_predicted": (float, int, None),
+    "prompt_concentration": (float, int, None), "rollouts": int,
     "rollouts_per_s": (float, int, None), "useful_rollouts_per_s": (float, int, None), "adapter_failures": dict,
     "adapter_failure_rate": (float, int, None), "learner_wait_filtered_s": float, "learner_wait_empty_s": float,
     "learner_wait_snapshot_s": float,
@@ -140,19 +141,26 @@ def test_metrics_row_keys_and_types_without_a_run():
 
 
 def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
+    from echo2sdk.core import capacity
     from echo2sdk.runtime.learner.metrics import rollout_means
 
-    # 8 more records, 4 of them scored, 3 of those correct; 2 more groups (of 4), 1 of them filtered
-    before, now = (8, 4.4, 8, 4, 2, 0), (16, 10.0, 12, 7, 4, 1)
+    # 8 more records, 4 of them scored, 3 of those correct (one group: k = 3, k (k - 1) = 6); 2 more groups (of 4),
+    # 1 of them filtered
+    before, now = (8, 4.4, 8, 4, 2, 0, 12), (16, 10.0, 12, 7, 4, 1, 18)
     got = rollout_means(before, now, group_size=4, seconds=2.0)
     assert got == {"rollouts": 8, "rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75, "filter_rate": 0.5,
-                   "filter_rate_predicted": round(0.75**4 + 0.25**4, 4), "rollouts_per_s": 4.0,
-                   "useful_rollouts_per_s": 2.0}
+                   "filter_rate_predicted": round(0.75**4 + 0.25**4, 4), "prompt_concentration": None,
+                   "rollouts_per_s": 4.0, "useful_rollouts_per_s": 2.0}  # one group: no spread to see
     none = {"rollouts": 0, "rollout_reward_mean": None, "rollout_accuracy": None, "filter_rate": None, "filter_rate_predicted": None,
-            "rollouts_per_s": None, "useful_rollouts_per_s": None}
+            "prompt_concentration": None, "rollouts_per_s": None, "useful_rollouts_per_s": None}
     assert rollout_means(now, now) == none
-    assert rollout_means((0, 0.0, 0, 0, 0, 0), (4, -2.0, 0, 0, 1, 0)) == {
+    assert rollout_means((0, 0.0, 0, 0, 0, 0, 0), (4, -2.0, 0, 0, 1, 0, 0)) == {
         **none, "rollouts": 4, "rollout_reward_mean": -0.5, "filter_rate": 0.0}
+    # two prompts, one always solved (k = 4: 12 pairs), one never (k = 0): accuracy 0.5 as in 0.5^4 + 0.5^4 = 0.125,
+    # but every group is filtered, and the prediction says so (nu at its floor: the widest spread)
+    apart = rollout_means((0, 0.0, 0, 0, 0, 0, 0), (8, 4.0, 8, 4, 2, 2, 12), group_size=4)
+    assert apart["rollout_accuracy"] == 0.5 and apart["filter_rate"] == 1.0
+    assert apart["prompt_concentration"] == round(capacity.NU_FLOOR, 4) and apart["filter_rate_predicted"] > 0.99
 
 
 def test_builders_fit_the_constructors(tmp_path):

@@ -3,6 +3,7 @@ and the simulator's learner starving on a pool sized on raw rollouts but not on 
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -27,6 +28,47 @@ def test_filter_rate_of_binary_rewards():
         capacity.filter_rate(1.5, 4)
     with pytest.raises(CapacityError, match="G"):
         capacity.filter_rate(0.5, 0)
+
+
+def _prompts_and_groups(p: float, nu: float, G: int, n: int, seed: int) -> list[int]:
+    """n groups of G binary samples, each of a prompt whose success rate is drawn from Beta(p nu, (1 - p) nu):
+    their correct counts k."""
+    rng = random.Random(seed)
+    return [sum(rng.random() < q for _ in range(G)) for q in (rng.betavariate(p * nu, (1 - p) * nu) for _ in range(n))]
+
+
+@pytest.mark.parametrize("p,nu,G", [(0.3, 3.0, 4), (0.3, 0.3, 4), (0.8, 1.0, 8), (0.5, 20.0, 4)])
+def test_prompts_not_alike_filter_more_groups_and_the_beta_binomial_predicts_how_many(p, nu, G):
+    """Level-2 math measured f 0.75-0.93 where p^G + (1 - p)^G said 0.13-0.27: some prompts are always solved,
+    some never. With the prompts' rates spread as a Beta, the closed form matches 20000 simulated groups, and the
+    concentration nu estimated from their correct counts alone (as the buffer counts them: sum k (k - 1)) gives back
+    the same f."""
+    ks = _prompts_and_groups(p, nu, G, 20000, seed=7)
+    measured = sum(k in (0, G) for k in ks) / len(ks)
+    f = capacity.filter_rate(p, G, nu)
+    assert f == pytest.approx(measured, abs=0.015)
+    assert f >= capacity.filter_rate(p, G) - 1e-12  # a spread never filters fewer than alike prompts
+    p_hat = sum(ks) / (G * len(ks))
+    nu_hat = capacity.prompt_concentration(p_hat, sum(k * (k - 1) for k in ks) / (len(ks) * G * (G - 1)))
+    assert nu_hat == pytest.approx(nu, rel=0.25)
+    assert capacity.filter_rate(p_hat, G, nu_hat) == pytest.approx(measured, abs=0.015)
+
+
+def test_the_beta_binomial_limits():
+    assert capacity.filter_rate(0.3, 4, 1e9) == pytest.approx(capacity.filter_rate(0.3, 4))  # nu -> inf: alike
+    assert capacity.filter_rate(0.3, 4, capacity.NU_FLOOR) > 0.999  # every prompt always or never solved
+    assert capacity.filter_rate(0.0, 4, 2.0) == capacity.filter_rate(1.0, 4, 2.0) == 1.0
+    assert capacity.filter_rate(0.4, 1, 2.0) == pytest.approx(1.0)
+    # p = 0.5, nu = 1 (a = b = 1/2): 2 * (1/2 * 3/2 * 5/2 * 7/2) / 4! = 0.546875
+    assert capacity.filter_rate(0.5, 4, 1.0) == pytest.approx(0.546875)
+    assert capacity.prompt_concentration(0.3, 0.09) is None  # no spread: alike
+    assert capacity.prompt_concentration(0.0, 0.0) is None and capacity.prompt_concentration(1.0, 1.0) is None
+    assert capacity.prompt_concentration(0.5, 0.5) == capacity.NU_FLOOR  # all or nothing: the widest spread
+    assert capacity.prompt_concentration(0.5, 0.3) == pytest.approx(0.25 / 0.05 - 1)
+    with pytest.raises(CapacityError, match="nu"):
+        capacity.filter_rate(0.5, 4, 0.0)
+    with pytest.raises(CapacityError, match="p2"):
+        capacity.prompt_concentration(0.5, 1.5)
 
 
 def test_no_filtering_leaves_the_simulation_as_it_was():

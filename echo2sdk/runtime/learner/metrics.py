@@ -31,8 +31,8 @@ log = logging.getLogger("echo2sdk.trainer")
 #: the buffer's counters of every completed group, filtered or not (rollout_reward_mean, rollout_accuracy, the
 #: filter rate and the rollout rates)
 COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct", "completed_groups",
-             "filtered_groups")
-_NONE = (0, 0.0, 0, 0, 0, 0)  # COMPLETED before anything completed
+             "filtered_groups", "completed_correct_pairs")
+_NONE = (0, 0.0, 0, 0, 0, 0, 0)  # COMPLETED before anything completed
 
 
 def _worker_stats(stats: Mapping[str, Any] | None, field: str) -> dict[str, float | None]:
@@ -51,7 +51,8 @@ def metrics_row(
     replay: dict[str, Any] | None = None, replay_s: float = 0.0, batches_dropped: int = 0, batches_withheld: int = 0,
     records_withheld: int = 0, groups_filtered: int = 0, groups_filtered_frac: float = 0.0,
     rollout_reward_mean: float | None = None, rollout_accuracy: float | None = None,
-    filter_rate: float | None = None, filter_rate_predicted: float | None = None, rollouts_per_s: float | None = None,
+    filter_rate: float | None = None, filter_rate_predicted: float | None = None,
+    prompt_concentration: float | None = None, rollouts_per_s: float | None = None,
     useful_rollouts_per_s: float | None = None, wait_causes: Mapping[str, float] | None = None,
     tasks_rollout: Mapping[str, Mapping[str, Any]] | None = None, rollouts: int = 0,
     adapter_failures: Mapping[str, int] | None = None, adapter_failure_rate: float | None = None,
@@ -68,9 +69,11 @@ def metrics_row(
         "rollout_reward_mean": rollout_reward_mean,
         "rollout_accuracy": rollout_accuracy,
         # capacity in useful rollouts (issue 35): the share of the groups completed since the previous step that
-        # dynamic sampling dropped, the share predicted from their accuracy (binary rewards), the workers' rates
+        # dynamic sampling dropped, the share predicted from their accuracy and how alike their prompts were
+        # (binary rewards: capacity.filter_rate, prompt_concentration), the workers' rates
         "filter_rate": filter_rate,
         "filter_rate_predicted": filter_rate_predicted,
+        "prompt_concentration": prompt_concentration,
         "rollouts": rollouts,  # completed since the previous step (filtered groups included)
         "rollouts_per_s": rollouts_per_s,
         "useful_rollouts_per_s": useful_rollouts_per_s,
@@ -138,18 +141,25 @@ def _audit_columns(audit: dict[str, Any] | None, replay: dict[str, Any] | None, 
 def rollout_means(before: tuple, now: tuple, *, group_size: int = 0, seconds: float = 0.0) -> dict[str, float | None]:
     """What the workers delivered between two readings of the buffer's COMPLETED counters, `seconds` apart:
     rollout_reward_mean and rollout_accuracy of the groups completed; filter_rate, the share of them dynamic
-    sampling dropped (zero reward variance), and filter_rate_predicted, p^G + (1 - p)^G at their accuracy p and
-    group size G (binary rewards); rollouts_per_s and useful_rollouts_per_s (those of groups not filtered). None
-    where none (or no scored record) completed."""
-    (n0, reward0, scored0, correct0, g0, f0), (n, reward, scored, correct, g, f) = before, now
+    sampling dropped (zero reward variance); prompt_concentration nu, how alike their prompts were (from the spread
+    of the groups' correct counts; None where they look alike), and filter_rate_predicted, the binary-reward filter
+    rate at their accuracy p, group size G and nu (capacity.filter_rate: p^G + (1 - p)^G where alike);
+    rollouts_per_s and useful_rollouts_per_s (those of groups not filtered). None where none (or no scored record)
+    completed."""
+    (n0, reward0, scored0, correct0, g0, f0, pairs0), (n, reward, scored, correct, g, f, pairs) = before, now
     acc = (correct - correct0) / (scored - scored0) if scored > scored0 else None
     rate = (f - f0) / (g - g0) if g > g0 else None
+    nu = None
+    if acc is not None and group_size >= 2:  # E[k (k - 1)] = G (G - 1) E[p^2] over (scored / G) groups
+        nu = capacity.prompt_concentration(acc, min(1.0, (pairs - pairs0) / ((scored - scored0) * (group_size - 1))))
     return {
         "rollouts": n - n0,
         "rollout_reward_mean": (reward - reward0) / (n - n0) if n > n0 else None,
         "rollout_accuracy": acc,
         "filter_rate": None if rate is None else round(rate, 4),
-        "filter_rate_predicted": round(capacity.filter_rate(acc, group_size), 4) if acc is not None and group_size else None,
+        "filter_rate_predicted": (round(capacity.filter_rate(acc, group_size, nu), 4)
+                                  if acc is not None and group_size else None),
+        "prompt_concentration": None if nu is None else round(nu, 4),
         "rollouts_per_s": round((n - n0) / seconds, 4) if seconds > 0 else None,
         "useful_rollouts_per_s": round((n - n0) * (1 - rate) / seconds, 4) if seconds > 0 and rate is not None else None,
     }
@@ -399,13 +409,23 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
 
 def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The capacity rule judged in useful rollouts (issue 35): the pool's raw rate, the run's filter rate f (groups
-    dropped for zero reward variance), the useful rate mu_pool * (1 - f) against mu_min, and what the learner's
-    wait was spent on. `enough` is None when mu_min could not be computed."""
+    dropped for zero reward variance) beside the mean of the steps' predictions and the median of their prompt
+    concentrations (`echo2 plan --accuracy P --group-size G --prompt-concentration NU` predicts f for another run),
+    the useful rate mu_pool * (1 - f) against mu_min, and what the learner's wait was spent on. `enough` is None
+    when mu_min could not be computed."""
     useful = mu_pool * (1 - f)
     enough = None if isinstance(mu_min, str) else useful >= mu_min
     causes = wait_by_cause(rows)
+    predicted = [r["filter_rate_predicted"] for r in rows if r.get("filter_rate_predicted") is not None]
+    # a step whose prompts looked alike (None) counts as an infinite concentration; None if most did
+    nus = sorted(math.inf if r["prompt_concentration"] is None else r["prompt_concentration"]
+                 for r in rows if r.get("rollout_accuracy") is not None and "prompt_concentration" in r)
+    nu = statistics.median(nus) if nus else math.inf
     out = {
-        "mu_pool_raw": mu_pool, "filter_rate": round(f, 4), "mu_pool_useful": useful, "mu_min": mu_min,
+        "mu_pool_raw": mu_pool, "filter_rate": round(f, 4),
+        "filter_rate_predicted": round(statistics.fmean(predicted), 4) if predicted else None,
+        "prompt_concentration": round(nu, 4) if math.isfinite(nu) else None,
+        "mu_pool_useful": useful, "mu_min": mu_min,
         "enough": enough,
         "short_because_of_filtering": bool(not enough and enough is not None and mu_pool >= mu_min),
         "learner_wait_s": round(sum(r["learner_wait_s"] for r in rows), 3),
