@@ -48,8 +48,13 @@ def _run(args: argparse.Namespace) -> int:
             "rollout_accuracy_first5", "rollout_accuracy_last5", "staleness_max", "T_train_median_s",
             "T_bcast_median_s", "bubble_ratio", "checkpoint", "stopped")
     print(json.dumps({k: summary[k] for k in keep}, indent=2))
+    for error in summary.get("save_errors", []):  # trained, summarised, but not all of it saved
+        print(f"echo2 run: error: {error} (metrics.jsonl and summary.json are in {echo.config.run.out})",
+              file=sys.stderr)
     stopped = summary.get("stopped")
-    return 128 + int(getattr(signal, stopped)) if stopped else 0  # the shell's convention for a signal
+    if stopped:
+        return 128 + int(getattr(signal, stopped))  # the shell's convention for a signal
+    return 1 if summary.get("save_errors") else 0
 
 
 def _dry_run(args: argparse.Namespace) -> int:
@@ -435,10 +440,10 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _nice(value: str) -> int | str:
-    from echo2sdk.runtime.worker.priority import parse_nice
+    from echo2sdk.core.checks import nice
 
     try:
-        return parse_nice(value)
+        return nice(value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 

@@ -155,11 +155,14 @@ class StalenessBuffer:
         self._filtered = 0  # records of filtered groups dropped unsampled
         # Every completed group's records, filtered or not: what the workers produce, not what the learner trains on.
         self._completed_records = self._completed_correct = self._completed_scored = 0
-        self._completed_pairs = 0  # sum over groups of k (k - 1), k its correct records: how alike the prompts are
+        # the groups every record of which was scored ("correct" in meta.extra): how many, the sums of their correct
+        # counts k and of k (k - 1) (how alike the prompts are: capacity.prompt_concentration), and how many of
+        # them were all right or all wrong (what a binary reward's filter would drop)
+        self._scored_groups = self._scored_groups_correct = self._scored_groups_pairs = self._all_or_none = 0
         self._completed_reward = 0.0
         # the same by task (a record's meta.extra "task": a mixture's component), as rollout_means reads them:
-        # [records, reward sum, scored, correct, groups, filtered, pairs]; at most MAX_TASKS names, the rest under
-        # OTHER_TASK
+        # [records, reward sum, scored, correct, groups, filtered, scored groups, their correct, their pairs]; at most
+        # MAX_TASKS names, the rest under OTHER_TASK
         self._by_task: dict[str, list] = {}
         self._admitted = 0
         self._sampled = 0
@@ -325,7 +328,10 @@ class StalenessBuffer:
                 "completed_reward_sum": self._completed_reward,
                 "completed_scored": self._completed_scored,  # records whose meta.extra has "correct"
                 "completed_correct": self._completed_correct,
-                "completed_correct_pairs": self._completed_pairs,  # sum of k (k - 1) (capacity.prompt_concentration)
+                "scored_groups": self._scored_groups,  # groups every record of which was scored
+                "scored_groups_correct": self._scored_groups_correct,  # their sum of k
+                "scored_groups_pairs": self._scored_groups_pairs,  # their sum of k (k - 1)
+                "scored_groups_all_or_none": self._all_or_none,  # all right or all wrong
                 "filtered_groups": self._filtered_groups,
                 "fallback_groups": self._fallback_groups,
                 "aside_groups": len(self._aside),
@@ -378,18 +384,24 @@ class StalenessBuffer:
         self._completed_scored += sum(c is not None for c in correct)
         k = sum(bool(c) for c in correct)
         self._completed_correct += k
-        self._completed_pairs += k * (k - 1)
+        whole = None not in correct  # every record scored: the group tells how alike the prompts are
+        if whole:
+            self._scored_groups += 1
+            self._scored_groups_correct += k
+            self._scored_groups_pairs += k * (k - 1)
+            self._all_or_none += int(k in (0, len(records)))
         filtered = self.filter_zero_variance and not has_signal(records)
         name = records[0].meta.extra.get("task")
         if isinstance(name, str):
-            c = self._by_task.setdefault(task_bucket(name, self.task_names, self._by_task), [0, 0.0, 0, 0, 0, 0, 0])
+            c = self._by_task.setdefault(task_bucket(name, self.task_names, self._by_task), [0, 0.0] + [0] * 7)
             c[0] += len(records)
             c[1] += sum(t.reward for t in records)
             c[2] += sum(x is not None for x in correct)
             c[3] += k
             c[4] += 1
             c[5] += int(filtered)
-            c[6] += k * (k - 1)
+            if whole:
+                c[6], c[7], c[8] = c[6] + 1, c[7] + k, c[8] + k * (k - 1)
         if filtered:
             self._filtered_groups += 1
             self._filtered_since += 1

@@ -227,18 +227,28 @@ def filter_rate(p: float, G: int, nu: float | None = None) -> float:
 NU_FLOOR = 1e-3
 
 
-def prompt_concentration(p: float, p2: float) -> float | None:
-    """nu, how alike the prompts are, from the mean accuracy p and the mean of the prompts' squared success
-    probabilities p2 = E[p_j^2] (method of moments of a Beta: var = p2 - p^2, nu = p (1 - p) / var - 1). p2 is
-    estimated without bias from groups of G >= 2 samples with k successes each: E[k (k - 1)] = G (G - 1) p2.
-    None where the prompts look alike (var <= 0, or p in {0, 1}: nothing to tell them apart); a spread at or past the
-    largest a Beta allows (every prompt always or never solved, or sampling noise past it) gives nu = NU_FLOOR."""
-    p = checks.real("p", p, lo=0, hi=1, error=CapacityError)
-    p2 = checks.real("p2", p2, lo=0, hi=1, error=CapacityError)
-    var = p2 - p * p
-    if var <= 0 or p in (0.0, 1.0):
+def prompt_concentration(m: int, G: int, correct: int, pairs: int) -> float | None:
+    """nu, how alike a task's prompts are, from m groups of G binary samples (one prompt each) whose correct counts
+    k sum to `correct` and whose k (k - 1) sum to `pairs`. The prompts' success rates p_j spread as a Beta of mean
+    mu and variance mu (1 - mu) / (nu + 1); each moment is estimated without bias: mu by sum k / (m G), E[p^2] by
+    sum k (k - 1) / (m G (G - 1)) (a group's E[k (k - 1)] is G (G - 1) p_j^2), and mu^2 by mu_hat^2 less the
+    variance of mu_hat (the sample variance of the groups' k / G, over m), without which a few groups would make
+    the prompts look alike. nu = (mu - mu^2) / (E[p^2] - mu^2) - 1.
+    None where there is nothing to tell (m < 2, G < 2, mu in {0, 1}) or the prompts look alike (no variance left);
+    a spread at or past the widest a Beta allows (every prompt always or never solved) gives nu = NU_FLOOR."""
+    m = checks.integer("m", m, lo=0, error=CapacityError)
+    G = checks.integer("G", G, lo=1, error=CapacityError)
+    correct = checks.integer("correct", correct, lo=0, hi=m * G, error=CapacityError)
+    pairs = checks.integer("pairs", pairs, lo=0, hi=correct * (G - 1), error=CapacityError)
+    if m < 2 or G < 2 or correct in (0, m * G):
         return None
-    return max(p * (1 - p) / var - 1, NU_FLOOR)
+    mu, p2 = correct / (m * G), pairs / (m * G * (G - 1))
+    s2 = ((pairs + correct) / G**2 - m * mu * mu) / (m - 1)  # sample variance of k / G (sum k^2 = pairs + correct)
+    mu2 = mu * mu - s2 / m
+    var = p2 - mu2
+    if var <= 1e-12:
+        return None
+    return max((mu - mu2) / var - 1, NU_FLOOR)
 
 
 def _f(f: object) -> float:

@@ -2,7 +2,8 @@
 
 Dynamic sampling drops every GRPO group whose members all got the same reward (zero advantage: nothing to learn).
 Only a fraction (1 - f) of the rollouts is then useful, and f moves with the policy's accuracy p: for binary
-rewards and group size G, f = p^G + (1 - p)^G (:func:`echo2sdk.core.capacity.filter_rate`). The paper's rule
+rewards and group size G, f = p^G + (1 - p)^G if every prompt is as hard, more where they are not
+(:func:`echo2sdk.core.capacity.filter_rate`, beta-binomial with a prompt concentration nu). The paper's rule
 sizes the pool on every rollout, mu_min = kappa R / (kappa T_train - T_bcast): with f > 0 that pool yields
 (1 - f) of what the learner consumes. Sizing it on useful rollouts (R / (1 - f) generated per step) restores the
 overlap.

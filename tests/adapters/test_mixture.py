@@ -158,7 +158,7 @@ def test_the_buffer_counts_completed_groups_by_task_with_a_bound_on_names():
         buf.add_group(g, vocab_size=10, max_len=64)
     by = buf.stats()["completed_by_task"]
     assert len(by) == MAX_TASKS + 1 and by[OTHER_TASK][4] == 3  # 3 groups past the bound
-    assert by["t0"] == (2, 2.0, 2, 2, 1, 1, 2) and by["t1"] == (2, 1.0, 2, 1, 1, 0, 0)  # t0: all 1.0, filtered
+    assert by["t0"] == (2, 2.0, 2, 2, 1, 1, 1, 2, 2) and by["t1"] == (2, 1.0, 2, 1, 1, 0, 1, 1, 0)  # t0: filtered
     m = RunMetrics(out=None, sinks=None, R=4, kappa=1, group_size=2)
     tasks = m.rollout_since_last(buf.stats())["tasks_rollout"]
     assert tasks["t0"]["filter_rate"] == 1.0 and tasks["t1"]["rollout_accuracy"] == 0.5

@@ -458,7 +458,27 @@ def test_completed_groups_are_summed_filtered_or_not():
     s = buf.stats()
     assert (s["filtered_groups"], s["completed_groups"], s["completed_records"]) == (1, 2, 4)
     assert s["completed_reward_sum"] == pytest.approx(2.2 + 1.0)
-    assert (s["completed_scored"], s["completed_correct"], s["completed_correct_pairs"]) == (2, 2, 2)  # k (k - 1)
+    assert (s["completed_scored"], s["completed_correct"]) == (2, 2)
+    # the group scored whole counts towards how alike the prompts are; "b" (unscored) does not
+    assert (s["scored_groups"], s["scored_groups_correct"], s["scored_groups_pairs"], s["scored_groups_all_or_none"]) \
+        == (1, 2, 2, 1)
+
+
+def test_a_group_scored_in_part_counts_its_records_but_not_towards_the_prompts_spread():
+    """A failed episode keeps its record with no "correct": its group's accuracy counts the scored records, but a
+    group of fewer than G scores would bias E[k (k - 1)] / (G (G - 1)), so it stays out of the spread's counts."""
+    buf = StalenessBuffer(staleness=1, group_size=2)
+
+    def scored(gid: str, marks: tuple) -> list:
+        return [r.model_copy(update={"meta": r.meta.model_copy(update={"extra": {} if c is None else {"correct": c}})})
+                for r, c in zip(group(gid, 0), marks)]
+
+    buf.add_group(scored("part", (True, None)), **LIMITS)
+    buf.add_group(scored("whole", (True, False)), **LIMITS)
+    s = buf.stats()
+    assert (s["completed_scored"], s["completed_correct"]) == (3, 2)
+    assert (s["scored_groups"], s["scored_groups_correct"], s["scored_groups_pairs"], s["scored_groups_all_or_none"]) \
+        == (1, 1, 0, 0)
 
 
 def test_fallback_fills_the_batch_with_the_newest_filtered_groups():

@@ -281,3 +281,38 @@ def test_resumed_learner_continues_its_lr_schedule(tiny, tmp_path):
     got = b.step(_batch(3))
     assert got.lr == pytest.approx(want.lr) == pytest.approx(1e-2 * 0.5 * (1 + math.cos(math.pi / 4)))
     assert got.loss == pytest.approx(want.loss, abs=1e-7)
+
+
+#: echo2 with every file it (and every process it starts) writes limited to 8 MiB: a disk that fills up at the end
+_LIMITED = """import os, resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 20, 8 << 20))
+os.execv(sys.executable, [sys.executable, "-m", "echo2sdk.cli", *sys.argv[1:]])
+"""
+
+
+@pytest.mark.integration
+def test_a_run_whose_last_writes_fail_keeps_its_metrics_and_summary_and_exits_1(tmp_path):
+    """Session eighteen lost a run's metrics to a full disk: its final checkpoint failed after all its steps and
+    the traceback ended the run before summary.json (and a bench's temporary folder went with it). With files
+    limited to 8 MiB (RLIMIT_FSIZE: a write past it fails with EFBIG; the tiny model's weights are 12.9 MB), every
+    step trains, the last checkpoint and the final policy fail, and the run still writes summary.json naming both,
+    removes the final policy's partial folder and exits 1 with the error on stderr."""
+    resolve_model("tiny-random")  # converted into the cache before the limit applies
+    cfg, out = tmp_path / "tiny.toml", tmp_path / "run"
+    cfg.write_text(CONFIG.format(steps=2).replace("save_every = 2", "save_every = 0"))
+    proc = subprocess.Popen([sys.executable, "-c", _LIMITED, "run", str(cfg), "--out", str(out)], cwd=tmp_path,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        _stop_group(proc)  # the learner and its local worker, on a timeout
+    assert proc.returncode == 1, stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    errors = summary["save_errors"]
+    assert [e.split(":")[0] for e in errors] == ["the last checkpoint", "the final policy"], errors
+    assert all("File too large" in e for e in errors), errors
+    assert summary["checkpoint"] is None and summary["last_checkpoint"] is None
+    assert not (out / "checkpoint").exists() and not list((out / "checkpoints").glob("*"))  # no partial folder
+    assert "echo2 run: error: the final policy" in stderr and str(out) in stderr
+    assert "could not be written" in (out / "run.log").read_text()

@@ -15,7 +15,8 @@ from echo2sdk.config import load_config
 from echo2sdk.errors import ConfigError
 from echo2sdk.runtime.providers.local import LocalProvider, worker_command
 from echo2sdk.runtime.worker import priority
-from echo2sdk.runtime.worker.priority import lower_priority, parse_nice
+from echo2sdk.core.checks import nice as parse_nice
+from echo2sdk.runtime.worker.priority import lower_priority
 
 LINUX = sys.platform.startswith("linux") and hasattr(os, "SCHED_IDLE")
 needs_linux = pytest.mark.skipif(not LINUX, reason="SCHED_IDLE and /proc/self/task are Linux's")

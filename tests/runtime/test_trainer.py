@@ -84,6 +84,10 @@ def test_run_writes_metrics_summary_and_checkpoint(tiny_run):
     cap = summary["capacity"]  # the capacity rule judged in useful rollouts (issue 35)
     f = summary["buffer"]["filtered_groups"] / max(summary["buffer"]["completed_groups"], 1)
     assert cap["filter_rate"] == round(f, 4) and cap["mu_pool_useful"] == pytest.approx(cap["mu_pool_raw"] * (1 - f))
+    b = summary["buffer"]  # the whole run's binary-reward prediction (metrics.prediction) from the buffer's counts
+    assert cap["filter_rate_binary"] == (round(b["scored_groups_all_or_none"] / b["scored_groups"], 4)
+                                         if b["scored_groups"] else None)
+    assert cap["accuracy"] == (round(b["completed_correct"] / b["completed_scored"], 4) if b["scored_groups"] else None)
     assert cap["enough"] in (True, False, None) and cap["learner_wait_s"] == pytest.approx(
         sum(r["learner_wait_s"] for r in rows), abs=1e-2)
     from transformers import AutoModelForCausalLM
@@ -144,9 +148,9 @@ def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
     from echo2sdk.core import capacity
     from echo2sdk.runtime.learner.metrics import rollout_means
 
-    # 8 more records, 4 of them scored, 3 of those correct (one group: k = 3, k (k - 1) = 6); 2 more groups (of 4),
-    # 1 of them filtered
-    before, now = (8, 4.4, 8, 4, 2, 0, 12), (16, 10.0, 12, 7, 4, 1, 18)
+    # 8 more records, 4 of them scored, 3 of those correct (one group scored whole: k = 3, k (k - 1) = 6); 2 more
+    # groups (of 4), 1 of them filtered
+    before, now = (8, 4.4, 8, 4, 2, 0, 2, 4, 12), (16, 10.0, 12, 7, 4, 1, 3, 7, 18)
     got = rollout_means(before, now, group_size=4, seconds=2.0)
     assert got == {"rollouts": 8, "rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75, "filter_rate": 0.5,
                    "filter_rate_predicted": round(0.75**4 + 0.25**4, 4), "prompt_concentration": None,
@@ -154,13 +158,50 @@ def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
     none = {"rollouts": 0, "rollout_reward_mean": None, "rollout_accuracy": None, "filter_rate": None, "filter_rate_predicted": None,
             "prompt_concentration": None, "rollouts_per_s": None, "useful_rollouts_per_s": None}
     assert rollout_means(now, now) == none
-    assert rollout_means((0, 0.0, 0, 0, 0, 0, 0), (4, -2.0, 0, 0, 1, 0, 0)) == {
+    assert rollout_means((0, 0.0, 0, 0, 0, 0, 0, 0, 0), (4, -2.0, 0, 0, 1, 0, 0, 0, 0)) == {
         **none, "rollouts": 4, "rollout_reward_mean": -0.5, "filter_rate": 0.0}
     # two prompts, one always solved (k = 4: 12 pairs), one never (k = 0): accuracy 0.5 as in 0.5^4 + 0.5^4 = 0.125,
     # but every group is filtered, and the prediction says so (nu at its floor: the widest spread)
-    apart = rollout_means((0, 0.0, 0, 0, 0, 0, 0), (8, 4.0, 8, 4, 2, 2, 12), group_size=4)
+    apart = rollout_means((0, 0.0, 0, 0, 0, 0, 0, 0, 0), (8, 4.0, 8, 4, 2, 2, 2, 4, 12), group_size=4)
     assert apart["rollout_accuracy"] == 0.5 and apart["filter_rate"] == 1.0
     assert apart["prompt_concentration"] == round(capacity.NU_FLOOR, 4) and apart["filter_rate_predicted"] > 0.99
+
+
+def test_the_prompts_concentration_is_measured_over_the_last_steps_and_the_run_over_all():
+    """A step completes a few groups, too few to tell how alike its prompts are: metrics.jsonl's
+    prompt_concentration pools the last NU_WINDOW steps (its prediction takes the step's own accuracy), and
+    summary.json's capacity the whole run, beside the share of groups a binary reward would have filtered."""
+    from echo2sdk.core import capacity
+    from echo2sdk.runtime.learner.metrics import COMPLETED, NU_WINDOW, RunMetrics, prediction
+
+    m, G = RunMetrics(out=None, sinks=None, R=8, kappa=1, group_size=4), 4
+    done = dict.fromkeys(COMPLETED, 0)
+
+    def step(ks: list[int]) -> dict:  # groups of G scored records with k correct each
+        for k in ks:
+            for key, add in (("completed_records", G), ("completed_scored", G), ("completed_correct", k),
+                             ("completed_groups", 1), ("scored_groups", 1), ("scored_groups_correct", k),
+                             ("scored_groups_pairs", k * (k - 1))):
+                done[key] += add
+        return m.rollout_since_last(done)
+
+    first = step([4, 0])  # one prompt always solved, one never: the widest spread
+    assert first["prompt_concentration"] == round(capacity.NU_FLOOR, 4) and first["filter_rate_predicted"] > 0.99
+    # then prompts each solved half the time: k = 1 and 3, as a binomial spreads them
+    alike = [step([1, 3]) for _ in range(NU_WINDOW - 1)]
+    # the first step is still in the window: 20 groups, sum k 40, sum k (k - 1) 66
+    assert alike[-1]["prompt_concentration"] == round(capacity.prompt_concentration(20, G, 40, 66), 4) < 10
+    assert alike[-1]["filter_rate_predicted"] > capacity.filter_rate(0.5, G) + 0.05
+    later = step([1, 3])  # the first step has left the window: alike but for the noise of 20 groups
+    assert later["prompt_concentration"] > 50
+    assert later["filter_rate_predicted"] == pytest.approx(capacity.filter_rate(0.5, G), abs=0.01)
+
+    buffer = {"completed_scored": 9, "completed_correct": 4, "scored_groups": 2, "scored_groups_correct": 4,
+              "scored_groups_pairs": 12, "scored_groups_all_or_none": 2}  # and one record scored apart
+    f = round(capacity.filter_rate(4 / 9, G, capacity.NU_FLOOR), 4)
+    assert prediction(buffer, G) == {"accuracy": round(4 / 9, 4), "prompt_concentration": round(capacity.NU_FLOOR, 4),
+                                     "filter_rate_predicted": f, "filter_rate_binary": 1.0}
+    assert prediction({}, G)["filter_rate_predicted"] is None and prediction(buffer, 0)["accuracy"] is None
 
 
 def test_builders_fit_the_constructors(tmp_path):

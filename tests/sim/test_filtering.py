@@ -49,7 +49,7 @@ def test_prompts_not_alike_filter_more_groups_and_the_beta_binomial_predicts_how
     assert f == pytest.approx(measured, abs=0.015)
     assert f >= capacity.filter_rate(p, G) - 1e-12  # a spread never filters fewer than alike prompts
     p_hat = sum(ks) / (G * len(ks))
-    nu_hat = capacity.prompt_concentration(p_hat, sum(k * (k - 1) for k in ks) / (len(ks) * G * (G - 1)))
+    nu_hat = capacity.prompt_concentration(len(ks), G, sum(ks), sum(k * (k - 1) for k in ks))
     assert nu_hat == pytest.approx(nu, rel=0.25)
     assert capacity.filter_rate(p_hat, G, nu_hat) == pytest.approx(measured, abs=0.015)
 
@@ -61,14 +61,18 @@ def test_the_beta_binomial_limits():
     assert capacity.filter_rate(0.4, 1, 2.0) == pytest.approx(1.0)
     # p = 0.5, nu = 1 (a = b = 1/2): 2 * (1/2 * 3/2 * 5/2 * 7/2) / 4! = 0.546875
     assert capacity.filter_rate(0.5, 4, 1.0) == pytest.approx(0.546875)
-    assert capacity.prompt_concentration(0.3, 0.09) is None  # no spread: alike
-    assert capacity.prompt_concentration(0.0, 0.0) is None and capacity.prompt_concentration(1.0, 1.0) is None
-    assert capacity.prompt_concentration(0.5, 0.5) == capacity.NU_FLOOR  # all or nothing: the widest spread
-    assert capacity.prompt_concentration(0.5, 0.3) == pytest.approx(0.25 / 0.05 - 1)
+    pc = capacity.prompt_concentration  # (m groups, G, sum k, sum k (k - 1))
+    assert pc(2, 4, 4, 12) == capacity.NU_FLOOR  # one prompt always solved, one never: the widest spread
+    assert pc(2, 4, 0, 0) is None and pc(2, 4, 8, 24) is None  # none or all solved: nothing to tell apart
+    assert pc(1, 4, 2, 2) is None and pc(5, 1, 2, 0) is None  # one group, or one sample a group
+    # groups of k = 1 and 3 (as prompts each solved half the time spread them): only the sampling noise of the
+    # mean is left, a large nu (alike, all but)
+    assert pc(20, 4, 40, 60) > 50 and capacity.filter_rate(0.5, 4, pc(20, 4, 40, 60)) == pytest.approx(0.125, abs=0.01)
+    assert pc(20, 4, 40, 40) is None  # every group k = 2: narrower than a binomial, no spread at all
     with pytest.raises(CapacityError, match="nu"):
         capacity.filter_rate(0.5, 4, 0.0)
-    with pytest.raises(CapacityError, match="p2"):
-        capacity.prompt_concentration(0.5, 1.5)
+    with pytest.raises(CapacityError, match="pairs"):
+        capacity.prompt_concentration(2, 4, 4, 13)  # more pairs than 4 correct answers allow
 
 
 def test_no_filtering_leaves_the_simulation_as_it_was():

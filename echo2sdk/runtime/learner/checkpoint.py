@@ -77,14 +77,19 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as JSON to `path` so that a reader sees the old file or the new one, never a torn one."""
+def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
+    """Write `obj` as JSON to `path` so that a reader sees the old file or the new one, never a torn one (a write
+    that fails, a full disk, leaves no temporary file)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(obj, fh, indent=indent)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 

@@ -24,15 +24,17 @@ from echo2sdk.runtime.sinks import Sinks, sample_rows
 if TYPE_CHECKING:
     from echo2sdk.core.learner import StepStats
 
-__all__ = ["filtered_share", "sizing_filter_rate", "metrics_row", "rollout_means", "shown_level", "RunMetrics", "summary", "COMPLETED"]
+__all__ = ["filtered_share", "sizing_filter_rate", "metrics_row", "rollout_means", "concentration", "prediction",
+           "shown_level", "RunMetrics", "summary", "COMPLETED"]
 
 log = logging.getLogger("echo2sdk.trainer")
 
 #: the buffer's counters of every completed group, filtered or not (rollout_reward_mean, rollout_accuracy, the
 #: filter rate and the rollout rates)
 COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct", "completed_groups",
-             "filtered_groups", "completed_correct_pairs")
-_NONE = (0, 0.0, 0, 0, 0, 0, 0)  # COMPLETED before anything completed
+             "filtered_groups", "scored_groups", "scored_groups_correct", "scored_groups_pairs")
+_NONE = (0, 0.0, 0, 0, 0, 0, 0, 0, 0)  # COMPLETED before anything completed
+NU_WINDOW = 10  # steps over which metrics.jsonl's prompt_concentration is measured
 
 
 def _worker_stats(stats: Mapping[str, Any] | None, field: str) -> dict[str, float | None]:
@@ -138,20 +140,19 @@ def _audit_columns(audit: dict[str, Any] | None, replay: dict[str, Any] | None, 
     }
 
 
-def rollout_means(before: tuple, now: tuple, *, group_size: int = 0, seconds: float = 0.0) -> dict[str, float | None]:
+def rollout_means(before: tuple, now: tuple, *, group_size: int = 0, seconds: float = 0.0,
+                  spread_from: tuple | None = None) -> dict[str, float | None]:
     """What the workers delivered between two readings of the buffer's COMPLETED counters, `seconds` apart:
     rollout_reward_mean and rollout_accuracy of the groups completed; filter_rate, the share of them dynamic
-    sampling dropped (zero reward variance); prompt_concentration nu, how alike their prompts were (from the spread
-    of the groups' correct counts; None where they look alike), and filter_rate_predicted, the binary-reward filter
-    rate at their accuracy p, group size G and nu (capacity.filter_rate: p^G + (1 - p)^G where alike);
-    rollouts_per_s and useful_rollouts_per_s (those of groups not filtered). None where none (or no scored record)
-    completed."""
-    (n0, reward0, scored0, correct0, g0, f0, pairs0), (n, reward, scored, correct, g, f, pairs) = before, now
+    sampling dropped (zero reward variance); prompt_concentration nu, how alike the prompts are (from the spread of
+    the correct counts of the groups completed since `spread_from`, an earlier reading, default `before`; None where
+    they look alike), and filter_rate_predicted, the binary-reward filter rate at their accuracy p, group size G and
+    nu (capacity.filter_rate: p^G + (1 - p)^G where alike); rollouts_per_s and useful_rollouts_per_s (those of
+    groups not filtered). None where none (or no scored record) completed."""
+    (n0, reward0, scored0, correct0, g0, f0, *_), (n, reward, scored, correct, g, f, *_) = before, now
     acc = (correct - correct0) / (scored - scored0) if scored > scored0 else None
     rate = (f - f0) / (g - g0) if g > g0 else None
-    nu = None
-    if acc is not None and group_size >= 2:  # E[k (k - 1)] = G (G - 1) E[p^2] over (scored / G) groups
-        nu = capacity.prompt_concentration(acc, min(1.0, (pairs - pairs0) / ((scored - scored0) * (group_size - 1))))
+    nu = concentration(before if spread_from is None else spread_from, now, group_size)
     return {
         "rollouts": n - n0,
         "rollout_reward_mean": (reward - reward0) / (n - n0) if n > n0 else None,
@@ -163,6 +164,13 @@ def rollout_means(before: tuple, now: tuple, *, group_size: int = 0, seconds: fl
         "rollouts_per_s": round((n - n0) / seconds, 4) if seconds > 0 else None,
         "useful_rollouts_per_s": round((n - n0) * (1 - rate) / seconds, 4) if seconds > 0 and rate is not None else None,
     }
+
+
+def concentration(before: tuple, now: tuple, group_size: int) -> float | None:
+    """capacity.prompt_concentration of the groups scored whole that completed between two readings of the
+    COMPLETED counters (None where too few, or alike)."""
+    m, correct, pairs = (now[i] - before[i] for i in (6, 7, 8))
+    return capacity.prompt_concentration(m, group_size, correct, pairs) if group_size else None
 
 
 def shown_level(row: dict[str, Any]) -> tuple[float, float | None]:
@@ -233,6 +241,9 @@ class RunMetrics:
         self.rows: list[dict[str, Any]] = []
         self.bytes = 0  # length of metrics.jsonl after the last row (a checkpoint records it)
         self._completed_seen: tuple = _NONE  # the buffer's COMPLETED counters at the previous step
+        # and at the NU_WINDOW steps before it: the prompts' concentration is measured over that window (a step
+        # completes too few groups to tell how alike its prompts are)
+        self._window: collections.deque[tuple] = collections.deque([_NONE], maxlen=NU_WINDOW)
         self._task_seen: dict[str, tuple] = {}  # the same by task (the buffer's completed_by_task)
         self._failures_seen: dict[str, int] = {}  # the workers' adapter failures by reason at the previous step
         self._seen_at = time.perf_counter()
@@ -269,7 +280,9 @@ class RunMetrics:
             tasks[name] = {"rollout_accuracy": m["rollout_accuracy"], "rollout_reward_mean": m["rollout_reward_mean"],
                            "filter_rate": m["filter_rate"], "groups_completed": counts[4] - self._task_seen.get(name, _NONE)[4]}
         self._task_seen = by_task
-        return {**rollout_means(before, done, group_size=self.group_size, seconds=now - then), "tasks_rollout": tasks}
+        means = rollout_means(before, done, group_size=self.group_size, seconds=now - then, spread_from=self._window[0])
+        self._window.append(done)
+        return {**means, "tasks_rollout": tasks}
 
     def failures_since_last(self, by_reason: Mapping[str, int], rollouts: int) -> dict[str, Any]:
         """The adapter failures the workers reported (their heartbeats' cumulative counts, summed: `by_reason`)
@@ -373,7 +386,7 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
 
 
 def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R: int, mu_pool: float,
-            **rest: Any) -> dict[str, Any]:
+            group_size: int = 0, **rest: Any) -> dict[str, Any]:
     """summary.json: the first and last five steps' rewards and accuracies, the staleness, the capacity rule's
     numbers measured on the run (T_train, T_bcast, mu_pool, mu_min, the bubble), then `rest` as given (the pool's,
     the checkpoint's and the audit's figures, the config). mu_min is computed with a full batch's T_train: with
@@ -402,29 +415,22 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
         "mu_pool_measured": mu_pool,
         "mu_min": mu_min,
         "bubble_ratio": capacity.bubble_ratio(t.wait, t.busy),  # T_idle / (T_idle + T_train,active)
-        "capacity": verdict(mu_pool, f, mu_min, rows),
+        "capacity": verdict(mu_pool, f, mu_min, rows, rest.get("buffer"), group_size),
         **rest,
     }
 
 
-def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, Any]],
+            buffer: Mapping[str, Any] | None = None, group_size: int = 0) -> dict[str, Any]:
     """The capacity rule judged in useful rollouts (issue 35): the pool's raw rate, the run's filter rate f (groups
-    dropped for zero reward variance) beside the mean of the steps' predictions and the median of their prompt
-    concentrations (`echo2 plan --accuracy P --group-size G --prompt-concentration NU` predicts f for another run),
-    the useful rate mu_pool * (1 - f) against mu_min, and what the learner's wait was spent on. `enough` is None
-    when mu_min could not be computed."""
+    dropped for zero reward variance), the useful rate mu_pool * (1 - f) against mu_min, and what the learner's
+    wait was spent on; `enough` is None when mu_min could not be computed. With the buffer's counters (`buffer`,
+    StalenessBuffer.stats()) and G, the whole run's binary-reward prediction beside it (`prediction`)."""
     useful = mu_pool * (1 - f)
     enough = None if isinstance(mu_min, str) else useful >= mu_min
     causes = wait_by_cause(rows)
-    predicted = [r["filter_rate_predicted"] for r in rows if r.get("filter_rate_predicted") is not None]
-    # a step whose prompts looked alike (None) counts as an infinite concentration; None if most did
-    nus = sorted(math.inf if r["prompt_concentration"] is None else r["prompt_concentration"]
-                 for r in rows if r.get("rollout_accuracy") is not None and "prompt_concentration" in r)
-    nu = statistics.median(nus) if nus else math.inf
     out = {
-        "mu_pool_raw": mu_pool, "filter_rate": round(f, 4),
-        "filter_rate_predicted": round(statistics.fmean(predicted), 4) if predicted else None,
-        "prompt_concentration": round(nu, 4) if math.isfinite(nu) else None,
+        "mu_pool_raw": mu_pool, "filter_rate": round(f, 4), **prediction(buffer or {}, group_size),
         "mu_pool_useful": useful, "mu_min": mu_min,
         "enough": enough,
         "short_because_of_filtering": bool(not enough and enough is not None and mu_pool >= mu_min),
@@ -438,3 +444,22 @@ def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, 
                       (f": {100 * f:.0f}% of the groups were filtered (zero reward variance), so the raw "
                        f"{mu_pool:.3g}/s was not enough" if out["short_because_of_filtering"] else ""))
     return out
+
+
+def prediction(buffer: Mapping[str, Any], group_size: int) -> dict[str, float | None]:
+    """The filter rate of binary rewards over every group completed since the run (or its resume) began: `accuracy`
+    p, `prompt_concentration` nu (None: alike), `filter_rate_predicted` (capacity.filter_rate(p, G, nu): what
+    `echo2 plan --accuracy P --group-size G --prompt-concentration NU` plans for) and `filter_rate_binary`, the
+    share of the groups scored whole that were all right or all wrong, which a binary reward's filter would drop.
+    The run's own filter_rate may differ from both: a reward that also pays for format (math: 0.1 for a boxed
+    wrong answer) sets apart groups whose answers are all wrong. None where nothing was scored. nu pools the whole
+    run: a policy that moved spreads the prompts' rates further (a smaller nu, a higher prediction) than any one
+    moment did."""
+    c = tuple(buffer.get(k, 0) for k in COMPLETED)
+    if not c[2] or not c[6] or not group_size:
+        return {"accuracy": None, "prompt_concentration": None, "filter_rate_predicted": None,
+                "filter_rate_binary": None}
+    p, nu = c[3] / c[2], concentration(_NONE, c, group_size)
+    return {"accuracy": round(p, 4), "prompt_concentration": None if nu is None else round(nu, 4),
+            "filter_rate_predicted": round(capacity.filter_rate(p, group_size, nu), 4),
+            "filter_rate_binary": round(buffer.get("scored_groups_all_or_none", 0) / c[6], 4)}

@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from echo2sdk.core import checks
 from echo2sdk.errors import ConfigError
 from echo2sdk.runtime.providers.ledger import Ledger, Machine
-from echo2sdk.runtime.worker.priority import parse_nice
 
 __all__ = ["LocalProvider", "worker_command", "worker_env", "process_started"]
 
@@ -67,7 +67,7 @@ class LocalProvider:
             raise ConfigError("local provider: a token is required (workers must authenticate)")
         self.connect, self.token = connect, token
         self.log_dir = Path(log_dir)
-        self.threads, self.nice = int(threads), parse_nice(nice)
+        self.threads, self.nice = int(threads), checks.nice(nice)
         self.python = python or sys.executable
         self.allow, self.plaintext = tuple(allow), bool(plaintext)
         self.grace_s = float(grace_s)

@@ -19,9 +19,7 @@ from pathlib import Path
 from echo2sdk.core import checks
 from echo2sdk.core.checks import IDLE
 
-__all__ = ["IDLE", "lower_priority", "parse_nice"]
-
-parse_nice = checks.nice  # "idle" or 0-19; ValueError naming the value otherwise
+__all__ = ["IDLE", "lower_priority"]
 
 
 def _threads() -> list[int]:
@@ -42,7 +40,7 @@ def _renice(n: int) -> None:
 def lower_priority(nice: object) -> str:
     """Lower this process's CPU priority as `nice` says (see the module); returns what was done, for the log.
     Threads started later inherit it; the ones already running are moved too."""
-    nice = parse_nice(nice)
+    nice = checks.nice(nice)  # "idle" or 0-19; ValueError naming the value otherwise
     if nice == IDLE:
         if hasattr(os, "SCHED_IDLE"):
             try:
