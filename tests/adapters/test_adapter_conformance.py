@@ -60,8 +60,8 @@ def test_check_adapter_names_the_failed_check():
 
 
 def test_poker_config_differs_from_math_in_the_task_lines_and_the_math_recipe(example_diff):
-    # the math example also tunes its sampling recipe for the demo (docs/recipes.md, "The main job")
-    assert example_diff("poker") == ["adapter", "options", "temperature", "steps", "lr"]
+    # the math example also tunes its recipe for the demo (docs/recipes.md, "The main job"), 4 prompts a request too
+    assert example_diff("poker") == ["adapter", "options", "tasks_per_request", "temperature", "steps", "lr"]
     poker_cfg = tomllib.loads((ROOT / "examples/poker.toml").read_text())
     assert poker_cfg["task"]["adapter"] == "poker://nlhe_headsup_v1"
     # each writes its own folder: runs/<file stem>

@@ -122,7 +122,7 @@ def test_url_loads_the_sandbox_adapter_and_the_example_config_switches_one_line(
 
     adapter = load_adapter("textarena://TicTacToe-v0", {"env_options": {"opponent": "first"}})
     assert isinstance(adapter, SandboxAdapter) and adapter.env == "textarena://TicTacToe-v0"
-    assert example_diff("textarena") == ["adapter", "options", "temperature", "steps", "lr"]
+    assert example_diff("textarena") == ["adapter", "options", "tasks_per_request", "temperature", "steps", "lr"]
     assert tomllib.loads((ROOT / "examples/textarena.toml").read_text())["task"]["adapter"] == "textarena://TicTacToe-v0"
     cfg = load_config(ROOT / "examples/textarena.toml")
     check_adapter(load_adapter(cfg.task.adapter, cfg.task.options))
