@@ -73,7 +73,7 @@ options = {{ scorer = "contains" }}
     cfg = load_config(path)
     assert cfg.task.adapter == "mixture" and [p["adapter"] for p in cfg.task.options["mix"]] == ["toy", f"dataset://{qa}"]
     again = load_config(None, [f"task.adapter={json.dumps(cfg.task.adapter)}",
-                               f"task.options={{ mix = [{{ adapter = 'toy' }}] }}"])
+                               "task.options={ mix = [{ adapter = 'toy' }] }"])
     assert again.task.options == {"mix": [{"adapter": "toy"}]}  # a dumped config reads back
     assert load_config(path, ['task.adapter="math"']).task.adapter == "math"  # --set replaces the mixture
     bad = tmp_path / "bad.toml"

@@ -377,7 +377,6 @@ def test_random_interleavings_keep_invariants(S, capacity, order, ops):
             rs = group(f"g{gid}", v, GROUP_SIZE)
             if mixed and v > 0:
                 rs[-1] = rec(f"g{gid}", v - 1)
-            fresh = (f"g{gid}", v) not in seen_groups
             try:
                 buf.add_group(rs, **LIMITS)
             except TrajectoryRejected as e:
