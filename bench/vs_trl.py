@@ -257,24 +257,27 @@ def pooled_accuracy_at(run: dict, t: float, n: int) -> tuple[float, int] | None:
     """(accuracy, completions) over the newest whole steps that ended by time `t` and hold at least `n` completions
     between them (all of them if fewer): a window of the same size for both sides, where a 5-step window holds 80
     of TRL's completions and as few as 20 of echo2's. None when no step ended by `t`."""
-    right = total = 0.0
+    newest, total = [], 0
     for w, a, c in sorted(zip(run["wall_s"], run["accuracy"], run["completions"], strict=True), reverse=True):
-        if w > t + 1e-9 or c <= 0:
-            continue
-        right, total = right + a * c, total + c
-        if total >= n:
-            break
-    return (right / total, int(total)) if total else None
+        if w <= t + 1e-9 and c > 0 and total < n:
+            newest.append((a, c))
+            total += c
+    return _pooled(newest)
 
 
 def pooled_accuracy_between(run: dict, lo: float, hi: float) -> tuple[float, int] | None:
     """(accuracy, completions) over every completion of the steps that ended in (lo, hi]: each side's whole output in
     a stretch of wall time (hundreds of completions for either side; echo2 generates more of them per second). None
     when no step ended there."""
+    return _pooled((a, c) for w, a, c in zip(run["wall_s"], run["accuracy"], run["completions"], strict=True)
+                   if lo < w <= hi + 1e-9 and c > 0)
+
+
+def _pooled(steps) -> tuple[float, int] | None:
+    """(accuracy, completions) of steps given as (accuracy, completions): each weighted by its completions."""
     right = total = 0.0
-    for w, a, c in zip(run["wall_s"], run["accuracy"], run["completions"], strict=True):
-        if lo < w <= hi + 1e-9 and c > 0:
-            right, total = right + a * c, total + c
+    for a, c in steps:
+        right, total = right + a * c, total + c
     return (right / total, int(total)) if total else None
 
 

@@ -36,13 +36,34 @@ from echo2sdk.core import checks
 from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible, held_bytes
 from echo2sdk.errors import ConfigError, TrajectoryRejected
 
-__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK", "task_bucket"]
+__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK", "COMPLETED", "task_bucket"]
 
 GroupKey = tuple[str, int]  # (meta.group_id, version)
 
 _ORDERS = ("fifo", "freshest")
 MAX_TASKS = 64  # task names counted apart (stats()["completed_by_task"]); a mixture names a few
 OTHER_TASK = "(other)"
+#: what is counted of every completed group, filtered or not, in this order: stats() gives each by name, and per
+#: task as one tuple (runtime/learner/metrics.rollout_means reads both). "scored" records have meta.extra
+#: "correct"; the scored_groups_* count the groups scored whole: their sums of k (correct records) and k (k - 1)
+#: say how alike the prompts are (capacity.prompt_concentration)
+COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct", "completed_groups",
+             "filtered_groups", "scored_groups", "scored_groups_correct", "scored_groups_pairs")
+_NO_COUNTS = (0, 0.0) + (0,) * (len(COMPLETED) - 2)  # COMPLETED before anything completed
+
+
+def _completed_counts(records: list[Trajectory], filtered: bool) -> tuple:
+    """One completed group's COMPLETED counts: its records, their reward sum, scored and correct records, 1 group,
+    filtered or not, and (scored whole only) 1 scored group, its correct count k and k (k - 1)."""
+    correct = [t.meta.extra.get("correct") for t in records]
+    k = sum(bool(c) for c in correct)
+    whole = None not in correct
+    return (len(records), sum(t.reward for t in records), sum(c is not None for c in correct), k, 1, int(filtered),
+            int(whole), k if whole else 0, k * (k - 1) if whole else 0)
+
+
+def _plus(counts: tuple, more: tuple) -> tuple:
+    return tuple(a + b for a, b in zip(counts, more, strict=True))
 
 
 def task_bucket(name: str, known: Collection[str], seen: Collection[str]) -> str:
@@ -151,19 +172,15 @@ class StalenessBuffer:
         """The counters `stats()` reports, all zero: filtered and completed groups (overall and by task),
         admissions, samples, rejections and evictions by reason, the staleness histogram."""
         self._filtered_since = 0  # groups filtered since the last sample
-        self._filtered_groups = self._completed_groups = self._fallback_groups = 0
+        self._fallback_groups = 0
         self._filtered = 0  # records of filtered groups dropped unsampled
-        # Every completed group's records, filtered or not: what the workers produce, not what the learner trains on.
-        self._completed_records = self._completed_correct = self._completed_scored = 0
-        # the groups every record of which was scored ("correct" in meta.extra): how many, the sums of their correct
-        # counts k and of k (k - 1) (how alike the prompts are: capacity.prompt_concentration), and how many of
-        # them were all right or all wrong (what a binary reward's filter would drop)
-        self._scored_groups = self._scored_groups_correct = self._scored_groups_pairs = self._all_or_none = 0
-        self._completed_reward = 0.0
-        # the same by task (a record's meta.extra "task": a mixture's component), as rollout_means reads them:
-        # [records, reward sum, scored, correct, groups, filtered, scored groups, their correct, their pairs]; at most
-        # MAX_TASKS names, the rest under OTHER_TASK
-        self._by_task: dict[str, list] = {}
+        # Every completed group, filtered or not (what the workers produce, not what the learner trains on): the
+        # COMPLETED counts, and the groups scored whole that were all right or all wrong (a binary reward's filter)
+        self._completed = _NO_COUNTS
+        self._all_or_none = 0
+        # the same by task (a record's meta.extra "task": a mixture's component); at most MAX_TASKS names, the rest
+        # under OTHER_TASK
+        self._by_task: dict[str, tuple] = {}
         self._admitted = 0
         self._sampled = 0
         self._rejected: Counter[str] = Counter()
@@ -323,19 +340,11 @@ class StalenessBuffer:
                 "pending_groups": len(self._pending),
                 "ready_groups": len(self._ready),
                 "filtered": self._filtered,
-                "completed_groups": self._completed_groups,
-                "completed_records": self._completed_records,
-                "completed_reward_sum": self._completed_reward,
-                "completed_scored": self._completed_scored,  # records whose meta.extra has "correct"
-                "completed_correct": self._completed_correct,
-                "scored_groups": self._scored_groups,  # groups every record of which was scored
-                "scored_groups_correct": self._scored_groups_correct,  # their sum of k
-                "scored_groups_pairs": self._scored_groups_pairs,  # their sum of k (k - 1)
+                **dict(zip(COMPLETED, self._completed, strict=True)),
                 "scored_groups_all_or_none": self._all_or_none,  # all right or all wrong
-                "filtered_groups": self._filtered_groups,
                 "fallback_groups": self._fallback_groups,
                 "aside_groups": len(self._aside),
-                "completed_by_task": {name: tuple(c) for name, c in self._by_task.items()},
+                "completed_by_task": dict(self._by_task),
             }
 
     # ------------------------------------------------------------------ internals (lock held)
@@ -377,33 +386,16 @@ class StalenessBuffer:
                 and len(self._ready) + len(self._aside) >= num_groups)
 
     def _complete(self, key: GroupKey, records: list[Trajectory]) -> None:
-        self._completed_groups += 1
-        self._completed_records += len(records)
-        self._completed_reward += sum(t.reward for t in records)
-        correct = [t.meta.extra.get("correct") for t in records]
-        self._completed_scored += sum(c is not None for c in correct)
-        k = sum(bool(c) for c in correct)
-        self._completed_correct += k
-        whole = None not in correct  # every record scored: the group tells how alike the prompts are
-        if whole:
-            self._scored_groups += 1
-            self._scored_groups_correct += k
-            self._scored_groups_pairs += k * (k - 1)
-            self._all_or_none += int(k in (0, len(records)))
         filtered = self.filter_zero_variance and not has_signal(records)
+        counts = _completed_counts(records, filtered)
+        self._completed = _plus(self._completed, counts)
+        k, whole = counts[3], counts[6] == 1  # correct records; scored whole
+        self._all_or_none += int(whole and k in (0, len(records)))
         name = records[0].meta.extra.get("task")
         if isinstance(name, str):
-            c = self._by_task.setdefault(task_bucket(name, self.task_names, self._by_task), [0, 0.0] + [0] * 7)
-            c[0] += len(records)
-            c[1] += sum(t.reward for t in records)
-            c[2] += sum(x is not None for x in correct)
-            c[3] += k
-            c[4] += 1
-            c[5] += int(filtered)
-            if whole:
-                c[6], c[7], c[8] = c[6] + 1, c[7] + k, c[8] + k * (k - 1)
+            bucket = task_bucket(name, self.task_names, self._by_task)
+            self._by_task[bucket] = _plus(self._by_task.get(bucket, _NO_COUNTS), counts)
         if filtered:
-            self._filtered_groups += 1
             self._filtered_since += 1
             self._aside[key] = records
             while len(self._aside) > self.fallback_after:  # keep the newest fallback_after (none when 0)

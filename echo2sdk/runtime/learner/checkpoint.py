@@ -59,6 +59,7 @@ __all__ = [
     "save",
     "set_rng_state",
     "write_json_atomic",
+    "LastWrites",
 ]
 
 log = logging.getLogger("echo2sdk.checkpoint")
@@ -66,6 +67,41 @@ log = logging.getLogger("echo2sdk.checkpoint")
 FORMAT = 1
 _STEP = re.compile(r"^step-(\d+)$")
 SECRET_FILES = ("signing.key", "tls-cert.pem", "tls-key.pem", "token")
+
+
+# -- the run's last writes -------------------------------------------------------------------------
+class LastWrites:
+    """The run's last writes (the last checkpoint, the final policy DIR/checkpoint). One that fails (a full disk, a
+    quota: an OSError, or safetensors' SafetensorError, which is not one) is logged and kept in `errors` instead of
+    ending the run before its summary: the metrics, the summary (summary.json's `save_errors`) and every earlier
+    checkpoint stay, and `echo2 run` exits 1. The final policy's partial folder is removed (a checkpoint's is by
+    `save`). Collective errors are not caught: under torchrun only rank 0 writes, after the collectives every rank
+    took part in."""
+
+    FINAL_POLICY = "the final policy"
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.errors: dict[str, str] = {}  # what could not be written -> why
+
+    def attempt(self, what: str, write: Callable[[], object]) -> None:
+        from safetensors import SafetensorError  # the learner's writes need it: there by now
+
+        try:
+            write()
+        except (OSError, SafetensorError) as e:
+            log.error("%s could not be written: %s", what, e)
+            self.errors[what] = str(e)
+            if what == self.FINAL_POLICY:
+                shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
+
+    def final_policy(self) -> str | None:
+        """DIR/checkpoint, or None where its write failed."""
+        return None if self.FINAL_POLICY in self.errors else str(self.out / "checkpoint")
+
+    def listed(self) -> list[str]:
+        """summary.json's save_errors: "what: why" for each failed write, in order."""
+        return [f"{what}: {why}" for what, why in self.errors.items()]
 
 
 # -- small atomic files ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from echo2sdk.core import capacity
-from echo2sdk.core.buffer import task_bucket
+from echo2sdk.core.buffer import COMPLETED, task_bucket
 from echo2sdk.errors import CapacityError
 from echo2sdk.runtime.learner.batches import WAIT_CAUSES
 from echo2sdk.runtime.sinks import Sinks, sample_rows
@@ -29,11 +29,7 @@ __all__ = ["filtered_share", "sizing_filter_rate", "metrics_row", "rollout_means
 
 log = logging.getLogger("echo2sdk.trainer")
 
-#: the buffer's counters of every completed group, filtered or not (rollout_reward_mean, rollout_accuracy, the
-#: filter rate and the rollout rates)
-COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct", "completed_groups",
-             "filtered_groups", "scored_groups", "scored_groups_correct", "scored_groups_pairs")
-_NONE = (0, 0.0, 0, 0, 0, 0, 0, 0, 0)  # COMPLETED before anything completed
+_NONE = (0,) * len(COMPLETED)  # COMPLETED before anything completed
 NU_WINDOW = 10  # steps over which metrics.jsonl's prompt_concentration is measured
 
 
@@ -455,11 +451,12 @@ def prediction(buffer: Mapping[str, Any], group_size: int) -> dict[str, float | 
     wrong answer) sets apart groups whose answers are all wrong. None where nothing was scored. nu pools the whole
     run: a policy that moved spreads the prompts' rates further (a smaller nu, a higher prediction) than any one
     moment did."""
-    c = tuple(buffer.get(k, 0) for k in COMPLETED)
-    if not c[2] or not c[6] or not group_size:
+    scored, groups = buffer.get("completed_scored", 0), buffer.get("scored_groups", 0)
+    if not scored or not groups or not group_size:
         return {"accuracy": None, "prompt_concentration": None, "filter_rate_predicted": None,
                 "filter_rate_binary": None}
-    p, nu = c[3] / c[2], concentration(_NONE, c, group_size)
+    p = buffer["completed_correct"] / scored
+    nu = capacity.prompt_concentration(groups, group_size, buffer["scored_groups_correct"], buffer["scored_groups_pairs"])
     return {"accuracy": round(p, 4), "prompt_concentration": None if nu is None else round(nu, 4),
             "filter_rate_predicted": round(capacity.filter_rate(p, group_size, nu), 4),
-            "filter_rate_binary": round(buffer.get("scored_groups_all_or_none", 0) / c[6], 4)}
+            "filter_rate_binary": round(buffer.get("scored_groups_all_or_none", 0) / groups, 4)}

@@ -21,12 +21,10 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,7 +61,6 @@ __all__ = ["Trainer"]
 log = logging.getLogger("echo2sdk.trainer")
 
 LOCAL_GRACE_S = 10.0  # how long the run's own workers get to leave after the coordinator's shutdown
-FINAL_POLICY = "the final policy"  # DIR/checkpoint, as summary.json's save_errors names it
 
 
 class Trainer:
@@ -88,7 +85,7 @@ class Trainer:
                                   cfg.scheduler.max_filter_rate)
         self.health = Health()  # warnings from each metrics row (no reward signal, adapter failures)
         self.last_checkpoint: dict[str, Any] | None = None
-        self.save_errors: list[str] = []  # the run's last writes that failed (_write_at_end)
+        self.last_writes = checkpoint.LastWrites(self.out)  # the last checkpoint and the final policy
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
         self._stop = threading.Event()  # set by the first SIGTERM/SIGINT
         self._stop_signal: int | None = None
@@ -275,29 +272,13 @@ class Trainer:
                         break
             except Stopped:
                 pass
-            self._write_at_end("the last checkpoint", self.save_checkpoint)  # or where a signal stopped the run
+            self.last_writes.attempt("the last checkpoint", self.save_checkpoint)  # or where a signal stopped the run
         self._log_run_end()
         if self._stop_signal is None:
-            self._write_at_end(FINAL_POLICY, self.save)
+            self.last_writes.attempt(self.last_writes.FINAL_POLICY, self.save)
         out = self.summary(time.perf_counter() - t_start)
         checkpoint.write_json_atomic(self.out / "summary.json", out, indent=2)  # a full disk leaves no torn summary
         return out
-
-    def _write_at_end(self, what: str, write: Callable[[], object]) -> None:
-        """One of the run's last writes (its checkpoint, the final policy). One that fails (a full disk, a quota)
-        is logged and named in summary.json's `save_errors` instead of ending the run before its summary: the
-        metrics, the summary and every earlier checkpoint stay, and `echo2 run` exits 1. The final policy's
-        partial folder is removed (a checkpoint's is by checkpoint.save); under torchrun only rank 0 writes, after
-        the collectives every rank took part in."""
-        from safetensors import SafetensorError  # the learner's writes need it: there by now
-
-        try:
-            write()
-        except (OSError, SafetensorError) as e:  # a file write failed (safetensors' are not OSErrors); collectives'
-            log.error("%s could not be written: %s", what, e)  # errors are neither: they still end the run
-            self.save_errors.append(f"{what}: {e}")
-            if what == FINAL_POLICY:
-                shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
 
     def _on_signal(self, signum: int) -> None:
         self._stop_signal = signum
@@ -397,14 +378,6 @@ class Trainer:
         log.info("checkpoint %s: %.1f MB in %.2f s", path, size / 1e6, self.last_checkpoint["save_s"])
         return path
 
-    def _final_folder(self) -> str | None:
-        """What the run leaves to load: DIR/checkpoint, or the last checkpoint where a signal stopped the run; None
-        where that write failed."""
-        if self._stop_signal is None:
-            failed = any(e.startswith(FINAL_POLICY) for e in self.save_errors)
-            return None if failed else str(self.out / "checkpoint")
-        return self.last_checkpoint["path"] if self.last_checkpoint else None
-
     def summary(self, wall_s: float) -> dict[str, Any]:
         cfg, coord, stopped = self.cfg, self.coordinator, self._stop_signal
         out = summary(
@@ -412,9 +385,10 @@ class Trainer:
             group_size=cfg.rollout.group_size,
             mu_pool=sum(r for w in coord.workers.values() if (r := w.rollouts_per_s) > 0),
             buffer=self.buffer.stats(), coordinator=coord.stats(), workers=coord.worker_table(),
-            checkpoint=self._final_folder(),
+            # what the run leaves to load: DIR/checkpoint, or the last checkpoint where a signal stopped the run
+            checkpoint=self.last_writes.final_policy() if stopped is None else (self.last_checkpoint or {}).get("path"),
             last_checkpoint=self.last_checkpoint,
-            save_errors=list(self.save_errors),  # the run's last writes that failed (_write_at_end)
+            save_errors=self.last_writes.listed(),  # the run's last writes that failed
             stopped=signal.Signals(stopped).name if stopped is not None else None,
             learner_ranks=self.topo.world,
             quarantined=dict(coord.quarantined),  # worker id -> why (core/audit.py)
