@@ -31,6 +31,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import socket
 import statistics
@@ -336,11 +337,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 # -- software ceiling: 8 unshaped relay hops on loopback ---------------------------------------------
-def _plain_relay(listen_port: int, next_port: int | None, total: int, chunk: int, ready, result) -> None:
+def _plain_relay(srv: socket.socket, next_port: int | None, total: int, chunk: int, result) -> None:
     """The baseline: recv_into a pre-touched chunk buffer, sendall it on; no verification, nothing kept."""
     bufs = [bytearray(chunk), bytearray(chunk)]  # reused, touched before the clock starts
-    srv = socket.create_server(("127.0.0.1", listen_port))
-    ready.set()
     conn, _ = srv.accept()
     out = socket.create_connection(("127.0.0.1", next_port)) if next_port else None
     cpu0 = time.process_time()
@@ -361,35 +360,52 @@ def _plain_relay(listen_port: int, next_port: int | None, total: int, chunk: int
         result.put(("end", time.perf_counter()))
 
 
-def plain_baseline(total: int, chunk: int, hops: int) -> tuple[float, list[float]]:
-    """(GB/s at the tail, CPU seconds of each thread: the source's, then one per relay)."""
+def plain_baseline(total: int, chunk: int, hops: int, timeout_s: float = 300.0) -> tuple[float, list[float]]:
+    """(GB/s at the tail, CPU seconds of each thread: the source's, then one per relay).
+
+    Each relay's socket listens on a port the kernel picks before its process starts (a fixed port can be
+    held by another connection on a busy machine), so nothing connects before its peer listens; a relay
+    that dies ends the measurement with its exit code instead of a wait for its result."""
     ctx = mp.get_context("fork")
-    base = 47000
     result = ctx.Queue()
-    procs = []
-    for k in reversed(range(hops)):
-        ready = ctx.Event()
-        nxt = base + k + 1 if k < hops - 1 else None
-        p = ctx.Process(target=_plain_relay, args=(base + k, nxt, total, chunk, ready, result))
-        p.start()
-        ready.wait(10)
-        procs.append(p)
-    data = memoryview(bytearray(os.urandom(chunk)) * (total // chunk))
-    s = socket.create_connection(("127.0.0.1", base))
-    t0, cpu0 = time.perf_counter(), time.thread_time()
-    s.sendall(data)
-    cpus = [time.thread_time() - cpu0]
-    s.close()
-    t_end = None
-    while t_end is None or len(cpus) < hops + 1:
-        kind, value = result.get(timeout=300)
-        if kind == "end":
-            t_end = value
-        else:
-            cpus.append(value)
-    for p in procs:
-        p.join(10)
-    return total / (t_end - t0) / 1e9, cpus
+    procs, finished = [], False
+    nxt = None
+    try:
+        for _ in range(hops):  # from the tail back to the first relay, each told the port of the next
+            srv = socket.create_server(("127.0.0.1", 0))
+            p = ctx.Process(target=_plain_relay, args=(srv, nxt, total, chunk, result), daemon=True)
+            p.start()
+            nxt = srv.getsockname()[1]
+            srv.close()  # the relay holds its own copy
+            procs.append(p)
+        data = memoryview(bytearray(os.urandom(chunk)) * (total // chunk))
+        s = socket.create_connection(("127.0.0.1", nxt))
+        t0, cpu0 = time.perf_counter(), time.thread_time()
+        s.sendall(data)
+        cpus = [time.thread_time() - cpu0]
+        s.close()
+        t_end, deadline = None, time.monotonic() + timeout_s
+        while t_end is None or len(cpus) < hops + 1:
+            try:
+                kind, value = result.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"plain relay failed: exit codes {dead}, {len(cpus) - 1}/{hops} "
+                                       f"relays reported within {timeout_s:.0f} s") from None
+                continue
+            if kind == "end":
+                t_end = value
+            else:
+                cpus.append(value)
+        finished = True
+        return total / (t_end - t0) / 1e9, cpus
+    finally:
+        for p in procs:
+            p.join(10 if finished else 0)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
 
 
 def _stat_cpu(path: str) -> float:
@@ -458,7 +474,10 @@ def ceiling(args) -> None:
             procs.append(subprocess.Popen([sys.executable, "-m", "echo2sdk.cli", "worker", "--connect",
                                            f"127.0.0.1:{coord.port}", "--id", f"r{i}", "--relay-only"],
                                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + 120
             while f"r{i}" not in coord.workers:
+                if procs[-1].poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"relay r{i} did not join (exit code {procs[-1].poll()})")
                 time.sleep(0.05)
         payload = os.urandom(total)
         t0 = time.perf_counter()
@@ -470,7 +489,10 @@ def ceiling(args) -> None:
         def publish(v: int) -> tuple[float, list[float]]:
             before = _cpu_snapshot(pids)
             coord.publish(v, payload)
+            deadline = time.monotonic() + 300
             while coord.t_bcast(v, "received")[1] is None:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"publication {v} did not reach the tail in 300 s")
                 time.sleep(0.01)
             return total / coord.t_bcast(v, "received")[1] / 1e9, _thread_cpus(before, _cpu_snapshot(pids))
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,29 @@ def test_broadcast_ceiling_mode_prints_its_parameters_and_both_measurements():
     assert abs(row["ratio"] - row["echo2_tail_gbps"] / row["plain_relay_gbps"]) < 0.02  # of the unrounded medians
     # the busiest thread cannot have spent more CPU than all threads together
     assert row["echo2_busiest_thread_cpu_s_per_gb"] <= row["echo2_cpu_s_per_gb"]
+
+
+def test_a_plain_relay_that_dies_without_reporting_ends_the_baseline_with_its_exit_code(monkeypatch):
+    """CI once waited past its 180 s on a relay that had died (its fixed port was taken); the baseline now
+    listens on ports the kernel picks and names a dead relay's exit code at once."""
+    broadcast = _bench("broadcast")
+    real = broadcast._plain_relay
+
+    def tail_dies(srv, next_port, total, chunk, result):
+        if next_port is not None:
+            return real(srv, next_port, total, chunk, result)
+        conn, _ = srv.accept()
+        got = 0
+        while got < total and (n := len(conn.recv(1 << 16))):
+            got += n
+        os._exit(3)  # read everything, reported nothing
+
+    assert broadcast.plain_baseline(1 << 20, 64 << 10, 3, timeout_s=60)[0] > 0  # the real relays report
+    monkeypatch.setattr(broadcast, "_plain_relay", tail_dies)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exit codes \[3\], 2/3 relays reported"):
+        broadcast.plain_baseline(1 << 20, 64 << 10, 3, timeout_s=60)
+    assert time.monotonic() - started < 30
 
 
 def test_intake_memory_bench_refuses_huge_text_with_the_bounds_and_prints_both_modes():
@@ -145,11 +170,15 @@ def test_staleness_bench_prints_a_line_per_run_a_summary_and_a_png(tmp_path):
     )
     assert twice.returncode != 0 and "S=2, importance weight off, seed 0 is in both" in twice.stderr, twice.stderr
 
-def _vs_trl():
-    spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "bench" / "vs_trl.py")
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _vs_trl():
+    return _bench("vs_trl")
 
 
 def test_vs_trl_level_is_reached_at_the_first_full_window_whose_mean_reaches_it():
