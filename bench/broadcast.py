@@ -360,31 +360,31 @@ def _plain_relay(srv: socket.socket, next_port: int | None, total: int, chunk: i
         result.put(("end", time.perf_counter()))
 
 
-def plain_baseline(total: int, chunk: int, hops: int, timeout_s: float = 300.0) -> tuple[float, list[float]]:
+def plain_baseline(total: int, chunk: int, hops: int, timeout_s: float = 120.0) -> tuple[float, list[float]]:
     """(GB/s at the tail, CPU seconds of each thread: the source's, then one per relay).
 
     Each relay's socket listens on a port the kernel picks before its process starts (a fixed port can be
-    held by another connection on a busy machine), so nothing connects before its peer listens; a relay
-    that dies ends the measurement with its exit code instead of a wait for its result."""
+    held by another connection on a busy machine), so nothing connects before its peer listens. Everything is
+    bounded by `timeout_s`: a relay that dies ends the measurement with its exit code, one that stalls with a
+    timeout of the source's send or of the wait for its result."""
     ctx = mp.get_context("fork")
     result = ctx.Queue()
-    procs, finished = [], False
+    procs, finished, s = [], False, None
+    deadline = time.monotonic() + timeout_s
     nxt = None
     try:
         for _ in range(hops):  # from the tail back to the first relay, each told the port of the next
-            srv = socket.create_server(("127.0.0.1", 0))
-            p = ctx.Process(target=_plain_relay, args=(srv, nxt, total, chunk, result), daemon=True)
-            p.start()
-            nxt = srv.getsockname()[1]
-            srv.close()  # the relay holds its own copy
-            procs.append(p)
+            with socket.create_server(("127.0.0.1", 0)) as srv:  # the relay holds its own copy
+                p = ctx.Process(target=_plain_relay, args=(srv, nxt, total, chunk, result), daemon=True)
+                p.start()
+                procs.append(p)
+                nxt = srv.getsockname()[1]
         data = memoryview(bytearray(os.urandom(chunk)) * (total // chunk))
-        s = socket.create_connection(("127.0.0.1", nxt))
+        s = socket.create_connection(("127.0.0.1", nxt), timeout=max(deadline - time.monotonic(), 1.0))
         t0, cpu0 = time.perf_counter(), time.thread_time()
         s.sendall(data)
         cpus = [time.thread_time() - cpu0]
-        s.close()
-        t_end, deadline = None, time.monotonic() + timeout_s
+        t_end = None
         while t_end is None or len(cpus) < hops + 1:
             try:
                 kind, value = result.get(timeout=0.5)
@@ -401,11 +401,14 @@ def plain_baseline(total: int, chunk: int, hops: int, timeout_s: float = 300.0) 
         finished = True
         return total / (t_end - t0) / 1e9, cpus
     finally:
+        if s is not None:
+            s.close()
         for p in procs:
             p.join(10 if finished else 0)
             if p.is_alive():
                 p.kill()
                 p.join(5)
+        result.close()
 
 
 def _stat_cpu(path: str) -> float:

@@ -229,24 +229,48 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _filter_rate(args: argparse.Namespace) -> dict[str, Any]:
-    """echo2 plan's filter rate: --filter-rate F as given, or predicted from --accuracy P and --group-size G (and
-    --prompt-concentration NU where the prompts are not alike)."""
+    """echo2 plan's filter rate: --filter-rate F as given, or predicted with --group-size G from --accuracy P
+    (binary rewards) or --reward-shares Q1,Q2,... (a reward of a few values), with --prompt-concentration NU where
+    the prompts are not alike."""
     from echo2sdk.core import capacity
     from echo2sdk.errors import ConfigError
 
-    if args.filter_rate is not None and args.accuracy is not None:
-        raise ConfigError("give --filter-rate or --accuracy (with --group-size), not both")
-    if args.accuracy is not None:
+    given = [name for name, value in (("--filter-rate", args.filter_rate), ("--accuracy", args.accuracy),
+                                      ("--reward-shares", args.reward_shares)) if value is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give only one of --filter-rate, --accuracy or --reward-shares, not {' and '.join(given)}")
+    nu = args.prompt_concentration
+    how = "alike prompts" if nu is None else f"prompt concentration nu = {nu:g}"
+    if args.accuracy is not None or args.reward_shares is not None:
         if args.group_size is None:
-            raise ConfigError("--accuracy needs --group-size: f = p^G + (1 - p)^G")
-        nu = args.prompt_concentration
-        f = capacity.filter_rate(args.accuracy, args.group_size, nu)
-        how = "p^G + (1 - p)^G" if nu is None else f"beta-binomial, prompt concentration nu = {nu:g}"
-        return {"filter_rate": f, "filter_rate_source": f"predicted from accuracy p = {args.accuracy:g}, G = "
-                                                         f"{args.group_size}: {how}"}
+            raise ConfigError(f"{given[0]} needs --group-size G: a group of G is filtered when its rewards are all one")
+        if args.accuracy is not None:
+            f = capacity.filter_rate(args.accuracy, args.group_size, nu)
+            source = f"accuracy p = {args.accuracy:g}"
+        else:
+            shares = _shares(args.reward_shares)
+            f = capacity.value_filter_rate(shares, args.group_size, nu)
+            source = f"reward shares {', '.join(f'{q:g}' for q in shares)}"
+        return {"filter_rate": f, "filter_rate_source": f"predicted from {source}, G = {args.group_size}: {how}"}
     if args.group_size is not None or args.prompt_concentration is not None:
-        raise ConfigError("--group-size and --prompt-concentration go with --accuracy")
+        raise ConfigError("--group-size and --prompt-concentration go with --accuracy or --reward-shares")
     return {"filter_rate": args.filter_rate or 0.0, "filter_rate_source": "given"}
+
+
+def _shares(text: str) -> list[float]:
+    """--reward-shares as fractions of 1: shares rounded to a few digits (summary.json's reward_shares, 4) may sum
+    to 1 within 1e-3 and are rescaled; any other sum is an error."""
+    from echo2sdk.errors import ConfigError
+
+    try:
+        shares = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--reward-shares must be numbers separated by commas, got {text!r}") from None
+    if any(not 0 <= q <= 1 for q in shares):
+        raise ConfigError(f"--reward-shares must each be in [0, 1], got {text!r}")
+    if abs(sum(shares) - 1) > 1e-3:
+        raise ConfigError(f"--reward-shares must sum to 1, got {sum(shares):g} ({text!r})")
+    return [q / sum(shares) for q in shares]
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -384,10 +408,15 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
     pl.add_argument("--accuracy", type=float, help="predict f from the policy's accuracy p on the task and --group-size "
                     "G (binary rewards): f = p^G + (1 - p)^G if every prompt is as hard, more with "
                     "--prompt-concentration")
-    pl.add_argument("--group-size", type=int, help="G, samples per prompt (with --accuracy)")
+    pl.add_argument("--reward-shares", metavar="Q1,Q2,...", help="predict f from the shares of the rollouts that get "
+                    "each value of a reward of a few values (math: unformatted, boxed but wrong, right) and "
+                    "--group-size G: f = sum_v Q_v^G if every prompt is as hard, more with --prompt-concentration; "
+                    "a run's summary.json gives them (capacity.reward_shares)")
+    pl.add_argument("--group-size", type=int, help="G, samples per prompt (with --accuracy or --reward-shares)")
     pl.add_argument("--prompt-concentration", type=float, metavar="NU", help="how alike the task's prompts are (with "
-                    "--accuracy): their success rates spread as Beta(p NU, (1 - p) NU); a run's summary.json gives it "
-                    "(capacity.prompt_concentration). Default: alike")
+                    "--accuracy: their success rates spread as Beta(p NU, (1 - p) NU), summary.json's "
+                    "capacity.prompt_concentration; with --reward-shares: their shares spread as Dirichlet(NU Q), "
+                    "capacity.reward_concentration). Default: alike")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(func=_plan)
 

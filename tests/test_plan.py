@@ -199,7 +199,7 @@ def test_cli_plan_predicts_the_filter_rate_from_an_accuracy():
     assert data["filter_rate"] == pytest.approx(0.125) and "accuracy p = 0.5" in data["filter_rate_source"]
     assert data["chosen"][0]["count"] > 9  # 9 without filtering (test_cli_plan_prints_json...)
     both = _cli(*base, "--accuracy", "0.5", "--group-size", "4", "--filter-rate", "0.5")
-    assert both.returncode == 2 and "not both" in both.stderr
+    assert both.returncode == 2 and "only one of" in both.stderr
     alone = _cli(*base, "--accuracy", "0.5")
     assert alone.returncode == 2 and "--group-size" in alone.stderr
     # prompts not alike (a = b = 2): 2 x (2*3*4*5)/(4*5*6*7) = 0.286 of the groups filtered at the same accuracy
@@ -210,3 +210,23 @@ def test_cli_plan_predicts_the_filter_rate_from_an_accuracy():
     assert wide["chosen"][0]["count"] > data["chosen"][0]["count"]
     lone = _cli(*base, "--prompt-concentration", "1")
     assert lone.returncode == 2 and "go with --accuracy" in lone.stderr
+    # a reward of three values (math: unformatted, boxed but wrong, right), as summary.json's reward_shares gives
+    # them: alike prompts filter sum_v q_v^G of the groups; spread ones more
+    shares = _cli(*base, "--reward-shares", "0.5,0.4,0.1", "--group-size", "4")
+    assert shares.returncode == 0, shares.stderr
+    by_value = json.loads(shares.stdout)
+    assert by_value["filter_rate"] == pytest.approx(0.5**4 + 0.4**4 + 0.1**4)
+    assert "reward shares 0.5, 0.4, 0.1" in by_value["filter_rate_source"]
+    spread = _cli(*base, "--reward-shares", "0.5,0.4,0.1", "--group-size", "4", "--prompt-concentration", "2")
+    assert json.loads(spread.stdout)["filter_rate"] == pytest.approx(capacity.value_filter_rate((0.5, 0.4, 0.1), 4, 2))
+    # summary.json's shares, rounded to 4 digits, may sum to 0.9999: rescaled
+    rounded = _cli(*base, "--reward-shares", "0.1207,0.6903,0.1889", "--group-size", "4")
+    assert rounded.returncode == 0 and "reward shares 0.1207" in json.loads(rounded.stdout)["filter_rate_source"]
+    for bad, word in ((("--reward-shares", "0.5,0.4", "--group-size", "4"), "--reward-shares must sum to 1, got 0.9"),
+                      (("--reward-shares", "1.5,-0.5", "--group-size", "4"), "must each be in [0, 1]"),
+                      (("--reward-shares", "0.5;0.5", "--group-size", "4"), "--reward-shares must be numbers"),
+                      (("--reward-shares", "0.5,0.5"), "--reward-shares needs --group-size"),
+                      (("--reward-shares", "0.5,0.5", "--accuracy", "0.5", "--group-size", "4"),
+                       "not --accuracy and --reward-shares")):
+        out = _cli(*base, *bad)
+        assert out.returncode == 2 and word in out.stderr, (bad, out.stderr)

@@ -28,6 +28,7 @@ out of the staleness window).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Collection, Callable, Sequence
@@ -36,7 +37,10 @@ from echo2sdk.core import checks
 from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible, held_bytes
 from echo2sdk.errors import ConfigError, TrajectoryRejected
 
-__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK", "COMPLETED", "task_bucket"]
+log = logging.getLogger("echo2sdk.buffer")
+
+__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK", "COMPLETED", "task_bucket", "RewardValues",
+           "MAX_REWARD_VALUES"]
 
 GroupKey = tuple[str, int]  # (meta.group_id, version)
 
@@ -60,6 +64,45 @@ def _completed_counts(records: list[Trajectory], filtered: bool) -> tuple:
     whole = None not in correct
     return (len(records), sum(t.reward for t in records), sum(c is not None for c in correct), k, 1, int(filtered),
             int(whole), k if whole else 0, k * (k - 1) if whole else 0)
+
+
+#: distinct reward values a run's groups are tallied by (capacity.value_concentration); past them the reward is
+#: taken for continuous and the tally stops
+MAX_REWARD_VALUES = 16
+
+
+class RewardValues:
+    """Groups of G records by reward value: how many there were, and for each value v its records and the sum over
+    groups of n_v (n_v - 1) (n_v: the group's records with reward v; the filter drops a group when one value has
+    all G). `stats()`: {"groups": m, "values": [[v, records, pairs], ...]} by v, or None once more than
+    MAX_REWARD_VALUES distinct values came (a continuous reward: no prediction)."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = checks.integer("group_size", group_size, lo=1, error=ConfigError)
+        self.groups = 0
+        self.values: dict[float, list[int]] | None = {}
+
+    def add(self, rewards: Sequence[float]) -> None:
+        if len(rewards) != self.group_size:
+            raise ValueError(f"a group of {len(rewards)} rewards, not group_size = {self.group_size}")
+        if self.values is None:
+            return
+        n = Counter(r + 0.0 for r in rewards)  # -0.0 is 0.0 (the filter's equality), shown as 0.0
+        if len(self.values.keys() | n.keys()) > MAX_REWARD_VALUES:
+            self.values = None
+            log.info("rewards took more than %d values: the reward is taken for continuous, and the filter rate "
+                     "is not predicted from its values", MAX_REWARD_VALUES)
+            return
+        self.groups += 1
+        for v, k in n.items():
+            counts = self.values.setdefault(v, [0, 0])
+            counts[0] += k
+            counts[1] += k * (k - 1)
+
+    def stats(self) -> dict | None:
+        if self.values is None:
+            return None
+        return {"groups": self.groups, "values": [[v, *c] for v, c in sorted(self.values.items())]}
 
 
 def _plus(counts: tuple, more: tuple) -> tuple:
@@ -178,6 +221,7 @@ class StalenessBuffer:
         # COMPLETED counts, and the groups scored whole that were all right or all wrong (a binary reward's filter)
         self._completed = _NO_COUNTS
         self._all_or_none = 0
+        self._reward_values = RewardValues(self.group_size)
         # the same by task (a record's meta.extra "task": a mixture's component); at most MAX_TASKS names, the rest
         # under OTHER_TASK
         self._by_task: dict[str, tuple] = {}
@@ -342,6 +386,7 @@ class StalenessBuffer:
                 "filtered": self._filtered,
                 **dict(zip(COMPLETED, self._completed, strict=True)),
                 "scored_groups_all_or_none": self._all_or_none,  # all right or all wrong
+                "reward_values": self._reward_values.stats(),  # the filter's own terms (RewardValues)
                 "fallback_groups": self._fallback_groups,
                 "aside_groups": len(self._aside),
                 "completed_by_task": dict(self._by_task),
@@ -391,6 +436,8 @@ class StalenessBuffer:
         self._completed = _plus(self._completed, counts)
         k, whole = counts[3], counts[6] == 1  # correct records; scored whole
         self._all_or_none += int(whole and k in (0, len(records)))
+        if len(records) == self.group_size and all(t.meta.trains for t in records):
+            self._reward_values.add([t.reward for t in records])
         name = records[0].meta.extra.get("task")
         if isinstance(name, str):
             bucket = task_bucket(name, self.task_names, self._by_task)

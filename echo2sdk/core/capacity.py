@@ -19,7 +19,7 @@ value; nothing here imports numpy or torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from echo2sdk.core import checks
 from echo2sdk.errors import CapacityError
@@ -37,7 +37,9 @@ __all__ = [
     "mu_target",
     "t_bcast_quantile",
     "filter_rate",
+    "value_filter_rate",
     "prompt_concentration",
+    "value_concentration",
     "useful_rate",
     "raw_rate",
 ]
@@ -213,14 +215,29 @@ def filter_rate(p: float, G: int, nu: float | None = None) -> float:
         f = prod_{i<G} (a + i) / (nu + i) + prod_{i<G} (b + i) / (nu + i)
 
     (p = 0.3, G = 4: 0.25 alike, 0.43 at nu = 3, 0.82 at nu = 0.3). nu=None: alike (the limit nu -> infinity).
-    CapacityError unless p in [0, 1], G >= 1 and nu > 0."""
+    The two-valued case of value_filter_rate. CapacityError unless p in [0, 1], G >= 1 and nu > 0."""
     p = checks.real("p", p, lo=0, hi=1, error=CapacityError)
+    return value_filter_rate((p, 1 - p), G, nu)
+
+
+def value_filter_rate(shares: Sequence[float], G: int, nu: float | None = None) -> float:
+    """Predicted filter rate of a reward that takes a few values (math: 0 unformatted, 0.1 boxed but wrong, 1.1
+    right): `shares` q_v, the share of the rollouts that get each value (summing to 1). A group of G is filtered
+    when all its rewards are equal. Alike prompts: f = sum_v q_v^G. Prompts whose own shares spread as a Dirichlet
+    of mean q and concentration nu (value_concentration):
+
+        f = sum_v prod_{i<G} (nu q_v + i) / (nu + i)
+
+    With two values, filter_rate's beta-binomial. CapacityError unless every share is in [0, 1] and they sum to 1
+    (within 1e-6), G >= 1 and nu > 0."""
     G = checks.integer("G", G, lo=1, error=CapacityError)
+    q = [checks.real(f"shares[{i}]", v, lo=0, hi=1, error=CapacityError) for i, v in enumerate(shares)]
+    if abs(sum(q) - 1) > 1e-6:
+        raise CapacityError(f"shares must sum to 1, got {sum(q)!r} ({list(shares)!r})")
     if nu is None:
-        return p**G + (1 - p) ** G
+        return sum(v**G for v in q)
     nu = quantity("nu", nu)
-    a, b = p * nu, (1 - p) * nu
-    return math.prod((a + i) / (nu + i) for i in range(G)) + math.prod((b + i) / (nu + i) for i in range(G))
+    return sum(math.prod((nu * v + i) / (nu + i) for i in range(G)) for v in q)
 
 
 #: prompt_concentration's smallest nu: every prompt all but always or never solved (f = 0.9992 at p = 0.3, G = 4)
@@ -229,26 +246,55 @@ NU_FLOOR = 1e-3
 
 def prompt_concentration(m: int, G: int, correct: int, pairs: int) -> float | None:
     """nu, how alike a task's prompts are, from m groups of G binary samples (one prompt each) whose correct counts
-    k sum to `correct` and whose k (k - 1) sum to `pairs`. The prompts' success rates p_j spread as a Beta of mean
-    mu and variance mu (1 - mu) / (nu + 1); each moment is estimated without bias: mu by sum k / (m G), E[p^2] by
-    sum k (k - 1) / (m G (G - 1)) (a group's E[k (k - 1)] is G (G - 1) p_j^2), and mu^2 by mu_hat^2 less the
-    variance of mu_hat (the sample variance of the groups' k / G, over m), without which a few groups would make
-    the prompts look alike. nu = (mu - mu^2) / (E[p^2] - mu^2) - 1.
-    None where there is nothing to tell (m < 2, G < 2, mu in {0, 1}) or the prompts look alike (no variance left);
-    a spread at or past the widest a Beta allows (every prompt always or never solved) gives nu = NU_FLOOR."""
+    k sum to `correct` and whose k (k - 1) sum to `pairs`: value_concentration of the two values, right (k of a
+    group) and wrong (G - k, whose (G - k)(G - k - 1) is G (G - 1) - 2 k (G - 1) + k (k - 1)). It is the Beta's
+    moment estimate, nu = (mu - mu^2) / (E[p^2] - mu^2) - 1 (the prompts' success rates p_j spread with mean mu
+    and variance mu (1 - mu) / (nu + 1)); see value_concentration for the estimators and the Nones."""
     m = checks.integer("m", m, lo=0, error=CapacityError)
     G = checks.integer("G", G, lo=1, error=CapacityError)
     correct = checks.integer("correct", correct, lo=0, hi=m * G, error=CapacityError)
     pairs = checks.integer("pairs", pairs, lo=0, hi=correct * (G - 1), error=CapacityError)
-    if m < 2 or G < 2 or correct in (0, m * G):
+    wrong_pairs = m * G * (G - 1) - 2 * correct * (G - 1) + pairs
+    if wrong_pairs < 0:
+        raise CapacityError(f"pairs = {pairs} is too few for correct = {correct} in m = {m} groups of G = {G}")
+    return value_concentration(m, G, (correct, m * G - correct), (pairs, wrong_pairs))
+
+
+def value_concentration(m: int, G: int, counts: Sequence[int], pairs: Sequence[int]) -> float | None:
+    """nu, how alike a task's prompts are, from m groups of G rewards (one prompt each) that take a few values:
+    counts[v], the rewards with value v over all groups, and pairs[v], the sum over groups of n_v (n_v - 1) (n_v:
+    the group's rewards with value v). A prompt's shares of the values spread as a Dirichlet of mean q and
+    concentration nu, so a group's E[n_v (n_v - 1)] / (G (G - 1)) is E[q_v^2] = q_v^2 + q_v (1 - q_v) / (nu + 1);
+    summed over the values, P = Q + (1 - Q) / (nu + 1), Q = sum_v q_v^2, and
+
+        nu = (1 - Q) / (P - Q) - 1.
+
+    Each moment is estimated without bias: P by sum pairs / (m G (G - 1)), and q_v^2 by q_hat_v^2 less the
+    variance of q_hat_v (the sample variance of the groups' n_v / G, over m; sum n_v^2 = pairs + counts), without
+    which a few groups would make the prompts look alike. None where there is nothing to tell (m < 2, G < 2, one
+    value only) or the prompts look alike (no spread left); a spread at or past the widest a Dirichlet allows (each
+    prompt always gets one value) gives nu = NU_FLOOR."""
+    m = checks.integer("m", m, lo=0, error=CapacityError)
+    G = checks.integer("G", G, lo=1, error=CapacityError)
+    if len(counts) != len(pairs):
+        raise CapacityError(f"counts and pairs must have one entry per value, got {len(counts)} and {len(pairs)}")
+    n = [checks.integer(f"counts[{i}]", c, lo=0, hi=m * G, error=CapacityError) for i, c in enumerate(counts)]
+    pp = [checks.integer(f"pairs[{i}]", x, lo=0, hi=c * (G - 1), error=CapacityError)
+          for i, (c, x) in enumerate(zip(n, pairs))]
+    if sum(n) != m * G:
+        raise CapacityError(f"counts must sum to m * G = {m * G}, got {sum(n)}")
+    if m < 2 or G < 2 or max(n, default=0) == m * G:
         return None
-    mu, p2 = correct / (m * G), pairs / (m * G * (G - 1))
-    s2 = ((pairs + correct) / G**2 - m * mu * mu) / (m - 1)  # sample variance of k / G (sum k^2 = pairs + correct)
-    mu2 = mu * mu - s2 / m
-    var = p2 - mu2
-    if var <= 1e-12:
+    P = sum(pp) / (m * G * (G - 1))
+    Q = 0.0
+    for c, x in zip(n, pp):
+        q = c / (m * G)
+        s2 = ((x + c) / G**2 - m * q * q) / (m - 1)  # sample variance of the groups' n_v / G
+        Q += q * q - s2 / m
+    spread = P - Q
+    if spread <= 1e-12:
         return None
-    return max((mu - mu2) / var - 1, NU_FLOOR)
+    return max((1 - Q) / spread - 1, NU_FLOOR)
 
 
 def _f(f: object) -> float:

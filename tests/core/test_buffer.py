@@ -480,6 +480,38 @@ def test_a_group_scored_in_part_counts_its_records_but_not_towards_the_prompts_s
         == (1, 1, 0, 0)
 
 
+def test_completed_groups_are_tallied_by_reward_value_until_the_reward_looks_continuous():
+    """The filter drops a group whose rewards are all one value, so its prediction counts the values: each
+    value's records and sum n_v (n_v - 1) over groups of G records that all train (a failed episode's group, whose
+    record carries no loss, is filtered on the others and stays out); past MAX_REWARD_VALUES values, None."""
+    from echo2sdk.core.buffer import MAX_REWARD_VALUES
+
+    buf = StalenessBuffer(staleness=1, group_size=2, filter_zero_variance=True)
+
+    def rewarded(gid: str, *rewards: float, mask: tuple | None = None) -> list:
+        return [r.model_copy(update={"reward": x, "meta": r.meta.model_copy(update={"loss_mask": mask} if mask and
+                                                                              i == 0 else {})})
+                for i, (r, x) in enumerate(zip(group(gid, 0), rewards))]
+
+    assert buf.stats()["reward_values"] == {"groups": 0, "values": []}
+    buf.add_group(rewarded("a", 0.1, 0.1), **LIMITS)  # filtered: both boxed, both wrong
+    buf.add_group(rewarded("b", 0.0, 1.1), **LIMITS)
+    buf.add_group(rewarded("c", 0.0, 0.1, mask=(0,)), **LIMITS)  # its first record carries no loss: not tallied
+    assert buf.stats()["reward_values"] == {"groups": 2, "values": [[0.0, 1, 0], [0.1, 2, 2], [1.1, 1, 0]]}
+    for i in range(MAX_REWARD_VALUES - 3):  # 13 more values: 16 in all
+        buf.add_group(rewarded(f"v{i}", 2.0 + i, 2.0 + i), **LIMITS)
+    assert len(buf.stats()["reward_values"]["values"]) == MAX_REWARD_VALUES
+    buf.add_group(rewarded("one-more", -1.0, -1.0), **LIMITS)
+    assert buf.stats()["reward_values"] is None  # a continuous reward: nothing to predict from
+    from echo2sdk.core.buffer import RewardValues
+
+    tally = RewardValues(2)
+    tally.add([-0.0, 0.0])  # one value, shown as 0.0
+    assert tally.stats() == {"groups": 1, "values": [[0.0, 2, 2]]} and str(tally.stats()["values"][0][0]) == "0.0"
+    with pytest.raises(ValueError, match="a group of 3 rewards, not group_size = 2"):
+        tally.add([0.0, 1.0, 1.0])
+
+
 def test_fallback_fills_the_batch_with_the_newest_filtered_groups():
     buf = StalenessBuffer(staleness=2, group_size=2, filter_zero_variance=True, fallback_after=2)
     buf.add_group(group("info", 0), **LIMITS)

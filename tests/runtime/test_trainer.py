@@ -21,7 +21,8 @@ ROW = {
     "learner_wait_s": float, "reward_mean": float, "reward_std": float, "accuracy": (float, None),
     "rollout_reward_mean": (float, None), "rollout_accuracy": (float, None),
     "filter_rate": (float, int, None), "filter_rate_predicted": (float, int, None),
-    "prompt_concentration": (float, int, None), "rollouts": int,
+    "prompt_concentration": (float, int, None), "filter_rate_predicted_reward": (float, int, None),
+    "reward_concentration": (float, int, None), "rollouts": int,
     "rollouts_per_s": (float, int, None), "useful_rollouts_per_s": (float, int, None), "adapter_failures": dict,
     "adapter_failure_rate": (float, int, None), "learner_wait_filtered_s": float, "learner_wait_empty_s": float,
     "learner_wait_snapshot_s": float,
@@ -200,8 +201,47 @@ def test_the_prompts_concentration_is_measured_over_the_last_steps_and_the_run_o
               "scored_groups_pairs": 12, "scored_groups_all_or_none": 2}  # and one record scored apart
     f = round(capacity.filter_rate(4 / 9, G, capacity.NU_FLOOR), 4)
     assert prediction(buffer, G) == {"accuracy": round(4 / 9, 4), "prompt_concentration": round(capacity.NU_FLOOR, 4),
-                                     "filter_rate_predicted": f, "filter_rate_binary": 1.0}
+                                     "filter_rate_predicted": f, "filter_rate_binary": 1.0,
+                                     "reward_concentration": None, "filter_rate_predicted_reward": None,
+                                     "reward_shares": None}
     assert prediction({}, G)["filter_rate_predicted"] is None and prediction(buffer, 0)["accuracy"] is None
+
+
+def test_the_filter_is_predicted_from_the_values_the_reward_took():
+    """math pays 0.1 for a boxed wrong answer: groups all wrong but not all unboxed are not filtered, which the
+    binary prediction cannot see. The prediction by reward values reads the buffer's RewardValues tally: the
+    step's shares of each value, nu over the last NU_WINDOW steps, the whole run in summary.json."""
+    from echo2sdk.core import capacity
+    from echo2sdk.core.buffer import COMPLETED, RewardValues
+    from echo2sdk.runtime.learner.metrics import NU_WINDOW, RunMetrics, prediction, reward_prediction
+
+    G, tally = 4, RewardValues(4)
+    m = RunMetrics(out=None, sinks=None, R=8, kappa=1, group_size=G)
+
+    def step(groups: list[list[float]]) -> dict:
+        for g in groups:
+            tally.add(g)
+        return m.rollout_since_last({**dict.fromkeys(COMPLETED, 0), "reward_values": tally.stats()})
+
+    first = step([[1.1] * 4, [0.0] * 4])  # one prompt always right, one never even boxed: every group filtered
+    assert first["reward_concentration"] == round(capacity.NU_FLOOR, 4)
+    assert first["filter_rate_predicted_reward"] > 0.99
+    # then every prompt's answers all wrong, half of them boxed (0.1): 1 and 3 boxed as a binomial spreads them;
+    # no group right, and few of them filtered
+    mixed = [step([[0.1, 0.0, 0.0, 0.0], [0.1, 0.1, 0.1, 0.0]]) for _ in range(NU_WINDOW)]
+    assert mixed[-1]["filter_rate_predicted_reward"] == pytest.approx(capacity.value_filter_rate((0.5, 0.5), G), abs=0.02)
+    assert mixed[0]["filter_rate_predicted_reward"] > mixed[-1]["filter_rate_predicted_reward"]  # the first step left
+    # the whole run, as summary.json gives it, and readings with nothing new or no tally (a continuous reward)
+    whole = prediction({"reward_values": tally.stats()}, G)
+    counts = [[n for _, n, _ in tally.stats()["values"]], [p for *_, p in tally.stats()["values"]]]
+    nu = capacity.value_concentration(2 + 2 * NU_WINDOW, G, *counts)
+    assert whole["reward_concentration"] == round(nu, 4)
+    assert whole["reward_shares"] == [[v, round(n / (G * (2 + 2 * NU_WINDOW)), 4)] for v, n, _ in tally.stats()["values"]]
+    assert whole["filter_rate_predicted_reward"] == round(capacity.value_filter_rate(
+        [n / (G * (2 + 2 * NU_WINDOW)) for n in counts[0]], G, nu), 4)
+    nothing = {"reward_concentration": None, "filter_rate_predicted_reward": None}
+    assert reward_prediction(tally.stats(), tally.stats(), G) == nothing
+    assert reward_prediction(tally.stats(), None, G) == nothing and reward_prediction(None, tally.stats(), G) == nothing
 
 
 def test_builders_fit_the_constructors(tmp_path):

@@ -73,6 +73,61 @@ def test_the_beta_binomial_limits():
         capacity.filter_rate(0.5, 4, 0.0)
     with pytest.raises(CapacityError, match="pairs"):
         capacity.prompt_concentration(2, 4, 4, 13)  # more pairs than 4 correct answers allow
+    with pytest.raises(CapacityError, match="pairs = 0 is too few for correct = 7"):
+        capacity.prompt_concentration(2, 4, 7, 0)  # 7 right in 2 groups of 4: one has 4, the other 3
+
+
+def _dirichlet_groups(q: tuple, nu: float, G: int, n: int, seed: int) -> list[list[int]]:
+    """n groups of G rewards, each of a prompt whose shares of the values are drawn from Dirichlet(nu * q): each
+    group's count of every value."""
+    rng = random.Random(seed)
+    groups = []
+    for _ in range(n):
+        g = [rng.gammavariate(nu * v, 1.0) for v in q]
+        shares = [x / sum(g) for x in g]
+        draws = rng.choices(range(len(q)), weights=shares, k=G)
+        groups.append([draws.count(v) for v in range(len(q))])
+    return groups
+
+
+@pytest.mark.parametrize("q,nu,G", [((0.6, 0.3, 0.1), 2.0, 4), ((0.45, 0.45, 0.1), 0.5, 4), ((0.2, 0.5, 0.3), 10.0, 8)])
+def test_a_reward_of_a_few_values_is_predicted_from_their_shares_and_spread(q, nu, G):
+    """math's reward takes three values (0 unformatted, 0.1 boxed but wrong, 1.1 right): its filter drops a group
+    whose rewards are all one of them. With the prompts' shares spread as a Dirichlet the closed form matches
+    20000 simulated groups, and nu and the shares estimated from the values' counts and pairs (as the buffer
+    tallies them) give back the same f."""
+    groups = _dirichlet_groups(q, nu, G, 20000, seed=11)
+    measured = sum(max(g) == G for g in groups) / len(groups)
+    assert capacity.value_filter_rate(q, G, nu) == pytest.approx(measured, abs=0.015)
+    counts = [sum(g[v] for g in groups) for v in range(len(q))]
+    pairs = [sum(g[v] * (g[v] - 1) for g in groups) for v in range(len(q))]
+    nu_hat = capacity.value_concentration(len(groups), G, counts, pairs)
+    assert nu_hat == pytest.approx(nu, rel=0.25)
+    shares = [c / (G * len(groups)) for c in counts]
+    assert capacity.value_filter_rate(shares, G, nu_hat) == pytest.approx(measured, abs=0.015)
+
+
+def test_two_values_are_the_binary_prediction():
+    for p, G, nu in ((0.3, 4, 3.0), (0.9, 8, 0.4), (0.5, 4, None)):
+        assert capacity.value_filter_rate((p, 1 - p), G, nu) == pytest.approx(capacity.filter_rate(p, G, nu))
+    # groups of 4 with k right of 0, 4, 1 and 3: as right/wrong counts, the same nu as prompt_concentration's
+    ks = [0, 4, 1, 3, 2]
+    counts = [sum(ks), 4 * len(ks) - sum(ks)]
+    pairs = [sum(k * (k - 1) for k in ks), sum((4 - k) * (3 - k) for k in ks)]
+    assert capacity.value_concentration(len(ks), 4, counts, pairs) == pytest.approx(
+        capacity.prompt_concentration(len(ks), 4, counts[0], pairs[0]))
+    assert capacity.value_filter_rate((0.2, 0.3, 0.5), 4) == pytest.approx(0.2**4 + 0.3**4 + 0.5**4)  # alike
+    assert capacity.value_concentration(3, 4, [12, 0], [36, 0]) is None  # one value only: nothing to tell
+    with pytest.raises(CapacityError, match="shares must sum to 1"):
+        capacity.value_filter_rate((0.5, 0.4), 4)
+    with pytest.raises(CapacityError, match=r"shares\[1\]"):
+        capacity.value_filter_rate((1.0, -0.5), 4)
+    with pytest.raises(CapacityError, match="one entry per value"):
+        capacity.value_concentration(2, 4, [4, 4], [0])
+    with pytest.raises(CapacityError, match="m \\* G = 8"):
+        capacity.value_concentration(2, 4, [4, 3], [0, 0])
+    with pytest.raises(CapacityError, match=r"pairs\[0\]"):
+        capacity.value_concentration(2, 4, [4, 4], [13, 0])
 
 
 def test_no_filtering_leaves_the_simulation_as_it_was():

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from echo2sdk.core.learner import StepStats
 
 __all__ = ["filtered_share", "sizing_filter_rate", "metrics_row", "rollout_means", "concentration", "prediction",
+           "reward_prediction",
            "shown_level", "RunMetrics", "summary", "COMPLETED"]
 
 log = logging.getLogger("echo2sdk.trainer")
@@ -50,7 +51,8 @@ def metrics_row(
     records_withheld: int = 0, groups_filtered: int = 0, groups_filtered_frac: float = 0.0,
     rollout_reward_mean: float | None = None, rollout_accuracy: float | None = None,
     filter_rate: float | None = None, filter_rate_predicted: float | None = None,
-    prompt_concentration: float | None = None, rollouts_per_s: float | None = None,
+    prompt_concentration: float | None = None, filter_rate_predicted_reward: float | None = None,
+    reward_concentration: float | None = None, rollouts_per_s: float | None = None,
     useful_rollouts_per_s: float | None = None, wait_causes: Mapping[str, float] | None = None,
     tasks_rollout: Mapping[str, Mapping[str, Any]] | None = None, rollouts: int = 0,
     adapter_failures: Mapping[str, int] | None = None, adapter_failure_rate: float | None = None,
@@ -68,10 +70,13 @@ def metrics_row(
         "rollout_accuracy": rollout_accuracy,
         # capacity in useful rollouts (issue 35): the share of the groups completed since the previous step that
         # dynamic sampling dropped, the share predicted from their accuracy and how alike their prompts were
-        # (binary rewards: capacity.filter_rate, prompt_concentration), the workers' rates
+        # (binary rewards: capacity.filter_rate, prompt_concentration), the share predicted from the values their
+        # rewards took (the filter's own terms: capacity.value_filter_rate, value_concentration), the workers' rates
         "filter_rate": filter_rate,
         "filter_rate_predicted": filter_rate_predicted,
         "prompt_concentration": prompt_concentration,
+        "filter_rate_predicted_reward": filter_rate_predicted_reward,
+        "reward_concentration": reward_concentration,
         "rollouts": rollouts,  # completed since the previous step (filtered groups included)
         "rollouts_per_s": rollouts_per_s,
         "useful_rollouts_per_s": useful_rollouts_per_s,
@@ -169,6 +174,38 @@ def concentration(before: tuple, now: tuple, group_size: int) -> float | None:
     return capacity.prompt_concentration(m, group_size, correct, pairs) if group_size else None
 
 
+_NO_VALUES = {"groups": 0, "values": []}  # the buffer's reward_values before anything completed
+
+
+def _values_between(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> tuple | None:
+    """(m groups, {value: (records, pairs)}) of the groups tallied between two readings of the buffer's
+    reward_values (core/buffer.RewardValues); None once the reward took too many values to tally."""
+    if before is None or now is None:
+        return None
+    old = {v: (n, pairs) for v, n, pairs in before["values"]}
+    return now["groups"] - before["groups"], {
+        v: (n - old.get(v, (0, 0))[0], pairs - old.get(v, (0, 0))[1]) for v, n, pairs in now["values"]}
+
+
+def reward_prediction(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None, group_size: int,
+                      spread_from: Mapping[str, Any] | None = None) -> dict[str, float | None]:
+    """The filter's own prediction, from the values the reward took (any discrete reward: math's 0, 0.1 and 1.1,
+    not only right or wrong): reward_concentration nu (capacity.value_concentration of the groups completed
+    since `spread_from`, default `before`; None where they look alike) and filter_rate_predicted_reward,
+    capacity.value_filter_rate of the shares of the values among the groups completed between `before` and `now`
+    with that nu. Readings are the buffer's reward_values; None where none completed or the reward is continuous."""
+    step, spread = _values_between(before, now), _values_between(before if spread_from is None else spread_from, now)
+    if step is None or spread is None or not step[0] or not group_size:
+        return {"reward_concentration": None, "filter_rate_predicted_reward": None}
+    m, values = spread
+    nu = capacity.value_concentration(m, group_size, [n for n, _ in values.values()],
+                                      [pairs for _, pairs in values.values()]) if m else None
+    total = step[0] * group_size
+    shares = [n / total for n, _ in step[1].values()]
+    return {"reward_concentration": None if nu is None else round(nu, 4),
+            "filter_rate_predicted_reward": round(capacity.value_filter_rate(shares, group_size, nu), 4)}
+
+
 def shown_level(row: dict[str, Any]) -> tuple[float, float | None]:
     """A metrics row's reward and accuracy as the progress bar and the status page show them: the workers' (every
     group completed since the previous step) where the step has them, else the trained batch's (also for rows
@@ -240,6 +277,8 @@ class RunMetrics:
         # and at the NU_WINDOW steps before it: the prompts' concentration is measured over that window (a step
         # completes too few groups to tell how alike its prompts are)
         self._window: collections.deque[tuple] = collections.deque([_NONE], maxlen=NU_WINDOW)
+        self._values_window: collections.deque = collections.deque([_NO_VALUES], maxlen=NU_WINDOW)  # reward_values
+        self._values_seen: Mapping[str, Any] | None = _NO_VALUES
         self._task_seen: dict[str, tuple] = {}  # the same by task (the buffer's completed_by_task)
         self._failures_seen: dict[str, int] = {}  # the workers' adapter failures by reason at the previous step
         self._seen_at = time.perf_counter()
@@ -278,7 +317,11 @@ class RunMetrics:
         self._task_seen = by_task
         means = rollout_means(before, done, group_size=self.group_size, seconds=now - then, spread_from=self._window[0])
         self._window.append(done)
-        return {**means, "tasks_rollout": tasks}
+        values = buffer_stats.get("reward_values")
+        by_reward = reward_prediction(self._values_seen, values, self.group_size, spread_from=self._values_window[0])
+        self._values_seen = values
+        self._values_window.append(values)
+        return {**means, **by_reward, "tasks_rollout": tasks}
 
     def failures_since_last(self, by_reason: Mapping[str, int], rollouts: int) -> dict[str, Any]:
         """The adapter failures the workers reported (their heartbeats' cumulative counts, summed: `by_reason`)
@@ -443,20 +486,27 @@ def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, 
 
 
 def prediction(buffer: Mapping[str, Any], group_size: int) -> dict[str, float | None]:
-    """The filter rate of binary rewards over every group completed since the run (or its resume) began: `accuracy`
-    p, `prompt_concentration` nu (None: alike), `filter_rate_predicted` (capacity.filter_rate(p, G, nu): what
-    `echo2 plan --accuracy P --group-size G --prompt-concentration NU` plans for) and `filter_rate_binary`, the
-    share of the groups scored whole that were all right or all wrong, which a binary reward's filter would drop.
-    The run's own filter_rate may differ from both: a reward that also pays for format (math: 0.1 for a boxed
-    wrong answer) sets apart groups whose answers are all wrong. None where nothing was scored. nu pools the whole
-    run: a policy that moved spreads the prompts' rates further (a smaller nu, a higher prediction) than any one
-    moment did."""
+    """The filter rate predicted over every group completed since the run (or its resume) began, two ways. Of
+    binary rewards: `accuracy` p, `prompt_concentration` nu (None: alike), `filter_rate_predicted`
+    (capacity.filter_rate(p, G, nu): what `echo2 plan --accuracy P --group-size G --prompt-concentration NU` plans
+    for) and `filter_rate_binary`, the share of the groups scored whole that were all right or all wrong, which a
+    binary reward's filter would drop. Of the values the reward took (reward_prediction): `reward_shares` ([value,
+    share of the rollouts] of each), `reward_concentration` and `filter_rate_predicted_reward` (what `echo2 plan
+    --reward-shares Q1,Q2,... --group-size G --prompt-concentration NU` plans for), the prediction of the run's own filter_rate where the reward pays more
+    than right or wrong (math: 0.1 for a boxed wrong answer sets apart groups whose answers are all wrong). None
+    where nothing was scored (or, for the second, the reward is continuous). Both nus pool the whole run: a
+    policy that moved spreads the prompts' rates further (a smaller nu, a higher prediction) than any one moment
+    did."""
+    values = buffer.get("reward_values", _NO_VALUES)
+    by_reward = {**reward_prediction(_NO_VALUES, values, group_size), "reward_shares": (
+        [[v, round(n / (values["groups"] * group_size), 4)] for v, n, _ in values["values"]]
+        if values and values["groups"] and group_size else None)}
     scored, groups = buffer.get("completed_scored", 0), buffer.get("scored_groups", 0)
     if not scored or not groups or not group_size:
         return {"accuracy": None, "prompt_concentration": None, "filter_rate_predicted": None,
-                "filter_rate_binary": None}
+                "filter_rate_binary": None, **by_reward}
     p = buffer["completed_correct"] / scored
     nu = capacity.prompt_concentration(groups, group_size, buffer["scored_groups_correct"], buffer["scored_groups_pairs"])
     return {"accuracy": round(p, 4), "prompt_concentration": None if nu is None else round(nu, 4),
             "filter_rate_predicted": round(capacity.filter_rate(p, group_size, nu), 4),
-            "filter_rate_binary": round(buffer.get("scored_groups_all_or_none", 0) / groups, 4)}
+            "filter_rate_binary": round(buffer.get("scored_groups_all_or_none", 0) / groups, 4), **by_reward}
