@@ -8,6 +8,8 @@ tables.jsonl, histograms.jsonl where they exist), so a crashed or running run ca
     workers.png       workers alive vs wall time; trajectories delivered per worker
     cost.png          worker cost so far vs wall time (only when the run's workers have prices)
     tasks.png         a mixture's components: the workers' accuracy (or reward) and the filter rate per task
+    filter.png        dynamic sampling: the filter rate per step against its predictions (from the reward's values
+                      and from accuracy), and the rollouts a second raw and useful against mu_min
 
 A figure whose data the run lacks is skipped with a line saying why. Needs matplotlib (the `plot` extra);
 drawn on matplotlib's Agg canvas without pyplot, so it changes no global state.
@@ -299,6 +301,50 @@ def _tasks(fig: Any, run: Run) -> str | None:
     return None
 
 
+def _filter(fig: Any, run: Run) -> str | None:
+    """Capacity in useful rollouts (issue 35): the share of the groups completed each step that dynamic sampling
+    filtered, beside the filter rate predicted from the values the reward took and from accuracy (binary); the
+    workers' rollouts a second, raw and useful, against summary.json's mu_min (in useful rollouts)."""
+    rows = run.rows
+    if all(r.get("filter_rate") is None for r in rows):
+        return "no filter rate measured (filter_rate is null in every row: no group completed, or a run older " \
+               "than the metric)"
+    fig.set_size_inches(10, 3.8)
+    left, right = fig.subplots(1, 2)
+    steps = [r["step"] for r in rows]
+    for key, label, style in (("filter_rate", "measured", {"color": "black"}),
+                              ("filter_rate_predicted_reward", "predicted from the reward's values",
+                               {"color": "tab:green", "linestyle": "--"}),
+                              ("filter_rate_predicted", "predicted from accuracy (binary)",
+                               {"color": "tab:purple", "linestyle": ":"})):
+        values = _percent(rows, key)
+        if any(v is not None for v in values):
+            left.plot(steps, values, **_line(rows), **style, label=label)
+    cap = run.summary.get("capacity") or {}
+    whole = [f"{name} {100 * cap[key]:.1f} %" for key, name in (("filter_rate", "measured"),
+                                                                 ("filter_rate_predicted_reward", "by values"),
+                                                                 ("filter_rate_predicted", "binary"))
+             if isinstance(cap.get(key), (int, float))]
+    left.set(xlabel="learner step", ylabel="groups filtered (%)", ylim=(-3, 103),
+             title="Filter rate per step" + (f"\nrun: {', '.join(whole)}" if whole else ""))
+    for key, label, color in (("rollouts_per_s", "raw", "tab:blue"), ("useful_rollouts_per_s", "useful", "tab:orange")):
+        right.plot(steps, [r.get(key) for r in rows], **_line(rows), color=color, label=label)
+    mu_min = cap.get("mu_min", run.summary.get("mu_min"))
+    if isinstance(mu_min, (int, float)) and mu_min <= 10 * max((r.get("rollouts_per_s") or 0) for r in rows):
+        right.axhline(mu_min, color="tab:red", linestyle="--", label=f"mu_min {mu_min:.3g}/s")
+    elif isinstance(mu_min, (int, float)):
+        right.text(0.98, 0.95, f"mu_min {mu_min:.3g}/s (off the scale)", transform=right.transAxes, ha="right",
+                   va="top", fontsize=8, color="tab:red")
+    right.set(xlabel="learner step", ylabel="rollouts / s", ylim=(0, None),
+              title="Workers' rollouts a second since the previous step")
+    for ax in (left, right):
+        _integer_ticks(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{run.dir.name}: dynamic sampling and capacity in useful rollouts")
+    return None
+
+
 _FIGURES = {
     "reward.png": _reward,
     "staleness.png": _staleness,
@@ -307,6 +353,7 @@ _FIGURES = {
     "workers.png": _workers,
     "cost.png": _cost,
     "tasks.png": _tasks,
+    "filter.png": _filter,
 }
 
 

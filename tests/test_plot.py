@@ -21,8 +21,12 @@ from PIL import Image  # noqa: E402 - matplotlib's own dependency
 from echo2sdk.plot import load_run, plot_run  # noqa: E402
 
 RECORDED = Path(__file__).parent / "data" / "smollm2_4step"
-ALL = ["reward.png", "staleness.png", "learner_time.png", "t_bcast.png", "workers.png", "cost.png", "tasks.png"]
+ALL = ["reward.png", "staleness.png", "learner_time.png", "t_bcast.png", "workers.png", "cost.png", "tasks.png",
+       "filter.png"]
 NO_MIX = "no task mixture (metrics rows have no per-task 'tasks')"
+NO_FILTER = "no filter rate measured (filter_rate is null in every row: no group completed, or a run older than the metric)"
+#: the main job (examples/math_smollm2.toml) as it ran on 2026-12-07: 20 steps with every issue-35 metric
+RECORDED_FILTER = Path(__file__).parent / "data" / "math_20step"
 
 
 @pytest.fixture
@@ -48,12 +52,12 @@ def _check_png(path: Path) -> tuple[int, int]:
 
 def test_recorded_run_gives_every_png_but_cost_which_says_why(run_dir):
     result = plot_run(run_dir)
-    assert [p.name for p in result.written] == ALL[:-2]
+    assert [p.name for p in result.written] == ALL[:-3]
     assert all(p.parent == run_dir / "plots" for p in result.written)
     for p in result.written:
         _check_png(p)
     assert result.skipped == {"cost.png": "no prices in this run (every worker's price_per_hour is 0 and "
-                                          "scheduler.prices is empty)", "tasks.png": NO_MIX}
+                                          "scheduler.prices is empty)", "tasks.png": NO_MIX, "filter.png": NO_FILTER}
 
 
 def test_prices_sink_files_and_per_version_t_bcast_are_used_when_present(run_dir, tmp_path):
@@ -75,7 +79,8 @@ def test_prices_sink_files_and_per_version_t_bcast_are_used_when_present(run_dir
     run = load_run(run_dir)
     assert run.histograms["staleness"][4] == {3: 16} and run.tables["t_bcast"][0][0] == 4
     result = plot_run(run_dir, tmp_path / "pngs")
-    assert [p.name for p in result.written] == ALL[:-1] and result.skipped == {"tasks.png": NO_MIX}
+    assert [p.name for p in result.written] == ALL[:-2]
+    assert result.skipped == {"tasks.png": NO_MIX, "filter.png": NO_FILTER}
     for p in result.written:
         _check_png(p)
 
@@ -87,7 +92,7 @@ def test_a_crashed_run_plots_from_metrics_alone(run_dir):
     run = load_run(run_dir)
     assert len(run.rows) == 4 and run.summary == {}
     result = plot_run(run_dir)
-    assert [p.name for p in result.written] == ALL[:-2]
+    assert [p.name for p in result.written] == ALL[:-3]
     assert "has not finished" in result.skipped["cost.png"]
     for p in result.written:
         _check_png(p)
@@ -109,9 +114,9 @@ def test_cli_plot_prints_the_pngs_and_the_skipped_ones(run_dir, tmp_path):
     r = _echo2("plot", str(run_dir), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[:5] == [str(tmp_path / "out" / name) for name in ALL[:-2]]
+    assert lines[:5] == [str(tmp_path / "out" / name) for name in ALL[:-3]]
     assert lines[5].startswith("cost.png: skipped: no prices in this run")
-    assert lines[6] == f"tasks.png: skipped: {NO_MIX}"
+    assert lines[6] == f"tasks.png: skipped: {NO_MIX}" and lines[7] == f"filter.png: skipped: {NO_FILTER}"
     r = _echo2("plot", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "echo2: error:" in r.stderr and "Traceback" not in r.stderr
 
@@ -137,3 +142,16 @@ def test_a_mixture_run_gets_its_per_task_figure(run_dir):
     result = plot_run(run_dir)
     assert "tasks.png" not in result.skipped
     _check_png(run_dir / "plots" / "tasks.png")
+
+
+def test_a_run_with_dynamic_sampling_gets_its_filter_figure(tmp_path):
+    """The main job's filter rate against both predictions and its rollouts a second against mu_min; a run that
+    crashed before its summary still draws the rates, without the whole run's figures."""
+    d = tmp_path / "math"
+    shutil.copytree(RECORDED_FILTER, d)
+    result = plot_run(d)
+    assert "filter.png" not in result.skipped
+    _check_png(d / "plots" / "filter.png")
+    (d / "summary.json").unlink()
+    assert "filter.png" not in plot_run(d, tmp_path / "crashed").skipped
+    _check_png(tmp_path / "crashed" / "filter.png")

@@ -4,7 +4,6 @@ not from the learner; one that cannot read the store (no credentials) says so an
 
 from __future__ import annotations
 
-import os
 import re
 import time
 

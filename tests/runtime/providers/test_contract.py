@@ -6,7 +6,6 @@ reported and cleaned up; `echo2 fleet status|down` with no provider object alive
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
