@@ -244,6 +244,32 @@ def test_the_filter_is_predicted_from_the_values_the_reward_took():
     assert reward_prediction(tally.stats(), None, G) == nothing and reward_prediction(None, tally.stats(), G) == nothing
 
 
+def test_the_verdict_says_when_the_broadcast_not_the_pool_was_short():
+    """Level 2 of the main job on a 2-core box: the snapshot reached the workers in 20.8 s while two steps took
+    20.9 s, so mu_min was 246/s; at T_bcast = 0 it would be R / T_train = 1.53/s, which the pool's useful 1.70/s
+    met: more workers would not have helped. Not so at level 1 (useful 1.31/s < 1.57/s): short of both."""
+    from echo2sdk.core import capacity
+    from echo2sdk.runtime.learner.metrics import verdict
+
+    rows = [{"learner_wait_s": 2.0, "learner_wait_filtered_s": 1.0, "learner_wait_empty_s": 1.0,
+             "learner_wait_snapshot_s": 0.0}]
+    level2 = verdict(3.358, 0.4943, capacity.mu_min(10.45, 20.77, 16, 2), rows, rule=(10.45, 20.77, 16, 2))
+    assert level2["enough"] is False and level2["short_because_of_broadcast"]
+    assert level2["mu_min_without_broadcast"] == pytest.approx(16 / 10.45)
+    assert "T_bcast 20.8 s of kappa T_train 20.9 s" in level2["why"] and "1.53/s, which the pool met" in level2["why"]
+    level1 = verdict(4.1, 0.681, capacity.mu_min(10.18, 17.96, 16, 2), rows, rule=(10.18, 17.96, 16, 2))
+    assert level1["enough"] is False and not level1["short_because_of_broadcast"] and "broadcast" not in level1["why"]
+    from echo2sdk.errors import CapacityError
+
+    with pytest.raises(CapacityError) as e:
+        capacity.mu_min(10.0, 25.0, 16, 2)
+    none = verdict(4.1, 0.5, str(e.value), rows, rule=(10.0, 25.0, 16, 2))  # kappa T_train <= T_bcast
+    assert none["enough"] is None and none["short_because_of_broadcast"] and none["why"].startswith("no pool is enough")
+    fine = verdict(40.0, 0.5, capacity.mu_min(10.0, 5.0, 16, 2), rows, rule=(10.0, 5.0, 16, 2))
+    assert fine["enough"] and not fine["short_because_of_broadcast"] and "why" not in fine
+    assert verdict(4.0, 0.5, 2.0, rows)["mu_min_without_broadcast"] is None  # without the rule's inputs
+
+
 def test_builders_fit_the_constructors(tmp_path):
     import inspect
 

@@ -454,34 +454,48 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
         "mu_pool_measured": mu_pool,
         "mu_min": mu_min,
         "bubble_ratio": capacity.bubble_ratio(t.wait, t.busy),  # T_idle / (T_idle + T_train,active)
-        "capacity": verdict(mu_pool, f, mu_min, rows, rest.get("buffer"), group_size),
+        "capacity": verdict(mu_pool, f, mu_min, rows, rest.get("buffer"), group_size,
+                            rule=(t.T_train_full, t.T_bcast, R, kappa)),
         **rest,
     }
 
 
 def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, Any]],
-            buffer: Mapping[str, Any] | None = None, group_size: int = 0) -> dict[str, Any]:
+            buffer: Mapping[str, Any] | None = None, group_size: int = 0,
+            rule: tuple[float, float, int, int] | None = None) -> dict[str, Any]:
     """The capacity rule judged in useful rollouts (issue 35): the pool's raw rate, the run's filter rate f (groups
     dropped for zero reward variance), the useful rate mu_pool * (1 - f) against mu_min, and what the learner's
     wait was spent on; `enough` is None when mu_min could not be computed. With the buffer's counters (`buffer`,
-    StalenessBuffer.stats()) and G, the whole run's binary-reward prediction beside it (`prediction`)."""
+    StalenessBuffer.stats()) and G, the whole run's binary-reward prediction beside it (`prediction`). With the
+    rule's inputs (`rule`: T_train, T_bcast, R, kappa), what the broadcast costs: `mu_min_without_broadcast`,
+    mu_min at T_bcast = 0 (R / T_train), and `short_because_of_broadcast` when the useful rate meets that but not
+    mu_min (or no pool could: kappa T_train <= T_bcast), i.e. more workers would not have fixed it."""
     useful = mu_pool * (1 - f)
     enough = None if isinstance(mu_min, str) else useful >= mu_min
     causes = wait_by_cause(rows)
+    T_train, T_bcast, R, kappa = rule or (0.0, 0.0, 0, 1)
+    free = capacity.mu_min(T_train, 0.0, R, kappa) if T_train > 0 and R > 0 else None
     out = {
         "mu_pool_raw": mu_pool, "filter_rate": round(f, 4), **prediction(buffer or {}, group_size),
-        "mu_pool_useful": useful, "mu_min": mu_min,
+        "mu_pool_useful": useful, "mu_min": mu_min, "mu_min_without_broadcast": free,
         "enough": enough,
         "short_because_of_filtering": bool(not enough and enough is not None and mu_pool >= mu_min),
+        "short_because_of_broadcast": bool(free is not None and not enough and (enough is None or useful >= free)),
         "learner_wait_s": round(sum(r["learner_wait_s"] for r in rows), 3),
         "learner_wait_filtered_s": round(causes["filtered"], 3),
         "learner_wait_empty_s": round(causes["empty"], 3),
         "learner_wait_snapshot_s": round(causes["snapshot"], 3),
     }
+    broadcast = (f"the broadcast (T_bcast {T_bcast:.3g} s of kappa T_train {kappa * T_train:.3g} s) leaves the "
+                 f"pool too little time: at T_bcast = 0 mu_min would be {free:.3g}/s"
+                 if out["short_because_of_broadcast"] else "")
     if enough is False:
         out["why"] = (f"useful rollouts {useful:.3g}/s < mu_min {mu_min:.3g}/s" +
                       (f": {100 * f:.0f}% of the groups were filtered (zero reward variance), so the raw "
-                       f"{mu_pool:.3g}/s was not enough" if out["short_because_of_filtering"] else ""))
+                       f"{mu_pool:.3g}/s was not enough" if out["short_because_of_filtering"] else "") +
+                      (f"; {broadcast}, which the pool met" if broadcast else ""))
+    elif enough is None and broadcast:
+        out["why"] = f"no pool is enough: {broadcast}"
     return out
 
 
