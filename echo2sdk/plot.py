@@ -4,7 +4,8 @@ tables.jsonl, histograms.jsonl where they exist), so a crashed or running run ca
     reward.png        reward (mean, +-1 std) and accuracy vs learner step and vs wall time
     staleness.png     trajectories per staleness Delta = v_t - v, and the batch's mean and max Delta per step
     learner_time.png  each step's T_train, learner wait and publication share; the bubble ratio so far
-    t_bcast.png       T_bcast per published snapshot version (q = 1/gamma of the workers, and all of them)
+    t_bcast.png       T_bcast per published snapshot version (q = 1/gamma of the workers, and all of them; the
+                      moment q of them had the copy complete, before the install)
     workers.png       workers alive vs wall time; trajectories delivered per worker
     cost.png          worker cost so far vs wall time (only when the run's workers have prices)
     tasks.png         a mixture's components: the workers' accuracy (or reward) and the filter rate per task
@@ -215,6 +216,10 @@ def _t_bcast(fig: Any, run: Run) -> str | None:
     a = [per_version[v][1] if per_version[v][1] is not None else 0.0 for v in vs]
     ax.bar([i - 0.2 for i in x], q, width=0.4, label="T_bcast: installed on q = 1/gamma of the workers")
     ax.bar([i + 0.2 for i in x], a, width=0.4, label="installed on all workers")
+    received = [(i - 0.2, per_version[v][2]) for i, v in enumerate(vs) if per_version[v][2] is not None]
+    if received:  # the rest of the bar: the workers finishing the batch they were generating
+        ax.scatter(*zip(*received), marker="_", s=400, linewidths=2.5, color="black", zorder=3,
+                   label="its copy complete on q of the workers (the rest: their current batch ending)")
     for i, v in enumerate(vs):
         if per_version[v][1] is None:
             ax.text(i + 0.2, 0, "not on all", ha="center", va="bottom", fontsize=8, rotation=90)
@@ -372,21 +377,22 @@ def _staleness_counts(run: Run) -> tuple[dict[int, int], str]:
     return total, f"{len(per_step)} steps, histograms.jsonl"
 
 
-def _bcast_per_version(run: Run) -> tuple[dict[int, tuple[float, float | None]], str]:
-    """T_bcast (q, all) per version: the trainer's last `t_bcast` table when it logged one; else read off the
-    rows, where a new t_bcast_s value belongs to the newest version published by then (every kappa-th)."""
+def _bcast_per_version(run: Run) -> tuple[dict[int, tuple[float, float | None, float | None]], str]:
+    """T_bcast (q, all, q received: None for runs before it) per version: the trainer's last `t_bcast` table when
+    it logged one; else read off the rows, where a new t_bcast_s value belongs to the newest version published by
+    then (every kappa-th)."""
     if run.tables.get("t_bcast"):
         rows = run.tables["t_bcast"][-1][1]
-        return {r["version"]: (r["t_bcast_s"], r.get("t_bcast_all_s")) for r in rows if r.get("t_bcast_s") is not None}, \
-            "tables.jsonl"
+        return {r["version"]: (r["t_bcast_s"], r.get("t_bcast_all_s"), r.get("t_received_s"))
+                for r in rows if r.get("t_bcast_s") is not None}, "tables.jsonl"
     learner = run.config.get("learner", {})
     kappa = run.summary.get("kappa") or (
         capacity.publication_period(learner["staleness"], learner.get("kappa")) if "staleness" in learner else 1
     )
-    out: dict[int, tuple[float, float | None]] = {}
+    out: dict[int, tuple[float, float | None, float | None]] = {}
     last = None
     for r in run.rows:
-        value = (r.get("t_bcast_s"), r.get("t_bcast_all_s"))
+        value = (r.get("t_bcast_s"), r.get("t_bcast_all_s"), r.get("t_bcast_received_s"))
         if value[0] is not None and value != last:
             out[r["version"] - r["version"] % kappa] = value
         last = value

@@ -30,7 +30,8 @@ ROW = {
     "evicted": int, "groups_filtered": int, "groups_filtered_frac": float, "loss": float, "kl": float,
     "clip_frac": float, "is_weight_mean": float, "is_truncated_frac": float, "grad_norm": float, "lr": float,
     "task": dict, "tasks": dict, "workers_alive": int,
-    "t_bcast_s": (float, None), "t_bcast_all_s": (float, None), "broadcast_repairs": int, "sampler_gap": dict,
+    "t_bcast_s": (float, None), "t_bcast_all_s": (float, None), "t_bcast_received_s": (float, None),
+    "broadcast_repairs": int, "sampler_gap": dict,
     "sampler_var": dict, "sampler_replay_gap": dict, "sampler_replay_var": dict, "t_audit_replay_s": float,
     "records_withheld": int, "workers_quarantined": int, "batches_dropped": int,
     "batches_withheld": int, "records_withheld_total": int,
@@ -78,6 +79,10 @@ def test_run_writes_metrics_summary_and_checkpoint(tiny_run):
         assert 0 <= r["staleness_max"] <= 2  # S
         assert r["trajectories"] == tiny_run.R and r["version"] == r["step"]
     assert any(r["t_bcast_s"] is not None for r in rows)  # snapshots reached the workers (kappa = 1)
+    # a copy is complete before it is installed: the received part of T_bcast is never longer
+    assert any(r["t_bcast_received_s"] is not None for r in rows)
+    assert all(r["t_bcast_received_s"] <= r["t_bcast_s"] for r in rows if r["t_bcast_received_s"] is not None)
+    assert summary["T_bcast_received_median_s"] <= summary["T_bcast_median_s"]
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == steps == summary["steps"]
     for r in rows:  # the wait split by cause adds up to it (1 ms of rounding each)
         causes = r["learner_wait_filtered_s"] + r["learner_wait_empty_s"] + r["learner_wait_snapshot_s"]

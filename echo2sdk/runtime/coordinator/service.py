@@ -109,7 +109,8 @@ class Coordinator:
 
     def t_bcast(self, version: int, event: str = "installed") -> tuple[float | None, float | None]:
         """(T_bcast to q = 1/gamma of the workers active at publication, T_bcast to all of them).
-        `event` is "installed" (live in the backend) or "received" (complete, verified copy on the worker)."""
+        `event` is "installed" (live in the backend) or "received" (complete, verified copy on the worker; a worker
+        that reported no copy, sent it directly or read it from the store, counts at its install)."""
         return self.snapshots.t_bcast(version, event)
 
     # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) -------------------------------------

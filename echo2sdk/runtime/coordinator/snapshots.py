@@ -137,7 +137,12 @@ class Snapshots:
         b = self.bcast.get(version)
         if not b or not b["expected"]:
             return None, None
-        times = [t - b["t0"] for w, t in b[event].items() if w in b["expected"]]
+        if event == "received":  # a worker installs only what it has: one that reported no copy (a direct push,
+            # the store) has it at its install
+            got = {**b["installed"], **{w: min(t, b["installed"].get(w, t)) for w, t in b["received"].items()}}
+        else:
+            got = b[event]
+        times = [t - b["t0"] for w, t in got.items() if w in b["expected"]]
         t_q = capacity.t_bcast_quantile(times, len(b["expected"]), self.q)
         t_all = max(times) if len(times) == len(b["expected"]) else None
         return t_q, t_all

@@ -56,7 +56,7 @@ def metrics_row(
     useful_rollouts_per_s: float | None = None, wait_causes: Mapping[str, float] | None = None,
     tasks_rollout: Mapping[str, Mapping[str, Any]] | None = None, rollouts: int = 0,
     adapter_failures: Mapping[str, int] | None = None, adapter_failure_rate: float | None = None,
-    task_names: Collection[str] = (),
+    task_names: Collection[str] = (), t_received: float | None = None,
 ) -> dict[str, Any]:
     """One line of metrics.jsonl: the update's timings (seconds), the batch's rewards and staleness
     (Delta = v_t - v), the learner's StepStats `st`, and the pool's counters at the end of the step."""
@@ -98,7 +98,11 @@ def metrics_row(
         "is_truncated_frac": st.is_truncated_frac, "grad_norm": st.grad_norm, "lr": st.lr,
         "task": _extra_means(records),
         "tasks": per_task(records, tasks_rollout, task_names),  # by task ({} unless records name one: a mixture)
-        "workers_alive": workers_alive, "t_bcast_s": t_q, "t_bcast_all_s": t_all, "broadcast_repairs": broadcast_repairs,
+        "workers_alive": workers_alive, "t_bcast_s": t_q, "t_bcast_all_s": t_all,
+        # of the same publication: its complete, verified copy on the same share of the workers (the rest of
+        # t_bcast_s is their wait for the batch they were generating to end before installing it)
+        "t_bcast_received_s": t_received,
+        "broadcast_repairs": broadcast_repairs,
         **_audit_columns(audit, replay, replay_s),
         "records_withheld": sum(st.withheld),  # of this step's batch, by the audit's screen (not trained on)
         "workers_quarantined": workers_quarantined,
@@ -402,21 +406,25 @@ def wait_by_cause(rows: list[dict[str, Any]]) -> dict[str, float]:
 @dataclass(frozen=True)
 class Timing:
     """The run's learner timings from its rows: T_train (median), T_train of a full batch of R (median of
-    full_batch_median: the capacity rule's T_train), T_bcast (median), the bubble."""
+    full_batch_median: the capacity rule's T_train), T_bcast (median) and its received part (median; None for
+    rows written before it), the bubble."""
 
     T_train: float
     T_train_full: float
     T_bcast: float
     wait: float
     busy: float
+    T_received: float | None = None
 
     @classmethod
     def of(cls, rows: list[dict[str, Any]], R: int) -> Timing:
         t_train = statistics.median(r["t_train_s"] for r in rows) if rows else 0.0  # rows: none if stopped at once
         full = full_batch_median(rows, R) if rows else 0.0
         bcasts = [r["t_bcast_s"] for r in rows if r["t_bcast_s"] is not None]
+        received = [r["t_bcast_received_s"] for r in rows if r.get("t_bcast_received_s") is not None]
         return cls(t_train, full, statistics.median(bcasts) if bcasts else 0.0,
-                   sum(r["learner_wait_s"] for r in rows), sum(r["t_train_s"] for r in rows))
+                   sum(r["learner_wait_s"] for r in rows), sum(r["t_train_s"] for r in rows),
+                   statistics.median(received) if received else None)
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -451,6 +459,7 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
         "T_train_median_s": t.T_train,
         "T_train_full_batch_s": t.T_train_full,
         "T_bcast_median_s": t.T_bcast,
+        "T_bcast_received_median_s": t.T_received,  # of T_bcast: the copy complete; the rest, the install's wait
         "mu_pool_measured": mu_pool,
         "mu_min": mu_min,
         "bubble_ratio": capacity.bubble_ratio(t.wait, t.busy),  # T_idle / (T_idle + T_train,active)

@@ -143,14 +143,16 @@ class Publication:
             "coordinator": dict(coordinator_sent), "publications": list(self.sent),
         }
 
-    def last_bcast(self) -> tuple[float | None, float | None]:
-        """T_bcast (quantile, all workers) of the newest publication that has one."""
+    def last_bcast(self) -> tuple[float | None, float | None, float | None]:
+        """T_bcast (quantile, all workers) of the newest publication that has one, and the same quantile of its
+        complete, verified copies received (the rest of T_bcast: the workers finishing their current batch)."""
         for v in reversed(self.published):
             t_q, t_all = self.to.t_bcast(v)
             if t_q is not None:
-                return t_q, t_all
-        return None, None
+                return t_q, t_all, self.to.t_bcast(v, "received")[0]
+        return None, None, None
 
     def bcast_table(self) -> list[dict[str, Any]]:
-        """T_bcast of every publication, as the run's end logs it."""
-        return [{"version": v, "t_bcast_s": q, "t_bcast_all_s": a} for v in self.published for q, a in [self.to.t_bcast(v)]]
+        """T_bcast of every publication, as the run's end logs it (t_received_s: the quantile received)."""
+        return [{"version": v, "t_bcast_s": q, "t_bcast_all_s": a, "t_received_s": self.to.t_bcast(v, "received")[0]}
+                for v in self.published for q, a in [self.to.t_bcast(v)]]
