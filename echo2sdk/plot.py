@@ -337,9 +337,10 @@ def _filter(fig: Any, run: Run) -> str | None:
     mu_min = cap.get("mu_min", run.summary.get("mu_min"))
     if isinstance(mu_min, (int, float)) and mu_min <= 10 * max((r.get("rollouts_per_s") or 0) for r in rows):
         right.axhline(mu_min, color="tab:red", linestyle="--", label=f"mu_min {mu_min:.3g}/s")
-    elif isinstance(mu_min, (int, float)):
-        right.text(0.98, 0.95, f"mu_min {mu_min:.3g}/s (off the scale)", transform=right.transAxes, ha="right",
-                   va="top", fontsize=8, color="tab:red")
+    elif isinstance(mu_min, (int, float)) or mu_min:
+        shown = f"mu_min {mu_min:.3g}/s (off the scale)" if isinstance(mu_min, (int, float)) else \
+            f"mu_min: {str(mu_min).split(':')[0]}"  # the rule's error, e.g. "infeasible"
+        right.text(0.98, 0.95, shown, transform=right.transAxes, ha="right", va="top", fontsize=8, color="tab:red")
     right.set(xlabel="learner step", ylabel="rollouts / s", ylim=(0, None),
               title="Workers' rollouts a second since the previous step")
     for ax in (left, right):
@@ -383,7 +384,7 @@ def _bcast_per_version(run: Run) -> tuple[dict[int, tuple[float, float | None, f
     then (every kappa-th)."""
     if run.tables.get("t_bcast"):
         rows = run.tables["t_bcast"][-1][1]
-        return {r["version"]: (r["t_bcast_s"], r.get("t_bcast_all_s"), r.get("t_received_s"))
+        return {r["version"]: (r["t_bcast_s"], r.get("t_bcast_all_s"), r.get("t_bcast_received_s"))
                 for r in rows if r.get("t_bcast_s") is not None}, "tables.jsonl"
     learner = run.config.get("learner", {})
     kappa = run.summary.get("kappa") or (

@@ -152,6 +152,11 @@ def test_a_run_with_dynamic_sampling_gets_its_filter_figure(tmp_path):
     result = plot_run(d)
     assert "filter.png" not in result.skipped
     _check_png(d / "plots" / "filter.png")
+    summary = json.loads((d / "summary.json").read_text())
+    summary["capacity"]["mu_min"] = "infeasible: kappa*T_train = 2*10 = 20 s <= T_bcast = 25 s"
+    (d / "summary.json").write_text(json.dumps(summary))
+    assert "filter.png" not in plot_run(d, tmp_path / "infeasible").skipped  # named, not drawn
+    _check_png(tmp_path / "infeasible" / "filter.png")
     (d / "summary.json").unlink()
     assert "filter.png" not in plot_run(d, tmp_path / "crashed").skipped
     _check_png(tmp_path / "crashed" / "filter.png")

@@ -478,7 +478,8 @@ def verdict(mu_pool: float, f: float, mu_min: float | str, rows: list[dict[str, 
     StalenessBuffer.stats()) and G, the whole run's binary-reward prediction beside it (`prediction`). With the
     rule's inputs (`rule`: T_train, T_bcast, R, kappa), what the broadcast costs: `mu_min_without_broadcast`,
     mu_min at T_bcast = 0 (R / T_train), and `short_because_of_broadcast` when the useful rate meets that but not
-    mu_min (or no pool could: kappa T_train <= T_bcast), i.e. more workers would not have fixed it."""
+    mu_min (or no pool could: kappa T_train <= T_bcast): the broadcast, not the pool, is the bottleneck (shorten
+    T_bcast or raise S; a pool as fast as a finite mu_min would also do)."""
     useful = mu_pool * (1 - f)
     enough = None if isinstance(mu_min, str) else useful >= mu_min
     causes = wait_by_cause(rows)

@@ -153,6 +153,7 @@ class Publication:
         return None, None, None
 
     def bcast_table(self) -> list[dict[str, Any]]:
-        """T_bcast of every publication, as the run's end logs it (t_received_s: the quantile received)."""
-        return [{"version": v, "t_bcast_s": q, "t_bcast_all_s": a, "t_received_s": self.to.t_bcast(v, "received")[0]}
+        """T_bcast of every publication, as the run's end logs it (t_bcast_received_s: the quantile received)."""
+        return [{"version": v, "t_bcast_s": q, "t_bcast_all_s": a,
+                 "t_bcast_received_s": self.to.t_bcast(v, "received")[0]}
                 for v in self.published for q, a in [self.to.t_bcast(v)]]
