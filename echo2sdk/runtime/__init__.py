@@ -10,6 +10,7 @@
     trust/       handshake, TLS, admission, the relay gate, credentials, plug-in policy
     providers/   machines a run starts (local processes; entry-point group echo2sdk.providers)
     sinks/       metrics sinks (jsonl, TensorBoard, W&B, MLflow)
+    files.py     small files written whole or not at all (summary.json, published.json, config.json)
 
 The runtime turns the pure mechanisms of :mod:`echo2sdk.core` into processes and sockets. protocol/ and trust/
 import nothing from learner/, worker/ or broadcast/ (tests/test_layers.py).

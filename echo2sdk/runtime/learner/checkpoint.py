@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2sdk.errors import ConfigError, Echo2Error
+from echo2sdk.runtime.files import fsync_dir, write_json_atomic
 from echo2sdk.weights import safetensors_header
 
 __all__ = [
@@ -58,7 +59,6 @@ __all__ = [
     "run_folder",
     "save",
     "set_rng_state",
-    "write_json_atomic",
     "LastWrites",
 ]
 
@@ -102,31 +102,6 @@ class LastWrites:
     def listed(self) -> list[str]:
         """summary.json's save_errors: "what: why" for each failed write, in order."""
         return [f"{what}: {why}" for what, why in self.errors.items()]
-
-
-# -- small atomic files ----------------------------------------------------------------------------
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, obj: Any, indent: int | None = None) -> None:
-    """Write `obj` as JSON to `path` so that a reader sees the old file or the new one, never a torn one (a write
-    that fails, a full disk, leaves no temporary file)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(obj, fh, indent=indent)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def record_published(run_dir: Path, version: int) -> None:
@@ -217,7 +192,7 @@ def _fsync_tree(folder: Path) -> None:
             with open(item, "rb") as fh:
                 os.fsync(fh.fileno())
     for sub in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
-        _fsync_dir(sub)
+        fsync_dir(sub)
 
 
 def _index_weights(folder: Path) -> None:
@@ -280,7 +255,7 @@ def save(
         _write(tmp, write_model, optimizer, {**state, "step": step}, secrets or {})
         _fsync_tree(tmp)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

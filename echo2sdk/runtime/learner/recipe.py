@@ -35,6 +35,7 @@ from echo2sdk.core.contracts import TaskAdapter
 from echo2sdk.errors import ConfigError, Echo2Error
 from echo2sdk.runtime.broadcast.bootstrap import ModelFolder
 from echo2sdk.runtime.coordinator import Coordinator
+from echo2sdk.runtime.files import write_json_atomic
 from echo2sdk.runtime.learner import build, checkpoint, console, distributed
 from echo2sdk.runtime.learner.batches import Batches, DataLimits, Stopped
 from echo2sdk.runtime.learner.calibration import Calibration, Provisioning, decide
@@ -277,7 +278,7 @@ class Trainer:
         if self._stop_signal is None:
             self.last_writes.attempt(self.last_writes.FINAL_POLICY, self.save)
         out = self.summary(time.perf_counter() - t_start)
-        checkpoint.write_json_atomic(self.out / "summary.json", out, indent=2)  # a full disk leaves no torn summary
+        write_json_atomic(self.out / "summary.json", out, indent=2)  # a full disk leaves no torn summary
         return out
 
     def _on_signal(self, signum: int) -> None:

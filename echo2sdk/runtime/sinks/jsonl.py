@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from echo2sdk.runtime.files import write_atomic
 from echo2sdk.runtime.sinks import sorted_counts
 
 __all__ = ["JsonlSink", "FILES", "reset_run_files"]
@@ -40,7 +41,7 @@ class JsonlSink:
 
     def open(self, run_dir: Path, config: dict[str, Any]) -> None:
         self.dir = Path(run_dir)
-        _write_atomic(self.dir / "config.json", json.dumps(config, indent=2, default=str) + "\n")
+        write_atomic(self.dir / "config.json", json.dumps(config, indent=2, default=str) + "\n")
         self._file("metrics.jsonl")
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -75,14 +76,3 @@ class JsonlSink:
         fh = self._file(name)
         fh.write(line + "\n")
         fh.flush()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
