@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["main"]
@@ -236,9 +237,15 @@ def _filter_rate(args: argparse.Namespace) -> dict[str, Any]:
     from echo2sdk.errors import ConfigError
 
     given = [name for name, value in (("--filter-rate", args.filter_rate), ("--accuracy", args.accuracy),
-                                      ("--reward-shares", args.reward_shares)) if value is not None]
+                                      ("--reward-shares", args.reward_shares), ("--filter-from", args.filter_from))
+             if value is not None]
     if len(given) > 1:
-        raise ConfigError(f"give only one of --filter-rate, --accuracy or --reward-shares, not {' and '.join(given)}")
+        raise ConfigError("give only one of --filter-rate, --accuracy, --reward-shares or --filter-from, not "
+                          f"{' and '.join(given)}")
+    run = args.filter_from
+    if run is not None:
+        args = _filter_from(args)
+        given = ["--reward-shares" if args.reward_shares is not None else "--accuracy"]
     nu = args.prompt_concentration
     how = "alike prompts" if nu is None else f"prompt concentration nu = {nu:g}"
     if args.accuracy is not None or args.reward_shares is not None:
@@ -251,10 +258,38 @@ def _filter_rate(args: argparse.Namespace) -> dict[str, Any]:
             shares = _shares(args.reward_shares)
             f = capacity.value_filter_rate(shares, args.group_size, nu)
             source = f"reward shares {', '.join(f'{q:g}' for q in shares)}"
+        if run is not None:
+            source = f"{source} of {Path(run) / 'summary.json'}"
         return {"filter_rate": f, "filter_rate_source": f"predicted from {source}, G = {args.group_size}: {how}"}
     if args.group_size is not None or args.prompt_concentration is not None:
         raise ConfigError("--group-size and --prompt-concentration go with --accuracy or --reward-shares")
     return {"filter_rate": args.filter_rate or 0.0, "filter_rate_source": "given"}
+
+
+def _filter_from(args: argparse.Namespace) -> argparse.Namespace:
+    """--filter-from RUN_DIR: the run's summary.json in place of --reward-shares (or, for a reward of more values
+    than the buffer tallies, --accuracy) and --prompt-concentration; --group-size, when given, plans for another G
+    than the run's (the model extrapolates: the prompts' spread is the run's)."""
+    from echo2sdk.errors import ConfigError
+
+    if args.prompt_concentration is not None:
+        raise ConfigError("--filter-from takes the prompts' concentration from the run; leave --prompt-concentration out")
+    path = Path(args.filter_from) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--filter-from: cannot read {path}: {e}") from None
+    cap = summary.get("capacity") or {}
+    G = args.group_size or ((summary.get("config") or {}).get("rollout") or {}).get("group_size")
+    if cap.get("reward_shares"):
+        out = {"reward_shares": ",".join(str(q) for _, q in cap["reward_shares"]),
+               "prompt_concentration": cap.get("reward_concentration")}
+    elif cap.get("accuracy") is not None:
+        out = {"accuracy": cap["accuracy"], "prompt_concentration": cap.get("prompt_concentration")}
+    else:
+        raise ConfigError(f"--filter-from: {path} has neither capacity.reward_shares nor capacity.accuracy (a run "
+                          "without dynamic sampling's counts, or from before them)")
+    return argparse.Namespace(**{**vars(args), **out, "group_size": G, "filter_from": None})
 
 
 def _shares(text: str) -> list[float]:
@@ -412,7 +447,11 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
                     "each value of a reward of a few values (math: unformatted, boxed but wrong, right) and "
                     "--group-size G: f = sum_v Q_v^G if every prompt is as hard, more with --prompt-concentration; "
                     "a run's summary.json gives them (capacity.reward_shares)")
-    pl.add_argument("--group-size", type=int, help="G, samples per prompt (with --accuracy or --reward-shares)")
+    pl.add_argument("--filter-from", metavar="RUN_DIR", help="predict f from a run's summary.json: its reward shares "
+                    "and their concentration (or its accuracy and the prompts' concentration), at its group size or "
+                    "--group-size G (a pilot run at G = 4 predicts f at G = 16)")
+    pl.add_argument("--group-size", type=int, help="G, samples per prompt (with --accuracy, --reward-shares or "
+                    "--filter-from)")
     pl.add_argument("--prompt-concentration", type=float, metavar="NU", help="how alike the task's prompts are (with "
                     "--accuracy: their success rates spread as Beta(p NU, (1 - p) NU), summary.json's "
                     "capacity.prompt_concentration; with --reward-shares: their shares spread as Dirichlet(NU Q), "

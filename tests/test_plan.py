@@ -230,3 +230,36 @@ def test_cli_plan_predicts_the_filter_rate_from_an_accuracy():
                        "not --accuracy and --reward-shares")):
         out = _cli(*base, *bad)
         assert out.returncode == 2 and word in out.stderr, (bad, out.stderr)
+
+
+def test_cli_plan_predicts_the_filter_rate_from_a_runs_summary(tmp_path):
+    """--filter-from RUN_DIR: the main job's recorded summary (reward values 0 / 0.1 / 1.1 in shares 0.0787 /
+    0.1142 / 0.8071, concentration 1.2574, G = 4) gives its own prediction, 0.675, and extrapolates to G = 16."""
+    run = Path(__file__).parent / "data" / "math_20step"
+    cat = str(EXAMPLES / "catalog_5090.toml")
+    base = ("--catalog", cat, "--t-train", "1631.2", "--R", "2048", "--S", "3", "--t-bcast", "1437", "--json")
+    cap = json.loads((run / "summary.json").read_text())["capacity"]
+    out = _cli(*base, "--filter-from", str(run))
+    assert out.returncode == 1, out.stderr  # a plan, but the catalog falls short with 2/3 of the groups filtered
+    got = json.loads(out.stdout)
+    assert got["feasible"] is False
+    assert got["filter_rate"] == pytest.approx(cap["filter_rate_predicted_reward"], abs=1e-4)
+    assert f"of {run / 'summary.json'}, G = 4: prompt concentration nu = 1.2574" in got["filter_rate_source"]
+    wider = json.loads(_cli(*base, "--filter-from", str(run), "--group-size", "16").stdout)
+    shares = [q for _, q in cap["reward_shares"]]
+    assert wider["filter_rate"] == pytest.approx(capacity.value_filter_rate(
+        [q / sum(shares) for q in shares], 16, cap["reward_concentration"]))
+    assert wider["filter_rate"] < got["filter_rate"]  # a larger group is less often all one reward
+    # a run with only the binary counts plans on its accuracy; one with neither is refused, naming the file
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    (binary / "summary.json").write_text(json.dumps({"capacity": {"accuracy": 0.5, "prompt_concentration": None},
+                                                    "config": {"rollout": {"group_size": 4}}}))
+    assert json.loads(_cli(*base, "--filter-from", str(binary)).stdout)["filter_rate"] == pytest.approx(0.125)
+    old = Path(__file__).parent / "data" / "smollm2_4step"
+    for bad, word in (((str(old),), "has neither capacity.reward_shares nor capacity.accuracy"),
+                      ((str(tmp_path / "none"),), "cannot read"),
+                      ((str(run), "--prompt-concentration", "2"), "leave --prompt-concentration out"),
+                      ((str(run), "--accuracy", "0.5"), "not --accuracy and --filter-from")):
+        r = _cli(*base, "--filter-from", *bad)
+        assert r.returncode == 2 and word in r.stderr, (bad, r.stderr)
