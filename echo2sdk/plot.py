@@ -298,12 +298,7 @@ def _tasks(fig: Any, run: Run) -> str | None:
                    **_line(rows), label=name)
     left.set(xlabel="learner step", ylabel="accuracy of completed groups (%)", title="Workers' accuracy by task")
     right.set(xlabel="learner step", ylabel="groups filtered (%)", ylim=(-3, 103), title="Filter rate by task")
-    for ax in (left, right):
-        _integer_ticks(ax)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{run.dir.name}: {len(names)} tasks")
-    return None
+    return _step_panels(fig, (left, right), f"{run.dir.name}: {len(names)} tasks")
 
 
 def _filter(fig: Any, run: Run) -> str | None:
@@ -343,12 +338,16 @@ def _filter(fig: Any, run: Run) -> str | None:
         right.text(0.98, 0.95, shown, transform=right.transAxes, ha="right", va="top", fontsize=8, color="tab:red")
     right.set(xlabel="learner step", ylabel="rollouts / s", ylim=(0, None),
               title="Workers' rollouts a second since the previous step")
-    for ax in (left, right):
+    return _step_panels(fig, (left, right), f"{run.dir.name}: dynamic sampling and capacity in useful rollouts")
+
+
+def _step_panels(fig: Any, axes: tuple, title: str) -> None:
+    """Panels against the learner step: integer ticks, a grid, a legend each; the figure's title."""
+    for ax in axes:
         _integer_ticks(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{run.dir.name}: dynamic sampling and capacity in useful rollouts")
-    return None
+    fig.suptitle(title)
 
 
 _FIGURES = {
