@@ -35,7 +35,7 @@ from echo2sdk.runtime.protocol.messages import Challenge, Fetch, Hello, Trajecto
 from echo2sdk.runtime.broadcast.relay import RelayNode, Upstream
 from echo2sdk.runtime.trust.session import FrameKey
 from echo2sdk.runtime.trust.tls import client_context, peer_fingerprint
-from echo2sdk.runtime.protocol.wire import MAX_HEADER, MAX_WORKER_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, TAG_BYTES, read_frame
+from echo2sdk.runtime.protocol.wire import MAX_WORKER_HEADER, PREAUTH_MAX_HEADER, PREFIX_BYTES, TAG_BYTES, read_frame
 from echo2sdk.testing import ToyAdapter
 
 pytest.importorskip("torch")
