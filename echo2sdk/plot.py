@@ -330,11 +330,15 @@ def _filter(fig: Any, run: Run) -> str | None:
     for key, label, color in (("rollouts_per_s", "raw", "tab:blue"), ("useful_rollouts_per_s", "useful", "tab:orange")):
         right.plot(steps, [r.get(key) for r in rows], **_line(rows), color=color, label=label)
     mu_min = cap.get("mu_min", run.summary.get("mu_min"))
-    if isinstance(mu_min, (int, float)) and mu_min <= 10 * max((r.get("rollouts_per_s") or 0) for r in rows):
-        right.axhline(mu_min, color="tab:red", linestyle="--", label=f"mu_min {mu_min:.3g}/s")
-    elif isinstance(mu_min, (int, float)) or mu_min:
-        shown = f"mu_min {mu_min:.3g}/s (off the scale)" if isinstance(mu_min, (int, float)) else \
-            f"mu_min: {str(mu_min).split(':')[0]}"  # the rule's error, e.g. "infeasible"
+    shown = None  # mu_min named in a corner where no line can show it
+    if isinstance(mu_min, (int, float)):
+        if mu_min <= 10 * max((r.get("rollouts_per_s") or 0) for r in rows):
+            right.axhline(mu_min, color="tab:red", linestyle="--", label=f"mu_min {mu_min:.3g}/s")
+        else:
+            shown = f"mu_min {mu_min:.3g}/s (off the scale)"
+    elif mu_min:
+        shown = f"mu_min: {str(mu_min).split(':')[0]}"  # the rule's error, e.g. "infeasible"
+    if shown:
         right.text(0.98, 0.95, shown, transform=right.transAxes, ha="right", va="top", fontsize=8, color="tab:red")
     right.set(xlabel="learner step", ylabel="rollouts / s", ylim=(0, None),
               title="Workers' rollouts a second since the previous step")
@@ -393,9 +397,9 @@ def _bcast_per_version(run: Run) -> tuple[dict[int, tuple[float, float | None, f
     last = None
     for r in run.rows:
         value = (r.get("t_bcast_s"), r.get("t_bcast_all_s"), r.get("t_bcast_received_s"))
-        if value[0] is not None and value != last:
+        if value[0] is not None and value[:2] != last:  # a new T_bcast: a new publication (not a later copy's)
             out[r["version"] - r["version"] % kappa] = value
-        last = value
+        last = value[:2]
     return out, f"newest published when measured, kappa = {kappa}"
 
 

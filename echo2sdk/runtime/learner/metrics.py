@@ -204,10 +204,16 @@ def reward_prediction(before: Mapping[str, Any] | None, now: Mapping[str, Any] |
     m, values = spread
     nu = capacity.value_concentration(m, group_size, [n for n, _ in values.values()],
                                       [pairs for _, pairs in values.values()]) if m else None
-    total = step[0] * group_size
-    shares = [n / total for n, _ in step[1].values()]
+    shares = list(_shares(step, group_size).values())
     return {"reward_concentration": None if nu is None else round(nu, 4),
             "filter_rate_predicted_reward": round(capacity.value_filter_rate(shares, group_size, nu), 4)}
+
+
+def _shares(tallied: tuple, group_size: int) -> dict[float, float]:
+    """{value: its share of the rollouts} of groups tallied as _values_between gives them (m groups, {value:
+    (records, pairs)})."""
+    m, values = tallied
+    return {v: n / (m * group_size) for v, (n, _) in values.items()}
 
 
 def shown_level(row: dict[str, Any]) -> tuple[float, float | None]:
@@ -277,12 +283,10 @@ class RunMetrics:
         self.max_filter_rate = max_filter_rate  # scheduler.max_filter_rate: the live recalibration's cap on f
         self.rows: list[dict[str, Any]] = []
         self.bytes = 0  # length of metrics.jsonl after the last row (a checkpoint records it)
-        self._completed_seen: tuple = _NONE  # the buffer's COMPLETED counters at the previous step
-        # and at the NU_WINDOW steps before it: the prompts' concentration is measured over that window (a step
-        # completes too few groups to tell how alike its prompts are)
-        self._window: collections.deque[tuple] = collections.deque([_NONE], maxlen=NU_WINDOW)
-        self._values_window: collections.deque = collections.deque([_NO_VALUES], maxlen=NU_WINDOW)  # reward_values
-        self._values_seen: Mapping[str, Any] | None = _NO_VALUES
+        # the buffer's readings (COMPLETED counters, reward_values) at the previous step ([-1]) and at the NU_WINDOW
+        # steps before it ([0]): the prompts' concentration is measured over that window (a step completes too few
+        # groups to tell how alike its prompts are)
+        self._window: collections.deque[tuple] = collections.deque([(_NONE, _NO_VALUES)], maxlen=NU_WINDOW)
         self._task_seen: dict[str, tuple] = {}  # the same by task (the buffer's completed_by_task)
         self._failures_seen: dict[str, int] = {}  # the workers' adapter failures by reason at the previous step
         self._seen_at = time.perf_counter()
@@ -310,8 +314,10 @@ class RunMetrics:
 
     def rollout_since_last(self, buffer_stats: Mapping[str, Any]) -> dict[str, float | None]:
         """rollout_means of the groups completed since the previous call."""
-        done, now = tuple(buffer_stats[k] for k in COMPLETED), time.perf_counter()
-        (before, self._completed_seen), (then, self._seen_at) = (self._completed_seen, done), (self._seen_at, now)
+        done, values, now = tuple(buffer_stats[k] for k in COMPLETED), buffer_stats.get("reward_values"), \
+            time.perf_counter()
+        (before, values_before), (spread_from, values_from) = self._window[-1], self._window[0]
+        then, self._seen_at = self._seen_at, now
         by_task = dict(buffer_stats.get("completed_by_task", {}))
         tasks = {}
         for name, counts in by_task.items():  # per task: the level and filter rate of what completed meanwhile
@@ -319,12 +325,9 @@ class RunMetrics:
             tasks[name] = {"rollout_accuracy": m["rollout_accuracy"], "rollout_reward_mean": m["rollout_reward_mean"],
                            "filter_rate": m["filter_rate"], "groups_completed": counts[4] - self._task_seen.get(name, _NONE)[4]}
         self._task_seen = by_task
-        means = rollout_means(before, done, group_size=self.group_size, seconds=now - then, spread_from=self._window[0])
-        self._window.append(done)
-        values = buffer_stats.get("reward_values")
-        by_reward = reward_prediction(self._values_seen, values, self.group_size, spread_from=self._values_window[0])
-        self._values_seen = values
-        self._values_window.append(values)
+        means = rollout_means(before, done, group_size=self.group_size, seconds=now - then, spread_from=spread_from)
+        by_reward = reward_prediction(values_before, values, self.group_size, spread_from=values_from)
+        self._window.append((done, values))
         return {**means, **by_reward, "tasks_rollout": tasks}
 
     def failures_since_last(self, by_reason: Mapping[str, int], rollouts: int) -> dict[str, Any]:
@@ -516,15 +519,17 @@ def prediction(buffer: Mapping[str, Any], group_size: int) -> dict[str, float | 
     for) and `filter_rate_binary`, the share of the groups scored whole that were all right or all wrong, which a
     binary reward's filter would drop. Of the values the reward took (reward_prediction): `reward_shares` ([value,
     share of the rollouts] of each), `reward_concentration` and `filter_rate_predicted_reward` (what `echo2 plan
-    --reward-shares Q1,Q2,... --group-size G --prompt-concentration NU` plans for), the prediction of the run's own filter_rate where the reward pays more
-    than right or wrong (math: 0.1 for a boxed wrong answer sets apart groups whose answers are all wrong). None
+    --reward-shares Q1,Q2,... --group-size G --prompt-concentration NU` plans for), the prediction of the run's own
+    filter_rate where the reward pays more than right or wrong (math: 0.1 for a boxed wrong answer sets apart groups
+    whose answers are all wrong). None
     where nothing was scored (or, for the second, the reward is continuous). Both nus pool the whole run: a
     policy that moved spreads the prompts' rates further (a smaller nu, a higher prediction) than any one moment
     did."""
     values = buffer.get("reward_values", _NO_VALUES)
-    by_reward = {**reward_prediction(_NO_VALUES, values, group_size), "reward_shares": (
-        [[v, round(n / (values["groups"] * group_size), 4)] for v, n, _ in values["values"]]
-        if values and values["groups"] and group_size else None)}
+    whole = _values_between(_NO_VALUES, values)
+    shares = [[v, round(q, 4)] for v, q in _shares(whole, group_size).items()] if whole and whole[0] and group_size \
+        else None
+    by_reward = {**reward_prediction(_NO_VALUES, values, group_size), "reward_shares": shares}
     scored, groups = buffer.get("completed_scored", 0), buffer.get("scored_groups", 0)
     if not scored or not groups or not group_size:
         return {"accuracy": None, "prompt_concentration": None, "filter_rate_predicted": None,

@@ -143,17 +143,19 @@ class Publication:
             "coordinator": dict(coordinator_sent), "publications": list(self.sent),
         }
 
+    def bcast_times(self, version: int) -> tuple[float | None, float | None, float | None]:
+        """T_bcast of publication `version` (quantile, all workers) and the same quantile of its complete, verified
+        copies received (the rest of T_bcast: the workers finishing their current batch)."""
+        return (*self.to.t_bcast(version), self.to.t_bcast(version, "received")[0])
+
     def last_bcast(self) -> tuple[float | None, float | None, float | None]:
-        """T_bcast (quantile, all workers) of the newest publication that has one, and the same quantile of its
-        complete, verified copies received (the rest of T_bcast: the workers finishing their current batch)."""
+        """bcast_times of the newest publication that has a T_bcast."""
         for v in reversed(self.published):
-            t_q, t_all = self.to.t_bcast(v)
-            if t_q is not None:
-                return t_q, t_all, self.to.t_bcast(v, "received")[0]
+            if (times := self.bcast_times(v))[0] is not None:
+                return times
         return None, None, None
 
     def bcast_table(self) -> list[dict[str, Any]]:
-        """T_bcast of every publication, as the run's end logs it (t_bcast_received_s: the quantile received)."""
-        return [{"version": v, "t_bcast_s": q, "t_bcast_all_s": a,
-                 "t_bcast_received_s": self.to.t_bcast(v, "received")[0]}
-                for v in self.published for q, a in [self.to.t_bcast(v)]]
+        """bcast_times of every publication, as the run's end logs it."""
+        return [dict(zip(("version", "t_bcast_s", "t_bcast_all_s", "t_bcast_received_s"), (v, *self.bcast_times(v))))
+                for v in self.published]

@@ -301,13 +301,13 @@ class Trainer:
         self.publication.advance()
         t_pub, state = self.publication.publish_if_due(publisher)
         self._keep(state)
-        *t_bcast, t_received = self.publication.last_bcast()
+        t_q, t_all, t_received = self.publication.last_bcast()
         now = time.perf_counter()
         self.metrics.log_batch(step, records, deltas, self.cfg.run.log_samples_every, self.cfg.run.log_samples)
         row = metrics_row(step, self.version, records, deltas, st, time_s=now - t_start, wall_s=now - t0 + t_wait,
-                          wait_s=t_wait, publish_s=t_pub, t_bcast=tuple(t_bcast), t_received=t_received, audit=audit, replay=self.replay.replay,
-                          replay_s=self.replay.replay_s, wait_causes=self.batches.wait_causes,
-                          **self._pool_counters())
+                          wait_s=t_wait, publish_s=t_pub, t_bcast=(t_q, t_all), t_received=t_received, audit=audit,
+                          replay=self.replay.replay, replay_s=self.replay.replay_s,
+                          wait_causes=self.batches.wait_causes, **self._pool_counters())
         self.metrics.record(row)
         self.health.check(row)  # no reward signal, adapter failures: warnings on the console and in run.log
         return row
