@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -15,7 +18,8 @@ from typing import Any
 from echo2sdk.core.contracts import InferenceBackend, TaskAdapter
 from echo2sdk.errors import AdapterError, BackendError, NameNotFound
 
-__all__ = ["registered", "import_reference", "load_object", "load_backend_class", "load_adapter"]
+__all__ = ["registered", "import_reference", "load_object", "load_backend_class", "load_adapter", "resolve_adapter",
+           "Resolved", "adapter_guard"]
 
 ADAPTERS = "echo2sdk.adapters"
 BACKENDS = "echo2sdk.backends"
@@ -76,9 +80,20 @@ def load_backend_class(name: str) -> type[InferenceBackend]:
     return cls
 
 
-def load_adapter(name: str, options: dict[str, Any] | None = None) -> TaskAdapter:
-    """A task adapter by registered name, "pkg.mod:Class", or an env URL such as "poker://nlhe_headsup_v1"
-    (which loads the registered `sandbox` adapter with env=URL; the scheme picks the env plug-in)."""
+@dataclass(frozen=True)
+class Resolved:
+    """What `load_adapter(name, options)` loads, worked out before anything is imported: `name` the registered
+    adapter (None for an unregistered "pkg.mod:Attr"), `target` what is imported (the entry point's value, or
+    the reference) and `options` the factory is called with (an env URL's `env` included). Whatever way an
+    adapter is named - an env URL, its registered name, its entry point's value - it resolves to the same."""
+
+    name: str | None
+    target: str
+    options: dict[str, Any]
+
+
+def resolve_adapter(name: str, options: dict[str, Any] | None = None) -> Resolved:
+    """The adapter that `name` with `options` loads (see Resolved); NameNotFound or AdapterError when none would."""
     options = dict(options or {})
     if "://" in name:
         if "env" in options and options["env"] != name:
@@ -89,6 +104,27 @@ def load_adapter(name: str, options: dict[str, Any] | None = None) -> TaskAdapte
             schemes = [n for n in registered(ADAPTERS) if n != SANDBOX] + list(registered(ENVS))
             raise NameNotFound("URL scheme (an adapter's, or an env plug-in's)", scheme, schemes)
         name = scheme if scheme in registered(ADAPTERS) else SANDBOX  # verifiers://ENV is the `verifiers` adapter
+    eps = registered(ADAPTERS)
+    if name in eps:
+        return Resolved(name, eps[name].value, options)
+    if ":" in name:
+        by_value = [ep.name for ep in eps.values() if ep.value == name]
+        return Resolved(by_value[0] if by_value else None, name, options)
+    raise NameNotFound("adapter", name, eps)
+
+
+#: The judge of what is about to load (the worker's plug-in policy, runtime/trust/plugin_policy.py): while it is
+#: set, every adapter load_adapter builds - a mixture's components included - is shown to it first.
+adapter_guard: ContextVar[Callable[[Resolved], None] | None] = ContextVar("adapter_guard", default=None)
+
+
+def load_adapter(name: str, options: dict[str, Any] | None = None) -> TaskAdapter:
+    """A task adapter by registered name, "pkg.mod:Class", or an env URL such as "poker://nlhe_headsup_v1"
+    (which loads the registered `sandbox` adapter with env=URL; the scheme picks the env plug-in)."""
+    resolved = resolve_adapter(name, options)
+    if (guard := adapter_guard.get()) is not None:
+        guard(resolved)
+    name, options = resolved.name or resolved.target, resolved.options
     factory = load_object(ADAPTERS, name)
     try:
         adapter = factory(**options)

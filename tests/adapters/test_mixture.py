@@ -95,7 +95,7 @@ def test_a_worker_refuses_a_mixture_component_it_must_not_load():
         check_plugins(cfg({"adapter": "evil.module:Adapter"}))
     with pytest.raises(ConfigError, match="has a ':' in its env id"):
         check_plugins(cfg({"adapter": "gym://evil.module:Env"}))
-    with pytest.raises(ConfigError, match="needs env scheme 'nosuch'"):
+    with pytest.raises(ConfigError, match="adapter 'nosuch://x' loads nothing here: unknown URL scheme"):
         check_plugins(cfg({"adapter": "nosuch://x"}))
     assert allowances(cfg({"adapter": "evil.module:Adapter"})) == ["evil.module:Adapter"]
 

@@ -48,7 +48,7 @@ from echo2sdk.runtime.protocol.messages import (
     to_header,
 )
 from echo2sdk.runtime.trust import session
-from echo2sdk.runtime.trust.plugin_policy import check_plugins
+from echo2sdk.runtime.trust.plugin_policy import check_plugins, enforced
 from echo2sdk.runtime.trust.tls import client_context
 from echo2sdk.runtime.trust.worker_keys import Credential
 from echo2sdk.runtime.worker.bootstrap import Bootstrap
@@ -335,7 +335,8 @@ class RolloutWorker:
         from echo2sdk.plugins import load_adapter, load_backend_class
 
         check_plugins(cfg, self.allow_plugins)
-        self.adapter = load_adapter(cfg.adapter, cfg.adapter_options)
+        with enforced(self.allow_plugins):  # each adapter judged again as it loads, a mixture's components too
+            self.adapter = load_adapter(cfg.adapter, cfg.adapter_options)
         self.adapter_name = cfg.adapter
         model = self.model or (cfg.model_path if cfg.model_path and os.path.isdir(cfg.model_path) else cfg.model)
         backend_cls = load_backend_class(cfg.backend)
