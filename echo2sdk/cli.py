@@ -69,7 +69,7 @@ def _dry_run(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from echo2sdk.runtime.providers import fleet_down, fleet_status
+    from echo2sdk.runtime.providers import ENDED, fleet_down, fleet_status
 
     if args.action == "down":
         result = fleet_down(args.run_dir, force=args.force)
@@ -77,7 +77,7 @@ def _fleet(args: argparse.Namespace) -> int:
             print(f"{name}: {said}")
         if not result:
             print(f"{args.run_dir}: every recorded machine is already down")
-        return 0 if all(v == "down" for v in result.values()) else 1
+        return 0 if all(v in ENDED for v in result.values()) else 1
     rows = fleet_status(args.run_dir)
     if args.json:
         print(json.dumps(rows, indent=2))

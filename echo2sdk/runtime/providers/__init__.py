@@ -21,9 +21,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from echo2sdk.errors import ConfigError
 
-__all__ = ["Provider", "PROVIDERS", "load_provider", "fleet_status", "fleet_down"]
+__all__ = ["Provider", "PROVIDERS", "ENDED", "load_provider", "fleet_status", "fleet_down"]
 
 PROVIDERS = "echo2sdk.providers"
+# what a provider's fleet_down says of a machine that no longer runs: ended by it ("down", "killed" where it took
+# SIGKILL) or found already ended ("gone"); the ledger records these down, and nothing else
+ENDED = ("down", "killed", "gone")
 _METHODS = ("start", "stop", "running", "close")
 
 
@@ -116,8 +119,9 @@ def fleet_status(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 def fleet_down(run_dir: str | os.PathLike, force: bool = False) -> dict[str, str]:
     """End every machine of the run ledger of `run_dir` not recorded as down, through the provider that started it,
-    and record each confirmed end in the ledger. Returns name -> "down" or the error. Refused while the run's
-    learner still holds the folder (its scheduler would launch again), unless `force`."""
+    and record in the ledger those that no longer run (:data:`ENDED`). Returns name -> what the provider said: one of
+    ENDED, or why the machine was not ended. Refused while the run's learner still holds the folder (its scheduler
+    would launch again), unless `force`."""
     from echo2sdk.runtime.providers.ledger import Ledger, holder
 
     if not force and (pid := holder(run_dir)) is not None:
@@ -133,7 +137,7 @@ def fleet_down(run_dir: str | os.PathLike, force: bool = False) -> dict[str, str
         ledger = Ledger(run_dir, provider)
         for m in todo:
             said = result.get(m.handle.get("cluster", m.name), "not attempted")
-            if said == "down":
+            if said in ENDED:
                 ledger.down(m.name)
             out[m.name] = said
     return out

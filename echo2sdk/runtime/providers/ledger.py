@@ -7,10 +7,12 @@ in it that is not known to be down, through the provider that started it (:func:
 
 Events, each with ``t`` (Unix seconds), ``event``, ``machine`` (the worker id) and ``provider`` (its entry-point
 name): ``launch`` (written before the launch; ``handle`` is what the provider needs to find the machine again
-without the learner: a SkyPilot cluster name, a local pid with its start time; ``spec``: the launch's public
-description: type, resources, $/h, never a secret), ``requested`` (the launch request's id, to cancel),
-``up`` (the launch finished), ``failed`` (with ``reason``) and ``down`` (the machine was ended and its end
-confirmed). A machine's state is its last event; ``handle`` fields added by later events are merged in.
+without the learner: a SkyPilot cluster name; a local pid with its start time, and the SHA-256 of the nonce in that
+worker's environment, never the nonce; ``spec``: the launch's public description: type, resources, $/h, never a
+secret), ``requested`` (the launch request's id, to cancel), ``up`` (the launch finished), ``failed`` (with
+``reason``) and ``down`` (the machine was ended and its end confirmed, or it was found no longer running; never one
+left alone because it could not be proven the run's). A machine's state is its last event; ``handle`` fields added
+by later events are merged in.
 
 ``echo2 fleet`` trusts this file as much as it trusts the run folder: it refuses one that another user owns or
 that others may write, and it acts only through providers registered as entry points. A process whose providers

@@ -7,13 +7,20 @@ line), its output appended to ``log_dir/NAME.log``, ``nice``, ``threads``, the p
 ``close`` first gives the workers ``grace_s`` to exit on their own (they leave when the coordinator sends its
 shutdown), then terminates them. With ``run_dir`` every worker goes into the run ledger (``machines.jsonl``): the
 launch before the process starts, its pid and start time after, so ``echo2 fleet down RUN_DIR`` can end a worker the
-killed learner left behind, and only that process (a reused pid has another start time).
+killed learner left behind, and only that process. Pid, start time, owner and command line are readable by anyone
+(/proc), so a crafted ledger could name another run's worker with all of them: each worker is also given a random
+nonce in its environment (``ECHO2_LEDGER_NONCE``; /proc/PID/environ is readable by its owner alone), the ledger holds
+only the nonce's SHA-256, and ``fleet down`` signals a process only when its environment holds the nonce of that digest.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +31,11 @@ from echo2sdk.core import checks
 from echo2sdk.errors import ConfigError
 from echo2sdk.runtime.providers.ledger import Ledger, Machine
 
-__all__ = ["LocalProvider", "worker_command", "worker_env", "process_started"]
+__all__ = ["LocalProvider", "worker_command", "worker_env", "process_started", "NONCE_ENV"]
+
+NONCE_ENV = "ECHO2_LEDGER_NONCE"  # a local worker's proof of identity for `fleet down`; the ledger holds its digest
+TERM_S = 10.0  # fleet down: how long a worker has to end on SIGTERM before SIGKILL
+KILL_S = 5.0  # and to end on SIGKILL
 
 
 def worker_command(
@@ -90,9 +101,11 @@ class LocalProvider:
             return
         self.log_dir.mkdir(parents=True, exist_ok=True)
         cmd = self.command(name, price_per_hour)
-        env = worker_env(self.token, self.threads)
+        nonce = secrets.token_hex(32)
+        env = {**worker_env(self.token, self.threads), NONCE_ENV: nonce}
         if self.ledger is not None:
-            self.ledger.launching(name, {"host": "localhost"}, {"price_per_hour": float(price_per_hour), "run": cmd})
+            self.ledger.launching(name, {"host": "localhost", "nonce_sha256": _digest(nonce.encode())},
+                                  {"price_per_hour": float(price_per_hour), "run": cmd})
         try:
             with open(self.log_dir / f"{name}.log", "a") as fh:
                 p = self.procs[name] = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
@@ -151,27 +164,47 @@ class LocalProvider:
 
     @classmethod
     def fleet_status(cls, machines: list[Machine]) -> dict[str, str]:
-        """name -> "running (pid N)" when the recorded process is still that worker, else "gone"."""
-        return {m.name: f"running (pid {m.handle['pid']})" if _same_process(m) else "gone" for m in machines}
+        """name -> "running (pid N)" when the recorded process is provably that worker (:func:`_check`), "gone" when
+        it no longer runs, "unverified (pid N): WHY" when a process runs under its pid and start time that is not
+        provably it, "unknown: WHY" when no pid was recorded."""
+        out = {}
+        for m in machines:
+            verdict, why = _check(m)
+            pid = m.handle.get("pid")
+            out[m.name] = {"ours": f"running (pid {pid})", "gone": "gone", "unknown": f"unknown: {why}"}.get(
+                verdict, f"unverified (pid {pid}): {why}")
+        return out
 
     @classmethod
     def fleet_down(cls, machines: list[Machine]) -> dict[str, str]:
-        """Terminate each recorded worker process that is still the one the run started: name -> "down"."""
-        out = {}
+        """SIGTERM each recorded worker process that is provably the one the run started (:func:`_check`), SIGKILL
+        it after TERM_S. name -> "down" (it ended on SIGTERM), "killed" (it ended on SIGKILL), "gone" (it no longer
+        ran: not signalled), or "refused ...", "unknown ..." or "failed ..." saying why it was not ended."""
+        out: dict[str, str] = {}
+        sent: list[Machine] = []
         for m in machines:
-            if _same_process(m):
-                try:
-                    os.kill(int(m.handle["pid"]), 15)
-                except ProcessLookupError:
-                    pass
-            out[m.name] = "down"
-        deadline = time.monotonic() + 10
-        while any(_same_process(m) for m in machines) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for m in machines:
-            if _same_process(m):
-                os.kill(int(m.handle["pid"]), 9)
+            verdict, why = _check(m)
+            if verdict == "ours" and _signal(m, signal.SIGTERM):
+                sent.append(m)
+            elif verdict in ("ours", "gone"):
+                out[m.name] = "gone"
+            elif verdict == "unknown":
+                out[m.name] = f"unknown: {why}; not signalled"
+            else:
+                out[m.name] = f"refused (pid {m.handle['pid']}): {why}; not signalled"
+        _wait_ended(sent, TERM_S)
+        killed = [m for m in sent if _signal(m, signal.SIGKILL)]
+        _wait_ended(killed, KILL_S)
+        for m in sent:
+            if m not in killed:
+                out[m.name] = "down"
+            else:
+                out[m.name] = "failed: still running after SIGKILL" if _running(m) else "killed"
         return out
+
+
+def _digest(nonce: bytes) -> str:
+    return hashlib.sha256(nonce).hexdigest()
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -188,19 +221,64 @@ def process_started(pid: int) -> int | None:
     return int(fields[19]) if fields else None
 
 
-def _same_process(m: Machine) -> bool:
-    """The ledger's process is alive and is that worker: same pid and start time, not a zombie, ours (same uid)
-    and running `echo2sdk.cli worker ... --id NAME` (a ledger line cannot point fleet down at another process)."""
-    pid = m.handle.get("pid")
-    if not isinstance(pid, int) or pid <= 1 or not isinstance(m.handle.get("started"), int):
+def _running(m: Machine) -> bool:
+    """A process with the recorded pid and start time runs (not a zombie): the same process, whatever it is."""
+    fields = _stat(m.handle["pid"])
+    return fields is not None and fields[0] != "Z" and int(fields[19]) == m.handle["started"]
+
+
+def _signal(m: Machine, sig: int) -> bool:
+    """Send `sig` to the recorded process if it still runs; False when it had ended."""
+    if not _running(m):
         return False
-    proc, fields = Path(f"/proc/{pid}"), _stat(pid)
-    if fields is None:
+    try:
+        os.kill(m.handle["pid"], sig)
+    except ProcessLookupError:
         return False
+    return True
+
+
+def _wait_ended(machines: list[Machine], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while any(_running(m) for m in machines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _check(m: Machine) -> tuple[str, str]:
+    """Whether the ledger's process is the worker this run started: ("ours", ""), ("gone", "") when no process runs
+    with its pid and start time (it ended, or never started), ("unknown", why) when no pid was recorded, or
+    ("foreign", why) when a process runs with them that is not provably that worker.
+
+    Ours means: same pid and start time, not a zombie, same uid, running `echo2sdk.cli worker ... --id NAME`, and
+    its environment holds the ECHO2_LEDGER_NONCE whose SHA-256 the ledger recorded. All but the nonce are readable
+    by anyone from /proc, so a crafted ledger could match them; /proc/PID/environ is readable by the owner alone.
+    An entry without the digest (a ledger of an older echo2) is never taken as ours."""
+    pid, started = m.handle.get("pid"), m.handle.get("started")
+    if m.state == "failed":
+        return "gone", ""
+    if not isinstance(pid, int) or pid <= 1 or not isinstance(started, int):
+        return "unknown", "no pid recorded (the learner may have stopped while starting it)"
+    if not _running(m):
+        return "gone", ""
+    proc = Path(f"/proc/{pid}")
     try:
         argv = (proc / "cmdline").read_bytes().split(b"\0")
         uid = proc.stat().st_uid
     except OSError:
-        return False
-    worker = b"echo2sdk.cli" in argv and b"worker" in argv and m.name.encode() in argv
-    return fields[0] != "Z" and int(fields[19]) == m.handle["started"] and uid == os.getuid() and worker
+        return "gone", ""
+    if uid != os.getuid():
+        return "foreign", f"it belongs to uid {uid}"
+    if not (b"echo2sdk.cli" in argv and b"worker" in argv and m.name.encode() in argv):
+        return "foreign", f"its command line is not that of worker {m.name!r}"
+    digest = m.handle.get("nonce_sha256")
+    if not isinstance(digest, str):
+        return "foreign", f"no nonce digest in the ledger (an older echo2 wrote it): end pid {pid} by hand if yours"
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+    except OSError as e:
+        return "foreign", f"its environment cannot be read ({e.strerror})"
+    prefix = NONCE_ENV.encode() + b"="
+    nonce = next((v[len(prefix):] for v in environ if v.startswith(prefix)), None)
+    if nonce is None or not hmac.compare_digest(_digest(nonce).encode(), digest.encode()):
+        return "foreign", f"its {NONCE_ENV} does not match the ledger's digest"
+    return "ours", ""
