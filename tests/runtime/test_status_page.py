@@ -98,6 +98,48 @@ def test_server_needs_the_token_and_moves_a_url_token_into_a_cookie():
         server.stop()
 
 
+def test_one_address_holding_its_connections_keeps_no_other_address_from_the_page():
+    """Idle connections from one address (as many as the page serves at once, sending nothing) hold at most
+    MAX_PER_ADDRESS slots: the rest are closed unread, and a client at another address (127.0.0.2, loopback too) is
+    served meanwhile; once they close, the first address is served again."""
+    import select
+    import socket
+    import time
+
+    from echo2sdk.runtime.learner.status import server as status_server
+
+    server = StatusServer(lambda: {"run": {"step": 1}})
+    server.start()
+    bearer = {"Authorization": f"Bearer {server.token}"}
+    idle = [socket.create_connection((server.host, server.port), timeout=10)
+            for _ in range(status_server.MAX_CONNECTIONS)]
+    try:
+        other = http.client.HTTPConnection(server.host, server.port, timeout=10, source_address=("127.0.0.2", 0))
+        try:
+            other.request("GET", "/api/status", headers=bearer)
+            r = other.getresponse()
+            assert (r.status, r.read()) == (200, b'{"run": {"step": 1}}')
+        finally:
+            other.close()
+        # accepted one at a time, in order: by now the server has closed those over the cap (EOF: readable)
+        closed, _, _ = select.select(idle, [], [], 0.5)
+        assert set(closed) == set(idle[status_server.MAX_PER_ADDRESS:]) and all(s.recv(1) == b"" for s in closed)
+        for s in idle:
+            s.close()
+        deadline = time.monotonic() + 10  # their threads see the close and give the slots back
+        while True:
+            try:
+                assert _request(server, "GET", "/api/status", bearer)[0] == 200
+                break
+            except (http.client.RemoteDisconnected, ConnectionError):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        for s in idle:
+            s.close()
+        server.stop()
+
+
 def test_page_files_ship_as_package_data():
     """A wheel holds exactly what pyproject.toml lists: every non-Python file of the page must be there."""
     root = Path(__file__).resolve().parents[2]

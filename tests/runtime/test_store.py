@@ -175,8 +175,8 @@ def test_a_store_entry_that_does_not_verify_gives_nothing(tmp_path, fault, says)
 
 
 def test_retention_counts_only_anchors_this_run_signed_and_runs_keep_their_own_folder(tmp_path):
-    """Junk anchors (another key) newer than the run's own do not make retention delete the run's entries; two
-    runs configured with one URL write to two folders (run_url: by their keys)."""
+    """Junk anchors (another key) newer than the run's own do not make retention delete the run's entries (it
+    deletes the junk instead); two runs configured with one URL write to two folders (run_url: by their keys)."""
     from echo2sdk.runtime.broadcast.store import run_url
 
     signer, other, snaps = Signer(), Signer(), _versions(4)
@@ -184,11 +184,72 @@ def test_retention_counts_only_anchors_this_run_signed_and_runs_keep_their_own_f
     for v in (100, 101):  # two "newer anchors" a writable bucket gained, signed by someone else
         _planted(store, build_manifest(snaps[0], v, CHUNK, other), snaps[0])
     _publish(store, signer, snaps, "FDFD")
-    assert store.entries() == [(3, "full"), (4, "delta"), (100, "full"), (101, "full")]  # kept: v3-v4, the junk
-    assert bytes(store.catch_up(signer.public_key).data) == snaps[3]  # the junk skipped, with a warning
+    assert store.entries() == [(3, "full"), (4, "delta")]  # kept: v3-v4; the junk deleted
+    assert bytes(store.catch_up(signer.public_key).data) == snaps[3]
     a, b = run_url("s3://bucket/runs", signer.public_key), run_url("s3://bucket/runs", other.public_key)
     assert a != b and a.startswith("s3://bucket/runs/run-") and run_url("s3://bucket/runs/", signer.public_key) == a
     assert run_url(str(tmp_path / "rel"), signer.public_key).startswith("file:///")
+
+
+def _listed(store: SnapshotStore) -> set[str]:
+    import obstore
+
+    return {obj["path"] for batch in obstore.list(store.store) for obj in batch}
+
+
+@pytest.mark.parametrize("junk", [9, 50])
+def test_junk_above_the_newest_entry_is_read_past_and_the_next_anchor_deletes_it(where, junk):
+    """A writable bucket can add entries, never sign them: `junk` unsigned entries (payload and manifest) above the
+    newest real one, and as many manifests without a payload (passed over unread). A joiner still rebuilds the real
+    newest; the writer's next anchor deletes all of them, and keeps a payload whose manifest is not written yet."""
+    import obstore
+
+    url, opts = where
+    signer, other, snaps = Signer(), Signer(), _versions(4)
+    store = SnapshotStore(url, opts, keep_chains=1)
+    _publish(store, signer, snaps[:3], "FDD")
+    small = snaps[0][:CHUNK]
+    for v in range(100, 100 + junk):
+        _planted(store, build_manifest(small, v, CHUNK, other), small)
+        obstore.put(store.store, f"v{v + 1000:012d}.full.manifest", b"not a manifest")
+    got = store.catch_up(signer.public_key)
+    assert (got.version, got.anchor, got.deltas) == (3, 1, [2, 3]) and bytes(got.data) == snaps[2]
+    obstore.put(store.store, f"v{5:012d}.delta", b"a put under way: its manifest comes next")
+    root = delta.snapshot_root(snaps[3])
+    store.put(build_manifest(snaps[3], 4, CHUNK, signer, root=root), snaps[3], signer.public_key)
+    assert store.entries() == [(4, "full")]
+    assert _listed(store) == {f"v{4:012d}.full", f"v{4:012d}.full.manifest", f"v{5:012d}.delta"}
+    assert bytes(store.catch_up(signer.public_key).data) == snaps[3]
+
+
+def test_a_reader_reads_past_a_bounded_number_of_entries_that_do_not_verify(tmp_path, monkeypatch):
+    """The walk down the store stops with a StoreError once the manifests it read that do not verify reach
+    _MAX_SKIPPED (or _MAX_SKIPPED_BYTES): a writable bucket can add entries without end. The writer's retention
+    walks under the same bound: its next anchor deletes the junk it read, the anchor after it the rest."""
+    from echo2sdk.runtime.broadcast import store as store_mod
+
+    signer, other, snaps = Signer(), Signer(), _versions(3)
+    store = SnapshotStore(str(tmp_path / "s"), keep_chains=1)
+    _publish(store, signer, snaps[:1], "F")
+    small = snaps[0][:CHUNK]
+    n = store_mod._MAX_SKIPPED + 1
+    for v in range(100, 100 + n):
+        _planted(store, build_manifest(small, v, CHUNK, other), small)
+    says = (rf"^{n - 1} entries of .* read do not verify \(\d+ bytes of manifests\): a walk down the store reads "
+            rf"past at most {n - 1} of them or {store_mod._MAX_SKIPPED_BYTES} bytes")
+    with pytest.raises(StoreError, match=says):
+        store.catch_up(signer.public_key)
+    # each anchor's retention deletes the junk it read under the bound; the old chains go once it reaches an anchor
+    for v, left in ((2, [(1, "full"), (2, "full"), (100, "full")]), (3, [(3, "full")])):
+        root = delta.snapshot_root(snaps[v - 1])
+        store.put(build_manifest(snaps[v - 1], v, CHUNK, signer, root=root), snaps[v - 1], signer.public_key)
+        assert store.entries() == left
+        assert bytes(store.catch_up(signer.public_key).data) == snaps[v - 1]
+    for v in range(100, 103):
+        _planted(store, build_manifest(small, v, CHUNK, other), small)
+    monkeypatch.setattr(store_mod, "_MAX_SKIPPED_BYTES", 1)  # the bytes bound: one manifest read past, no more
+    with pytest.raises(StoreError, match=r"^1 entries of .* read do not verify"):
+        store.catch_up(signer.public_key)
 
 
 def test_an_empty_store_and_a_bad_url_are_clear_errors(tmp_path):

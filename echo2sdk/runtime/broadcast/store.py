@@ -13,9 +13,14 @@ already holds, checks every manifest's signature and that each delta names the v
 one before it, checks each payload chunk against its signed digest, applies the deltas in order and returns the
 rebuilt snapshot only when its root is the signed one. Nothing unverified leaves this module.
 
+Anyone who can write to the bucket can add entries, never sign them. A reader walks down from the newest entry
+and reads past those that do not verify, up to a bound (`_MAX_SKIPPED` manifests or `_MAX_SKIPPED_BYTES`: each
+reader would read them all); an entry whose listing already says it cannot be read (no payload, a manifest
+larger than its payload's can be) is passed over without a request.
+
 Retention keeps whole chains: after an anchor is written, the entries older than the `keep_chains`-th newest
-anchor go (manifest first, so a reader never sees a manifest without its payload). A reader racing a deletion
-reads the listing again.
+anchor go, and so do the entries that do not verify at any version, above the newest anchor too (manifest first,
+so a reader never sees a manifest without its payload). A reader racing a deletion reads the listing again.
 
 The store is any URL obstore opens: `s3://bucket/prefix` (credentials, endpoint and region from the AWS_*
 environment, or `options`), `gs://`, `az://`, `file:///path`, or a plain local path (the embedded default: no
@@ -27,12 +32,13 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from echo2sdk.core import delta
-from echo2sdk.core.broadcast.manifest import Manifest, chunk_digest, verify_manifest
+from echo2sdk.core.broadcast.manifest import MIN_CHUNK_BYTES, Manifest, chunk_digest, verify_manifest
 from echo2sdk.core.records import pack, unpack
 from echo2sdk.errors import ConfigError, ProtocolError
 
@@ -44,7 +50,15 @@ log = logging.getLogger("echo2sdk.store")
 KEEP_CHAINS = 2  # the current anchor-to-tip chain, and the one before it (a reader may still be on it)
 MAX_MANIFEST_BYTES = 64 << 20  # MAX_CHUNKS 32-byte digests and change
 _ENTRY = re.compile(r"^v(\d{12})\.(full|delta)(\.manifest)?$")  # directly under the prefix, nothing nested
-_CANDIDATES = 8  # newest entries a reader tries before giving up (an unverifiable one is skipped, not trusted)
+# A walk down the store (a reader's, retention's) reads past at most this many manifests that do not verify, or this
+# many bytes of them, then stops with a StoreError. An honest store holds none (the run's writer signs every
+# manifest and writes it whole, after its payload), so any number is an attacker's; each costs a request (tens of
+# ms on S3) and a signature check, and every joiner would pay it again: 128 is a few seconds at worst, beside a
+# catch-up that reads an anchor of gigabytes. Bytes: four of the largest manifests `manifest` reads.
+_MAX_SKIPPED = 128
+_MAX_SKIPPED_BYTES = 4 * MAX_MANIFEST_BYTES
+_MANIFEST_FIELDS_BYTES = 1024  # a packed manifest without its chunk digests: keys, ints, digest, signature, roots
+_DIGEST_BYTES = 34  # a packed 32-byte chunk digest (msgpack bin 8: 2 bytes of head)
 RETRY_S = 60.0  # the longest a remote store request is retried before the reader falls back (a full push)
 REQUEST_S = 1800.0  # one request, body included (obstore's default of 30 s cannot carry a large anchor)
 _READ_TRIES = 3  # listings read again when retention removed an entry under a reader
@@ -103,9 +117,21 @@ def _key(version: int, kind: str) -> str:
     return f"v{version:012d}.{kind}"
 
 
-def _entries(keys: list[tuple[str, int]]) -> list[tuple[int, str]]:
+def _entries(keys: list[tuple[str, int, int]]) -> list[tuple[int, str]]:
     """(version, kind) of the keys that are manifests, oldest first."""
-    return sorted({(v, key.split(".")[1]) for key, v in keys if key.endswith(".manifest")})
+    return sorted({(v, key.split(".")[1]) for key, v, _ in keys if key.endswith(".manifest")})
+
+
+def _unreadable(manifest_bytes: int, payload_bytes: int | None) -> str | None:
+    """Why an entry cannot verify, from its listing alone (no request), or None: its payload is missing (the writer
+    writes it first), or its manifest is larger than any manifest of that payload (a digest per chunk of at least
+    MIN_CHUNK_BYTES, and its other fields)."""
+    if payload_bytes is None:
+        return "its payload is missing"
+    cap = min(MAX_MANIFEST_BYTES, _MANIFEST_FIELDS_BYTES + _DIGEST_BYTES * -(-payload_bytes // MIN_CHUNK_BYTES))
+    if manifest_bytes > cap:
+        return f"a {manifest_bytes}-byte manifest for a {payload_bytes}-byte payload (at most {cap})"
+    return None
 
 
 @dataclass
@@ -145,60 +171,101 @@ class SnapshotStore:
             self._retain(public_key)
 
     def _retain(self, public_key: bytes) -> None:
-        """Delete what is older than the keep_chains-th newest anchor this run signed (an entry that does not
-        verify is never counted as an anchor), manifests first; payloads left without a manifest go too."""
+        """Delete the entries that do not verify, from the newest down (above the newest anchor too: readers would
+        read past them), and what is older than the keep_chains-th newest anchor this run signed (an entry that
+        does not verify is never counted as an anchor); manifests first; payloads left without a manifest go with
+        the old chains. The walk is `_walk`'s, under its bound: past it, the rest goes at the next anchor.
+
+        It never deletes a real entry. The run's folder has one legitimate writer (named by its key: run_url), and
+        it runs this in its writer thread after `put` returned, so each entry it wrote has its payload and then
+        its manifest, whole, and verifies. Above the kept chains only an entry with a manifest is touched: a
+        payload whose manifest is not written yet (a put under way, by a resumed writer's predecessor say) is no
+        entry and stays; a manifest goes only when it was read and did not verify, or when the listing says it
+        cannot (its payload missing, or larger than its payload's manifest can be)."""
         import obstore
 
         keys = self._keys()  # one listing for both: what to keep and what to delete
         anchors: list[int] = []
-        for v, kind in reversed(_entries(keys)):
-            if kind == "full" and self._verifies(v, kind, public_key):
-                anchors.append(v)
-                if len(anchors) == self.keep_chains:
-                    break
-        if len(anchors) < self.keep_chains:
-            return
-        oldest_kept = anchors[-1]
-        old = [key for key, v in keys if v < oldest_kept]
-        for key in sorted(old, key=lambda k: not k.endswith(".manifest")):  # manifests first: never half an entry
+        bad: list[str] = []
+        try:
+            for v, kind, m, _ in self._walk(keys, public_key):
+                if m is None:
+                    bad.append(_key(v, kind))
+                elif kind == "full":
+                    anchors.append(v)
+                    if len(anchors) == self.keep_chains:
+                        break
+        except StoreError as e:
+            log.warning("store: retention read no further (%s); the rest goes at the next anchor", e)
+        doomed = {k for name in bad for k in (name, name + ".manifest")}
+        if len(anchors) == self.keep_chains:
+            doomed.update(key for key, v, _ in keys if v < anchors[-1])
+        for key in sorted(doomed, key=lambda k: not k.endswith(".manifest")):  # manifests first: never half an entry
             try:
                 obstore.delete(self.store, key)
             except FileNotFoundError:
                 pass
-        log.info("store: kept the %d newest chain(s) from v%d (%d objects deleted)", self.keep_chains, oldest_kept,
-                 len(old))
-
-    def _verifies(self, version: int, kind: str, public_key: bytes) -> bool:
-        try:
-            self.manifest(version, kind, public_key)
-            return True
-        except (ProtocolError, FileNotFoundError) as e:
-            log.warning("store: entry v%d.%s does not verify, ignored: %s", version, kind, e)
-            return False
+        if bad:
+            log.warning("store: deleted %d entries that do not verify (not this run's writes)", len(bad))
+        if len(anchors) == self.keep_chains:
+            log.info("store: kept the %d newest chain(s) from v%d (%d objects deleted)", self.keep_chains,
+                     anchors[-1], len(doomed))
 
     # -- the reader ----------------------------------------------------------------------------------------
-    def _keys(self) -> list[tuple[str, int]]:
-        """(key, version) of every object named like an entry's payload or manifest, directly under the prefix."""
+    def _keys(self) -> list[tuple[str, int, int]]:
+        """(key, version, bytes) of every object named like an entry's payload or manifest, directly under the
+        prefix."""
         import obstore
 
         out = []
         for batch in obstore.list(self.store):
             for obj in batch:
                 if m := _ENTRY.match(obj["path"]):
-                    out.append((obj["path"], int(m.group(1))))
+                    out.append((obj["path"], int(m.group(1)), int(obj["size"])))
         return out
+
+    def _walk(self, keys: list[tuple[str, int, int]],
+              public_key: bytes) -> Iterator[tuple[int, str, Manifest | None, str]]:
+        """(version, kind, manifest, why) of every entry of the listing `keys`, newest first: its manifest when it
+        verifies, else None and why not (naming the entry). Cheap first: an entry `_unreadable` from the listing
+        is passed over without a request. StoreError once the manifests read that did not verify reach _MAX_SKIPPED, or
+        _MAX_SKIPPED_BYTES (so a walk reads at most that, plus one manifest). An entry gone since the listing
+        (retention) is passed over: nothing there to take or to delete."""
+        sizes = {key: size for key, _, size in keys}
+        skipped = skipped_bytes = 0
+        for v, kind in reversed(_entries(keys)):
+            name = _key(v, kind)
+            size = sizes[name + ".manifest"]
+            if (why := _unreadable(size, sizes.get(name))) is not None:
+                yield v, kind, None, f"store entry v{v}.{kind}: {why}"
+                continue
+            if skipped >= _MAX_SKIPPED or skipped_bytes >= _MAX_SKIPPED_BYTES:
+                raise StoreError(f"{skipped} entries of {self.url} read do not verify ({skipped_bytes} bytes of "
+                                 f"manifests): a walk down the store reads past at most {_MAX_SKIPPED} of them or "
+                                 f"{_MAX_SKIPPED_BYTES} bytes (they were written without the run's key; its writer "
+                                 "deletes them at its next anchor)")
+            try:
+                m = self.manifest(v, kind, public_key, limit=size)  # the bytes charged below, not more
+            except FileNotFoundError:
+                continue
+            except ProtocolError as e:
+                skipped, skipped_bytes = skipped + 1, skipped_bytes + size
+                yield v, kind, None, str(e)
+                continue
+            yield v, kind, m, ""
 
     def entries(self) -> list[tuple[int, str]]:
         """(version, kind) of every complete entry (its manifest is there), oldest first. Not yet verified."""
         return _entries(self._keys())
 
-    def manifest(self, version: int, kind: str, public_key: bytes) -> Manifest:
-        """The signed manifest of entry (version, kind), verified against `public_key`."""
+    def manifest(self, version: int, kind: str, public_key: bytes, limit: int = MAX_MANIFEST_BYTES) -> Manifest:
+        """The signed manifest of entry (version, kind), verified against `public_key`; one over `limit` bytes
+        (at most MAX_MANIFEST_BYTES) is refused before it is read."""
         import obstore
 
         raw = obstore.get(self.store, _key(version, kind) + ".manifest")
-        if raw.meta["size"] > MAX_MANIFEST_BYTES:
-            raise StoreError(f"store entry v{version}: a {raw.meta['size']}-byte manifest (at most {MAX_MANIFEST_BYTES})")
+        if raw.meta["size"] > (limit := min(limit, MAX_MANIFEST_BYTES)):
+            raise StoreError(f"store entry v{version}: a {raw.meta['size']}-byte manifest (at most {limit})")
         try:
             wire = unpack(bytes(raw.bytes()))
         except Exception as e:  # noqa: BLE001 - msgpack's errors: whatever is there is not a manifest
@@ -229,12 +296,13 @@ class SnapshotStore:
     def chain(self, public_key: bytes, held: tuple[int, bytes] | None = None) -> list[Manifest]:
         """The manifests from the newest entry back to an anchor, or to the first delta whose base is `held`
         (version, root), oldest first; every one verified, each delta naming the version before it."""
+        keys = self._keys()
         entries: dict[int, list[str]] = {}
-        for v, kind in self.entries():  # a version may show under both kinds when someone else wrote one of them
+        for v, kind in _entries(keys):  # a version may show under both kinds when someone else wrote one of them
             entries.setdefault(v, []).append(kind)
         if not entries:
             raise StoreError(f"the store {self.url} holds no snapshot")
-        newest = self._newest(entries, public_key)
+        newest = self._newest(keys, public_key)
         if held is not None and newest.version <= held[0]:
             return []  # nothing newer than what the reader holds
         out: list[Manifest] = []
@@ -263,18 +331,17 @@ class SnapshotStore:
                 log.warning("store: entry v%d.%s does not verify, skipped: %s", version, kind, e)
         return self.manifest(version, kinds[-1], public_key)
 
-    def _newest(self, entries: dict[int, list[str]], public_key: bytes) -> Manifest:
-        """The manifest of the newest entry that verifies (a writable bucket can add entries, never sign them:
-        among the _CANDIDATES newest versions, those that do not verify are skipped, with a warning)."""
-        last: Exception | None = None
-        for v in sorted(entries, reverse=True)[:_CANDIDATES]:
-            try:
-                return self._verified(v, entries[v], public_key)
-            except ProtocolError as e:
-                log.warning("store: entry v%d does not verify, skipped: %s", v, e)
-                last = e
-        raise StoreError(f"none of the {min(len(entries), _CANDIDATES)} newest entries of {self.url} verifies; "
-                         f"the last: {last}")
+    def _newest(self, keys: list[tuple[str, int, int]], public_key: bytes) -> Manifest:
+        """The manifest of the newest entry of the listing `keys` that verifies (a writable bucket can add entries,
+        never sign them: those above it are read past, under `_walk`'s bound, with one warning)."""
+        passed, first, last = 0, "", ""
+        for v, kind, m, why in self._walk(keys, public_key):
+            if m is not None:
+                if passed:
+                    log.warning("store: %d newer entries do not verify, read past (the newest, %s)", passed, first)
+                return m
+            passed, first, last = passed + 1, first or why, why
+        raise StoreError(f"none of the {passed} newest entries of {self.url} verifies; the last: {last}")
 
     def catch_up(self, public_key: bytes, held: tuple[int, bytes, bytes | bytearray] | None = None) -> Caught:
         """The newest snapshot in the store, rebuilt and verified: from `held` (version, root, bytes) plus the

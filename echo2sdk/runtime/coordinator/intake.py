@@ -34,7 +34,8 @@ READ_SPAN = 1 << 20  # records read from the connection in one await, at most (a
 
 class Intake:
     """Admits pushed groups into `buffer` (records checked against `vocab_size` and `max_len`); `rejected`
-    counts the rejected records by reason; a lying worker is quarantined in `registry`."""
+    counts the rejected records by reason (an empty group, which holds none, as one: "empty_group"); a lying worker
+    is quarantined in `registry`."""
 
     def __init__(self, buffer: StalenessBuffer, registry: Registry, *, vocab_size: int, max_len: int):
         self.buffer, self.registry = buffer, registry
@@ -113,6 +114,9 @@ class Intake:
         records = iter(zip(blobs, sizes))
         for n in groups:  # one group at a time: a rejected group's objects are freed before the next is built
             time.sleep(0)  # let the event loop's thread take the interpreter lock between groups (it waits 5 ms else)
+            if n == 0:  # nothing to decode or buffer, but refused and counted like any bad group (MAX_BATCH a push)
+                decoded.append(TrajectoryRejected("empty_group", "<group>", 0, "a group holds records"))
+                continue
             group = list(itertools.islice(records, n))  # taken whole: a bad record must not shift the next group
             try:
                 maps = [self._decode(b, size) for b, size in group]
@@ -145,11 +149,12 @@ class Intake:
         return decode_record(blob, max_len=self.max_len)
 
     def _count(self, conn: Conn, accepted: int, rejections: list[tuple[int, TrajectoryRejected]]) -> None:
-        """Count a push's outcome by reason, and log its first rejections one by one (the rest in one line)."""
+        """Count a push's outcome by reason (records; an empty group as one), and log its first rejections one by
+        one (the rest in one line)."""
         conn.info.trajectories += accepted
         for n, e in rejections:
-            self.rejected[e.reason] += n
-            conn.info.rejected += n
+            self.rejected[e.reason] += n or 1
+            conn.info.rejected += n or 1
         for n, e in rejections[:LOGGED_REJECTIONS]:
             log.warning("worker %s: %s (group of %d dropped)", conn.worker_id, e, n)
         if len(rejections) > LOGGED_REJECTIONS:

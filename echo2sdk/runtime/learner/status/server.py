@@ -1,7 +1,8 @@
 """The live status page's HTTP server: the page's three files and /api/status, behind a token.
 
 Standard library only (ThreadingHTTPServer on a daemon thread); GET only (anything else: 501); bounded: a
-request line of at most 2 KiB, no body, 10 s per connection, 16 connections at once (more are closed).
+request line of at most 2 KiB, no body, 10 s per connection, 16 connections at once and 6 of them from one client
+address (more are closed unread: one address cannot hold the page for all).
 The token is accepted as `Authorization: Bearer TOKEN`, as a cookie, or as `?token=TOKEN`; a page loaded with
 `?token=` sets the cookie and is redirected to its plain URL, so the token leaves the address bar. Compared in
 constant time; anything else gets 401. Nothing is logged per request (a URL may carry the token).
@@ -15,6 +16,7 @@ import json
 import logging
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Callable
 from http import HTTPStatus
 from importlib import resources
@@ -29,6 +31,7 @@ ASSETS = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascri
           "/style.css": ("style.css", "text/css")}
 MAX_REQUEST_LINE = 2048
 MAX_CONNECTIONS = 16
+MAX_PER_ADDRESS = 6  # of them from one client address: a browser opens at most 6 to one host (Chromium, Firefox)
 TIMEOUT_S = 10.0
 HEADERS = {  # the page loads only its own files and talks only to its own origin
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
@@ -75,25 +78,42 @@ class StatusServer:
 
 
 class _Server(http.server.ThreadingHTTPServer):
-    """A thread per connection, at most MAX_CONNECTIONS at once: a connection over the cap is closed unread."""
+    """A thread per connection, at most MAX_CONNECTIONS at once and MAX_PER_ADDRESS from one client address: a
+    connection over either cap is closed unread."""
 
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: type) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._open: Counter[str] = Counter()  # connections being served, by client address
         super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        host = client_address[0]
+        with self._lock:
+            admitted = self._open.total() < MAX_CONNECTIONS and self._open[host] < MAX_PER_ADDRESS
+            if admitted:
+                self._open[host] += 1
+        if not admitted:
             self.shutdown_request(request)
             return
-        super().process_request(request, client_address)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is not taken
+            self._release(host)
+            raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(client_address[0])
+
+    def _release(self, host: str) -> None:
+        with self._lock:
+            self._open[host] -= 1
+            if self._open[host] <= 0:
+                del self._open[host]
 
 
 def _handler_for(server: StatusServer) -> type[http.server.BaseHTTPRequestHandler]:
