@@ -546,9 +546,13 @@ def _worker_parser(sub: argparse._SubParsersAction) -> None:
                    help="keep dialling a coordinator that is not up yet for S seconds, then exit 1")
     w.add_argument("--reconnect-s", type=float, default=120.0, metavar="S",
                    help="re-dial a lost coordinator for up to S seconds, keeping the model loaded (0: exit at once)")
-    w.add_argument("--allow-plugin", action="append", metavar="PKG.MOD:ATTR",
-                   help="let the coordinator's config name this unregistered plug-in or component (repeatable); "
-                        "registered entry points need no flag")
+    w.add_argument("--allow-plugin", action="append", metavar="WHAT",
+                   help="let the coordinator's config name what loads code or reads this machine (repeatable, exact "
+                        "string): an unregistered plug-in or component PKG.MOD:ATTR, reasoning-gym://NAME of a "
+                        "generator that evaluates answers, store.local (a snapshot store in a folder here), "
+                        "store.NAME[=VALUE] (a store option beyond the connection ones, or the endpoint this "
+                        "machine's credentials may go to), store.metadata (credentials from the instance-metadata "
+                        "service); registered entry points need no flag (docs/security.md)")
     w.add_argument("--plaintext", action="store_true",
                    help="no TLS: only against a coordinator started with TLS off (token handshake and MACs still run)")
     w.add_argument("--relay-plaintext", action="store_true",

@@ -235,6 +235,8 @@ SAFE_STORE_OPTIONS = frozenset({
     "skip_signature", "unsigned_payload", "checksum_algorithm", "account_name", "azure_storage_account_name",
     "use_emulator", "azure_storage_use_emulator", "use_fabric_endpoint", "project_id",
 })
+#: broadcast.store URL schemes (a plain path is a local folder, file://): the ones a worker reads too
+STORE_SCHEMES = frozenset({"s3", "gs", "az", "file"})
 
 
 class BroadcastConfig(_Section):
@@ -277,6 +279,11 @@ class BroadcastConfig(_Section):
         "allow_http, ...); credentials come from each machine's environment (AWS_ACCESS_KEY_ID, ...)"
     )
     store_keep: int = Field(2, ge=1, description="anchor-to-tip chains the store keeps (the newest first)")
+    store_metadata: bool = Field(
+        False, description="let the storage library ask the cloud's instance-metadata service for credentials (an "
+        "instance role) on the learner and the workers it starts; off: credentials from the environment only, and a "
+        "store read without them is read unsigned"
+    )
 
     @model_validator(mode="after")
     def _check_delta(self) -> BroadcastConfig:
@@ -291,6 +298,9 @@ class BroadcastConfig(_Section):
             raise ValueError(f"broadcast.store_options {unsafe}: these options are sent to every worker, so only "
                              f"where and how to connect may be set here ({', '.join(sorted(SAFE_STORE_OPTIONS))}); give "
                              "each machine its credentials in its environment (AWS_ACCESS_KEY_ID, ...)")
+        if "://" in self.store and self.store.partition("://")[0] not in STORE_SCHEMES:
+            raise ValueError(f"broadcast.store = {self.store!r}: expected {', '.join(sorted(STORE_SCHEMES))} URLs "
+                             "(s3://bucket/prefix, ...) or a local folder")
         if re.match(r"^\w+://[^/]*@", self.store) or "?" in self.store or "#" in self.store:
             raise ValueError(f"broadcast.store = {self.store!r}: no user, password or query in the URL (it is sent "
                              "to every worker and written to summary.json); credentials go in the environment")

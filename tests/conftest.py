@@ -12,6 +12,13 @@ from pathlib import Path
 import hypothesis  # noqa: F401
 import pytest
 
+# No test sends traffic off loopback. A storage client asks the cloud's instance-metadata service (169.254.169.254,
+# metadata.google.internal) for credentials only when its operator allows it (runtime/broadcast/store.py, tested in
+# tests/security/test_store_settings.py); should one ever ask anyway, it asks a closed port on loopback instead.
+for _var, _where in {"AWS_METADATA_ENDPOINT": "http://127.0.0.1:9", "GCE_METADATA_HOST": "127.0.0.1:9",
+                     "GCE_METADATA_ROOT": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}.items():
+    os.environ.setdefault(_var, _where)
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # The default run is two test processes (pyproject: -n 2) on a 2-core machine: one OpenMP/torch thread each, set
     # before torch is imported and inherited by the processes a test starts, so that neither spins at a barrier

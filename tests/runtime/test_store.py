@@ -272,6 +272,9 @@ def test_the_store_config_is_checked_where_it_is_written():
             load_config(None, [f'broadcast.store="{url}"'])
     with pytest.raises(ConfigError, match="store_keep"):
         load_config(None, ["broadcast.store_keep=0"])
+    for url in ("http://host/x", "memory://x", "s3a://b/r"):  # schemes a worker would not read (store_policy)
+        with pytest.raises(ConfigError, match="expected az, file, gs, s3 URLs"):
+            load_config(None, [f'broadcast.store="{url}"'])
     cfg = load_config(None, ['broadcast.store="s3://b/r"', 'broadcast.store_options={region="eu-west-1"}'])
     assert cfg.broadcast.store_options == {"region": "eu-west-1"} and cfg.broadcast.store_keep == 2
 

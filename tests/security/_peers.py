@@ -44,9 +44,12 @@ def finish(p: subprocess.Popen, timeout: float = 60.0) -> tuple[int, str]:
     return p.returncode, out
 
 
-async def fake_coordinator(token: str, welcome: dict[str, Any], *, sealed: bool = True, tls: bool = True):
+async def fake_coordinator(token: str, welcome: dict[str, Any], *, sealed: bool = True, tls: bool = True,
+                           then: list[dict] = (), until: str | None = None, frames: list[dict] | None = None):
     """A server that speaks the handshake with `token` (the wrong one for an impostor) and answers every hello
-    with `welcome` (sealed with the keys it derived, or plain). Returns (server, port, hellos seen)."""
+    with `welcome` (sealed with the keys it derived, or plain). Returns (server, port, hellos seen). With `then`:
+    those frames follow the welcome, sealed, and the worker's frames are appended to `frames` until one of type
+    `until` came (then the connection is closed) or 30 s passed."""
     identity = Identity.generate() if tls else None
     fp = identity.fingerprint if identity else b""
     seen: list[dict] = []
@@ -66,7 +69,18 @@ async def fake_coordinator(token: str, welcome: dict[str, Any], *, sealed: bool 
             keys = session.derive(token, session.CONTROL, nonce, hello["nonce"], fp, raw, server=True)
             await write_frame(writer, {"type": "welcome", "worker_id": hello["worker_id"], **welcome},
                               key=keys.send if sealed else None)
-            await asyncio.wait_for(reader.read(), 30)
+            if not then:
+                await asyncio.wait_for(reader.read(), 30)
+                return
+            for frame in then:
+                await write_frame(writer, frame, key=keys.send)
+            async with asyncio.timeout(30):
+                while True:
+                    got = (await read_frame(reader, 0, key=keys.recv, max_header=MAX_HEADER))[0]
+                    if frames is not None:
+                        frames.append(got)
+                    if got.get("type") == until:
+                        return
         except (OSError, asyncio.IncompleteReadError, TimeoutError):
             pass
         finally:

@@ -170,13 +170,14 @@ def test_intake_runs_off_the_event_loop_and_a_push_of_1000_bad_groups_is_counted
 
 def test_a_push_of_1024_empty_groups_is_refused_and_counted(loop, caplog):
     """Groups of no record teach nothing and cost the coordinator a rejection each: every one is refused before the
-    buffer and counted under "empty_group" (one a group: they hold no record), in the coordinator's `rejected`
-    (summary.json's coordinator.rejected, the step's `rejected`) and the worker's row, logged in 8 lines and one."""
+    buffer ("empty_group" in the ack) and counted in the coordinator's empty_groups (summary.json's
+    coordinator.empty_groups), not as records (records pushed = accepted + rejected), logged in 8 lines and one."""
     coord = make_coordinator()
     try:
         ack = loop.run(_push(coord.port, [[]] * 1024, wid="hollow"))
         assert ack["accepted"] == 0 and list(ack["rejected"]) == ["empty_group"] * 1024
-        assert coord.stats()["rejected"] == {"empty_group": 1024} and coord.workers["hollow"].rejected == 1024
+        assert coord.stats()["empty_groups"] == 1024 and coord.stats()["rejected"] == {}
+        assert coord.workers["hollow"].rejected == 0  # records
         assert coord.buffer.stats()["rejected"] == {}  # never reached the buffer
     finally:
         coord.stop()

@@ -22,9 +22,11 @@ Retention keeps whole chains: after an anchor is written, the entries older than
 anchor go, and so do the entries that do not verify at any version, above the newest anchor too (manifest first,
 so a reader never sees a manifest without its payload). A reader racing a deletion reads the listing again.
 
-The store is any URL obstore opens: `s3://bucket/prefix` (credentials, endpoint and region from the AWS_*
-environment, or `options`), `gs://`, `az://`, `file:///path`, or a plain local path (the embedded default: no
-server). obstore is imported on first use only.
+The store is `s3://bucket/prefix` (credentials from the AWS_* environment; endpoint and region from it or from
+`options`), `gs://`, `az://`, `file:///path`, or a plain local path (the embedded default: no server). Without
+credentials in the environment a store is read unsigned, and the instance-metadata service is asked only when
+`metadata` says so (runtime/trust/store_policy.py: what a worker takes from a welcome). obstore is imported on
+first use only; its panics become StoreError or ConfigError like its errors.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from echo2sdk.core import delta
 from echo2sdk.core.broadcast.manifest import MIN_CHUNK_BYTES, Manifest, chunk_digest, verify_manifest
 from echo2sdk.core.records import pack, unpack
 from echo2sdk.errors import ConfigError, ProtocolError
+from echo2sdk.runtime.trust.store_policy import scheme_of, signs
 
-__all__ = ["SnapshotStore", "Caught", "StoreError", "open_object_store", "run_url", "KEEP_CHAINS",
+__all__ = ["SnapshotStore", "Caught", "StoreError", "open_object_store", "library_failure", "run_url", "KEEP_CHAINS",
            "MAX_MANIFEST_BYTES"]
 
 log = logging.getLogger("echo2sdk.store")
@@ -68,16 +71,19 @@ class StoreError(ProtocolError):
     """The store cannot give a verified snapshot: unreachable, empty, a broken chain, or a bad entry."""
 
 
-def open_object_store(url: str, options: dict[str, str] | None = None) -> Any:
-    """An obstore store for `url` (a plain path is a local folder, made if missing). `options`: obstore's
-    config keys (endpoint, region, ...; `allow_http` goes to the HTTP client). ConfigError naming the URL when
-    obstore refuses it."""
+def open_object_store(url: str, options: dict[str, str] | None = None, *, metadata: bool = False,
+                      create: bool = True) -> Any:
+    """An obstore store for `url` (a plain path is a local folder, made if missing when `create`). `options`:
+    obstore's config keys (endpoint, region, ...; `allow_http` goes to the HTTP client). Credentials come from
+    this machine's environment; without them requests go unsigned unless `metadata` lets obstore ask the cloud's
+    instance-metadata service for them (runtime/trust/store_policy.py). ConfigError naming the URL when obstore
+    refuses it."""
     from obstore.store import from_url
 
     opts: dict[str, Any] = dict(options or {})
-    url = local_url(url)
+    url = local_url(url) if create else url
     if url.startswith("file://"):
-        opts["mkdir"] = True
+        opts["mkdir"] = create
     else:  # a remote store: its HTTP client's options, and a bound on retries (obstore's default retries for 3 min)
         client = {k: opts.pop(k) for k in ("allow_http", "timeout", "connect_timeout", "read_timeout") if k in opts}
         # obstore's timeout covers a whole request, body included (30 s by default): an 8B model's 16 GB anchor
@@ -87,10 +93,20 @@ def open_object_store(url: str, options: dict[str, str] | None = None) -> Any:
         client.setdefault("read_timeout", timedelta(seconds=60))  # a download that stalls ends here, not at 30 min
         opts["client_options"] = client
         opts["retry_config"] = {"max_retries": 4, "retry_timeout": timedelta(seconds=RETRY_S)}
+        if not signs(scheme_of(url), metadata, options=options or {}):  # no credentials: never ask for some
+            opts["skip_signature"] = True
     try:
         return from_url(url, **opts)
-    except Exception as e:  # noqa: BLE001 - obstore raises its own error types for a bad URL or option
-        raise ConfigError(f"broadcast.store = {url!r}: {e}") from None
+    except BaseException as e:  # obstore's own error types for a bad URL or option, and its panics
+        if not library_failure(e):
+            raise
+        raise ConfigError(f"broadcast.store = {url!r}: {type(e).__name__}: {e}") from None
+
+
+def library_failure(e: BaseException) -> bool:
+    """Whether `e` is the storage library failing: an Exception, or a panic of the Rust code under it (pyo3's
+    PanicException derives from BaseException, so `except Exception` lets it through and it ends the thread)."""
+    return isinstance(e, Exception) or type(e).__name__ == "PanicException"
 
 
 def local_url(url: str) -> str:
@@ -153,11 +169,15 @@ class SnapshotStore:
     """Anchors and deltas under one store prefix. `put` (the coordinator's writer thread) and `catch_up` (a
     worker) are blocking: run them off an event loop."""
 
-    def __init__(self, url: str, options: dict[str, str] | None = None, *, keep_chains: int = KEEP_CHAINS):
+    def __init__(self, url: str, options: dict[str, str] | None = None, *, keep_chains: int = KEEP_CHAINS,
+                 metadata: bool = False, create: bool = True):
+        """`metadata`: credentials may come from the instance-metadata service; `create`: make a local folder
+        that is missing (the writer; a worker only reads)."""
         if keep_chains < 1:
             raise ConfigError(f"keep_chains = {keep_chains} must be at least 1")
-        self.url, self.options, self.keep_chains = local_url(url), dict(options or {}), keep_chains
-        self.store = open_object_store(self.url, options)
+        self.url = local_url(url) if create else url
+        self.options, self.keep_chains = dict(options or {}), keep_chains
+        self.store = open_object_store(self.url, options, metadata=metadata, create=create)
 
     # -- the writer ----------------------------------------------------------------------------------------
     def put(self, manifest: Manifest, payload: bytes | bytearray | memoryview, public_key: bytes) -> None:
@@ -165,10 +185,15 @@ class SnapshotStore:
         import obstore
 
         key = _key(manifest.version, manifest.kind)
-        obstore.put(self.store, key, memoryview(payload))
-        obstore.put(self.store, key + ".manifest", pack(manifest.to_wire()))
-        if manifest.kind == "full":
-            self._retain(public_key)
+        try:
+            obstore.put(self.store, key, memoryview(payload))
+            obstore.put(self.store, key + ".manifest", pack(manifest.to_wire()))
+            if manifest.kind == "full":
+                self._retain(public_key)
+        except BaseException as e:
+            if isinstance(e, Exception) or not library_failure(e):
+                raise
+            raise StoreError(f"the store {self.url}: {type(e).__name__}: {e}") from None
 
     def _retain(self, public_key: bytes) -> None:
         """Delete the entries that do not verify, from the newest down (above the newest anchor too: readers would
@@ -353,6 +378,12 @@ class SnapshotStore:
             except FileNotFoundError as e:  # retention removed an entry under us: read the listing again
                 if attempt == _READ_TRIES - 1:
                     raise StoreError(f"the store {self.url} changed under {_READ_TRIES} reads: {e}") from None
+            except StoreError:
+                raise
+            except BaseException as e:
+                if not library_failure(e):
+                    raise
+                raise StoreError(f"the store {self.url}: {type(e).__name__}: {e}") from None
         raise AssertionError("unreachable")
 
     def _catch_up(self, public_key: bytes, held: tuple[int, bytes, bytes | bytearray] | None, t0: float) -> Caught:

@@ -34,13 +34,14 @@ READ_SPAN = 1 << 20  # records read from the connection in one await, at most (a
 
 class Intake:
     """Admits pushed groups into `buffer` (records checked against `vocab_size` and `max_len`); `rejected`
-    counts the rejected records by reason (an empty group, which holds none, as one: "empty_group"); a lying worker
-    is quarantined in `registry`."""
+    counts the rejected records by reason and `empty_groups` the groups refused for holding none (so that records
+    pushed = accepted + rejected holds); a lying worker is quarantined in `registry`."""
 
     def __init__(self, buffer: StalenessBuffer, registry: Registry, *, vocab_size: int, max_len: int):
         self.buffer, self.registry = buffer, registry
         self.vocab_size, self.max_len = vocab_size, max_len
         self.rejected: Counter[str] = Counter()
+        self.empty_groups = 0  # groups of no record refused (summary.json's coordinator.empty_groups)
 
     async def admit(self, conn: Conn, msg: Trajectories) -> Ack | None:
         """Admit a push of groups once per batch id: a re-sent push is acknowledged, not re-admitted. The payload
@@ -149,12 +150,15 @@ class Intake:
         return decode_record(blob, max_len=self.max_len)
 
     def _count(self, conn: Conn, accepted: int, rejections: list[tuple[int, TrajectoryRejected]]) -> None:
-        """Count a push's outcome by reason (records; an empty group as one), and log its first rejections one by
-        one (the rest in one line)."""
+        """Count a push's outcome by reason (records; an empty group in empty_groups), and log its first rejections
+        one by one (the rest in one line)."""
         conn.info.trajectories += accepted
         for n, e in rejections:
-            self.rejected[e.reason] += n or 1
-            conn.info.rejected += n or 1
+            if n == 0:
+                self.empty_groups += 1
+                continue
+            self.rejected[e.reason] += n
+            conn.info.rejected += n
         for n, e in rejections[:LOGGED_REJECTIONS]:
             log.warning("worker %s: %s (group of %d dropped)", conn.worker_id, e, n)
         if len(rejections) > LOGGED_REJECTIONS:

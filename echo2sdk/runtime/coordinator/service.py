@@ -151,6 +151,7 @@ class Coordinator:
             "refused_revoked": self.refused_revoked,
             "quarantines": self.quarantines,
             "rejected": dict(self.rejected),
+            "empty_groups": self.intake.empty_groups,
             "protocol_errors": self.protocol_errors,
             "broadcast_repairs": self.repairs_reported,
             "write_timeouts": self.write_timeouts,

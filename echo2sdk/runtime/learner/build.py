@@ -11,6 +11,8 @@ from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery
 from echo2sdk.runtime.broadcast.store import SnapshotStore, run_url
 from echo2sdk.runtime.protocol.messages import WorkerConfig
 from echo2sdk.runtime.trust.credentials import check_token, given_token
+from echo2sdk.runtime.trust.plugin_policy import allowances
+from echo2sdk.runtime.trust.store_policy import store_allowances
 from echo2sdk.runtime.trust.worker_keys import Revocations
 
 __all__ = [
@@ -132,7 +134,15 @@ def snapshot_store(cfg: Config, signer: Any) -> SnapshotStore | None:
     if not b.store:
         return None
     assert signer is not None  # config: a store needs the chain broadcast, whose key signs its manifests
-    return SnapshotStore(run_url(b.store, signer.public_key), b.store_options, keep_chains=b.store_keep)
+    return SnapshotStore(run_url(b.store, signer.public_key), b.store_options, keep_chains=b.store_keep,
+                         metadata=b.store_metadata)
+
+
+def worker_allowances(cfg: Config, coordinator: Any) -> list[str]:
+    """The `--allow-plugin` values the learner's own workers get: what its operator configured (the plug-ins and
+    options of the worker config, the snapshot store's settings: runtime/trust/)."""
+    store = coordinator.snapshots.store_info()
+    return sorted({*allowances(coordinator.worker_config), *store_allowances(store, cfg.broadcast.store_metadata)})
 
 
 def delivery(cfg: Config, token: str, signing_key: Any = None) -> SnapshotDelivery:

@@ -15,10 +15,10 @@ from echo2sdk.config import Config
 from echo2sdk.core import capacity
 from echo2sdk.errors import CapacityError, Echo2Error
 from echo2sdk.runtime.learner.batches import Batches
+from echo2sdk.runtime.learner.build import worker_allowances
 from echo2sdk.runtime.learner.console import event_log
 from echo2sdk.runtime.learner.metrics import RunMetrics, filtered_share
 from echo2sdk.runtime.learner.publication import Publication
-from echo2sdk.runtime.trust.plugin_policy import allowances
 
 __all__ = ["decide", "Calibration", "Provisioning"]
 
@@ -261,7 +261,7 @@ def run_options(cfg: Config, coordinator: Any, out: Path) -> dict[str, Any]:
     connect, the token, the run folder (its ledger), the local workers' settings, the machine types."""
     c = coordinator
     return {"connect": f"{c.host}:{c.port}", "token": c.token, "run_dir": str(out), "log_dir": str(out / "workers"),
-            "threads": cfg.rollout.threads, "nice": cfg.rollout.nice, "allow": allowances(c.worker_config),
+            "threads": cfg.rollout.threads, "nice": cfg.rollout.nice, "allow": worker_allowances(cfg, c),
             "plaintext": not cfg.run.tls, "machines": {m.name: m.resources for m in cfg.scheduler.machines}}
 
 

@@ -55,7 +55,6 @@ from echo2sdk.runtime.learner.tasks import CountedTasks
 from echo2sdk.runtime.providers.local import LocalProvider
 from echo2sdk.runtime.sinks import load_sinks, redact
 from echo2sdk.runtime.sinks.jsonl import reset_run_files
-from echo2sdk.runtime.trust.plugin_policy import allowances
 
 __all__ = ["Trainer"]
 
@@ -207,7 +206,7 @@ class Trainer:
         self.replay = AuditReplay(self.coordinator, self.ops, lie_threshold=L.lie_threshold,
                                   lie_var_threshold=L.lie_var_threshold, replay_n=L.audit_replay)
         self.local = LocalProvider(f"{host}:{port}", self.coordinator.token, log_dir=self.out / "workers",
-                                   threads=ro.threads, nice=ro.nice, allow=allowances(self.coordinator.worker_config),
+                                   threads=ro.threads, nice=ro.nice, allow=build.worker_allowances(cfg, self.coordinator),
                                    plaintext=not cfg.run.tls, grace_s=LOCAL_GRACE_S, run_dir=self.out)
         limits = DataLimits(L.data_timeout_s, cfg.run.heartbeat_s, L.filter_patience, self.out / "workers",
                             max_wait_s=L.max_wait_s, min_groups=L.min_groups, partial_lr=L.partial_lr)

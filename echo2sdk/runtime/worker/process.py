@@ -168,7 +168,7 @@ class RolloutWorker:
         self.stats = RolloutStats()
         self.episode_stats = EpisodeStats(failures=self.stats.failures)  # counters of the episodes played
         self.link = CoordinatorLink()
-        self.snapshots = SnapshotInbox(self.link, self.host, relay_only)
+        self.snapshots = SnapshotInbox(self.link, self.host, relay_only, self.allow_plugins)
         self.boot = Bootstrap(self.link, self.snapshots, cache_dir)
         self.loop = RolloutLoop(self.link, self.snapshots, self, session=self.session, max_batches=max_batches)
         self._joining = False  # between dialling and a verified welcome: a ProtocolError then may be forged

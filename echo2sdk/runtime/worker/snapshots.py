@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from echo2sdk.core import delta
@@ -41,6 +42,7 @@ from echo2sdk.runtime.protocol.messages import (
     clip,
     shown,
 )
+from echo2sdk.runtime.trust.store_policy import store_settings
 from echo2sdk.runtime.worker.link import CoordinatorLink
 
 if TYPE_CHECKING:
@@ -59,8 +61,9 @@ class SnapshotInbox:
     `newest`: the newest version this worker has heard of (welcome, plans, pushes). `received`: the newest
     version a relay-only worker fetched. `relay` is set by the worker at its first session."""
 
-    def __init__(self, link: CoordinatorLink, host: str, relay_only: bool):
+    def __init__(self, link: CoordinatorLink, host: str, relay_only: bool, allowed: Collection[str] = ()):
         self.link, self.host, self.relay_only = link, host, relay_only
+        self.allowed = frozenset(allowed)  # the operator's --allow-plugin values (the store's: store_policy)
         self.relay: RelayNode | None = None
         self.public_key: bytes | None = None  # the snapshot-signing key, learnt from the sealed welcome
         self.pending: tuple[int, bytes | bytearray | Assembly] | None = None
@@ -200,19 +203,23 @@ class SnapshotInbox:
     async def _from_store(self, version: int) -> None:
         """Rebuild snapshot `version` (or newer) from the store and queue it; refuse (and report, so that the
         coordinator pushes it whole) when that cannot be done."""
-        from echo2sdk.runtime.broadcast.store import SnapshotStore
+        from echo2sdk.runtime.broadcast.store import SnapshotStore, library_failure
 
         try:
             if self.store_info is None or self.public_key is None:
                 raise ProtocolError("this run's welcome named no snapshot store or no signing key")
-            if self._store is None or self._store.url != self.store_info.url:
-                info = self.store_info
-                self._store = await asyncio.to_thread(SnapshotStore, info.url, dict(info.options))
+            # what this worker's operator allows of the welcome's store settings (ConfigError: a refusal)
+            url, options, metadata = store_settings(self.store_info, self.allowed)
+            if self._store is None or (self._store.url, self._store.options) != (url, options):
+                self._store = await asyncio.to_thread(lambda: SnapshotStore(url, options, metadata=metadata,
+                                                                            create=False))
             held = self.held if self.deltas else None
             caught = await asyncio.to_thread(self._store.catch_up, self.public_key, held)
             if caught.version < version:
                 raise ProtocolError(f"the store's newest snapshot is v{caught.version}, v{version} was announced")
-        except Exception as e:  # noqa: BLE001 - a store error of any kind (obstore's own, a bad entry): fall back
+        except BaseException as e:  # a store error of any kind (a refusal, obstore's own, its panic, a bad entry)
+            if not library_failure(e):
+                raise  # cancelled, or the process is ending
             log.warning("snapshot v%d: cannot take it from the store: %s", version, shown(str(e), 300))
             await self.link.notify(SnapshotRejected(version=version, reason=clip(f"store: {e}"), from_store=True))
             return
