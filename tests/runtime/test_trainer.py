@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,17 +15,23 @@ from echo2sdk.runtime.learner.recipe import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-#: One metrics.jsonl row: every key, in order, with its value type (None where it may be unset).
+#: The main job's files as recorded (written before the keys of ADDED_SINCE_RECORDED existed): a run's rows and
+#: summary are pinned against these and against a tiny run's.
+RECORDED = next(p for p in Path(__file__).resolve().parents if p.name == "tests") / "data" / "math_20step"
+
+#: One metrics.jsonl row: every key, in order, with the types its value may take (None where it may be unset). Each
+#: type but None must show up in the tiny run (in the recorded main job for RECORDED_ONLY): a column that changed its
+#: type (a float become an int, or always None) fails test_metrics_and_summary_keep_their_keys_order_and_types.
 ROW = {
     "step": int, "version": int, "time_s": float, "t_train_s": float, "t_forward_s": float,
     "t_backward_s": float, "t_optim_s": float, "t_publish_s": float, "t_step_wall_s": float,
     "learner_wait_s": float, "reward_mean": float, "reward_std": float, "accuracy": (float, None),
     "rollout_reward_mean": (float, None), "rollout_accuracy": (float, None),
-    "filter_rate": (float, int, None), "filter_rate_predicted": (float, int, None),
-    "prompt_concentration": (float, int, None), "filter_rate_predicted_reward": (float, int, None),
-    "reward_concentration": (float, int, None), "rollouts": int,
-    "rollouts_per_s": (float, int, None), "useful_rollouts_per_s": (float, int, None), "adapter_failures": dict,
-    "adapter_failure_rate": (float, int, None), "learner_wait_filtered_s": float, "learner_wait_empty_s": float,
+    "filter_rate": (float, None), "filter_rate_predicted": (float, None),
+    "prompt_concentration": (float, None), "filter_rate_predicted_reward": (float, None),
+    "reward_concentration": (float, None), "rollouts": int,
+    "rollouts_per_s": (float, None), "useful_rollouts_per_s": (float, None), "adapter_failures": dict,
+    "adapter_failure_rate": (float, None), "learner_wait_filtered_s": float, "learner_wait_empty_s": float,
     "learner_wait_snapshot_s": float,
     "staleness_max": int, "staleness_mean": float, "trajectories": int, "tokens": int, "rejected": int,
     "evicted": int, "groups_filtered": int, "groups_filtered_frac": float, "loss": float, "kl": float,
@@ -37,13 +44,74 @@ ROW = {
     "batches_withheld": int, "records_withheld_total": int,
 }
 
+#: Columns the tiny run leaves None (tiny-random's prompts all look alike): their types are seen in RECORDED.
+RECORDED_ONLY = {"prompt_concentration", "reward_concentration"}
+
+#: summary.json of the main job's configuration (no broadcast.delta: "deltas", no broadcast.store: "store"): its
+#: keys in order, and those of its objects ("workers": one worker's row; "config": its sections, config.py's own).
+SUMMARY = [
+    "steps", "wall_s", "reward_first5", "reward_last5", "accuracy_first5", "accuracy_last5", "rollout_reward_first5",
+    "rollout_reward_last5", "rollout_accuracy_first5", "rollout_accuracy_last5", "staleness_max", "S", "kappa", "R",
+    "T_train_median_s", "T_train_full_batch_s", "T_bcast_median_s", "T_bcast_received_median_s", "mu_pool_measured",
+    "mu_min", "bubble_ratio", "capacity", "buffer", "coordinator", "workers", "checkpoint", "last_checkpoint",
+    "save_errors", "stopped", "learner_ranks", "quarantined", "batches_dropped", "batches_partial",
+    "batches_dropped_records_by_worker", "batches_withheld", "records_withheld_by_worker", "warnings", "config",
+]
+SUMMARY_OBJECTS = {
+    # "why" only where the pool was not enough (or none could be)
+    "capacity": ["mu_pool_raw", "filter_rate", "accuracy", "prompt_concentration", "filter_rate_predicted",
+                 "filter_rate_binary", "reward_concentration", "filter_rate_predicted_reward", "reward_shares",
+                 "mu_pool_useful", "mu_min", "mu_min_without_broadcast", "enough", "short_because_of_filtering",
+                 "short_because_of_broadcast", "learner_wait_s", "learner_wait_filtered_s", "learner_wait_empty_s",
+                 "learner_wait_snapshot_s", "why"],
+    "buffer": ["version", "admitted", "rejected", "evicted", "evicted_by_reason", "sampled", "staleness_hist", "held",
+               "held_bytes", "pending_groups", "ready_groups", "filtered", "completed_records", "completed_reward_sum",
+               "completed_scored", "completed_correct", "completed_groups", "filtered_groups", "scored_groups",
+               "scored_groups_correct", "scored_groups_pairs", "scored_groups_all_or_none", "reward_values",
+               "fallback_groups", "aside_groups", "completed_by_task"],
+    "coordinator": ["workers_alive", "workers_seen", "refused", "refused_revoked", "quarantines", "rejected",
+                    "empty_groups", "protocol_errors", "broadcast_repairs", "write_timeouts", "adapter_failures",
+                    "groups_dropped", "rate_limited", "evicted", "over_capacity", "failed_logins", "handshake_timeouts"],
+    "workers": ["worker_id", "address", "price_per_hour", "backend", "version", "joined_at", "last_seen",
+                "trajectories", "rejected", "rollouts_per_s", "alive", "active", "relay_addr", "relay_reachable",
+                "credential", "rejoins", "adapter_failures", "groups_dropped"],
+    "last_checkpoint": ["path", "step", "bytes", "save_s"],
+    "config": ["model", "task", "rollout", "learner", "broadcast", "scheduler", "provisioning", "run"],
+}
+OPTIONAL = {"capacity": {"why"}}
+
+#: Keys that the recorded main job's files (RECORDED) predate.
+ADDED_SINCE_RECORDED = {
+    "metrics": ["t_bcast_received_s"],
+    "summary": ["T_bcast_received_median_s"],
+    "capacity": ["mu_min_without_broadcast", "short_because_of_broadcast"],
+    "coordinator": ["empty_groups"],
+}
+
+
+def _kinds(kind: object) -> tuple:
+    return tuple(type(None) if k is None else k for k in (kind if isinstance(kind, tuple) else (kind,)))
+
 
 def _check_row(row: dict) -> None:
     assert list(row) == list(ROW)
     for key, kind in ROW.items():
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        ok = any(row[key] is None if k is None else isinstance(row[key], k) and not isinstance(row[key], bool) for k in kinds)
-        assert ok, f"{key} = {row[key]!r} is not {kind}"
+        assert type(row[key]) in _kinds(kind), f"{key} = {row[key]!r} is not {kind}"
+
+
+def _summary_keys(summary: dict) -> dict[str, list[str]]:
+    """summary.json's keys ("summary") and those of its objects (SUMMARY_OBJECTS' names; "workers": the first row's),
+    the optional ones (OPTIONAL) left out."""
+    objects = {name: summary[name][0] if name == "workers" else summary[name] for name in SUMMARY_OBJECTS}
+    return {"summary": list(summary), **{name: [k for k in obj if k not in OPTIONAL.get(name, ())]
+                                         for name, obj in objects.items()}}
+
+
+def _pinned(name: str, recorded: bool = False) -> list[str]:
+    """The pinned keys of "metrics", "summary" or one of SUMMARY_OBJECTS, the optional ones left out; `recorded`:
+    as the recorded main job has them (without ADDED_SINCE_RECORDED)."""
+    keys = {"metrics": list(ROW), "summary": SUMMARY, **SUMMARY_OBJECTS}[name]
+    return [k for k in keys if k not in OPTIONAL.get(name, ()) and not (recorded and k in ADDED_SINCE_RECORDED.get(name, ()))]
 
 
 def _cfg(tmp_path, steps=6, workers=2, S=2, extra=()):
@@ -109,6 +177,32 @@ def test_killing_a_worker_does_not_stop_training(tiny_run):
     assert tiny_run.killed_at_step >= 2 and len(tr.rows) == tiny_run.steps
     assert tr.rows[-1]["workers_alive"] == 1
     assert "local-0" in (tiny_run.out / "run.log").read_text()
+
+
+@pytest.mark.slow
+def test_metrics_and_summary_keep_their_keys_order_and_types(tiny_run):
+    """metrics.jsonl's keys, their order and their values' types (ROW), and summary.json's keys with those of its
+    objects (SUMMARY, SUMMARY_OBJECTS), as the shared tiny run writes them and as the recorded main job did (the
+    keys added since, ADDED_SINCE_RECORDED, aside). A column added, moved, renamed or retyped fails here: change
+    ROW, SUMMARY and the docs (docs/observability.md) with it."""
+    runs = {"tiny run": tiny_run.out, "recorded main job": RECORDED}
+    rows = {name: [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+            for name, d in runs.items()}
+    for r in rows["tiny run"]:
+        _check_row(r)
+    for r in rows["recorded main job"]:
+        assert list(r) == _pinned("metrics", recorded=True)
+        assert all(type(r[key]) in _kinds(ROW[key]) for key in r), r
+    seen = {key: {type(r[key]) for r in rows["recorded main job" if key in RECORDED_ONLY else "tiny run"]}
+            for key in ROW}
+    unseen = {key: kinds for key, kind in ROW.items() if (kinds := set(_kinds(kind)) - {type(None)} - seen[key])}
+    assert unseen == {}, f"types no row has: {unseen}"
+    summaries = {name: json.loads((d / "summary.json").read_text()) for name, d in runs.items()}
+    for name, summary in summaries.items():
+        recorded = name == "recorded main job"
+        assert _summary_keys(summary) == {k: _pinned(k, recorded) for k in ("summary", *SUMMARY_OBJECTS)}, name
+        assert all(set(w) == set(SUMMARY_OBJECTS["workers"]) for w in summary["workers"]), name
+        assert set(summary["capacity"]) - set(SUMMARY_OBJECTS["capacity"]) == set(), name
 
 
 def test_calibrate_measures_decides_and_hands_the_pool_to_the_scheduler(tmp_path):
