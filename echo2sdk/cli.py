@@ -49,6 +49,10 @@ def _run(args: argparse.Namespace) -> int:
             "rollout_accuracy_first5", "rollout_accuracy_last5", "staleness_max", "T_train_median_s",
             "T_bcast_median_s", "bubble_ratio", "checkpoint", "stopped")
     print(json.dumps({k: summary[k] for k in keep}, indent=2))
+    from echo2sdk.runtime.learner.console import refusals_line
+
+    if line := refusals_line(summary.get("coordinator", {}).get("rejected", {})):
+        print(f"echo2 run: {line}", file=sys.stderr)
     for error in summary.get("save_errors", []):  # trained, summarised, but not all of it saved
         print(f"echo2 run: error: {error} (metrics.jsonl and summary.json are in {echo.config.run.out})",
               file=sys.stderr)

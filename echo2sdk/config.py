@@ -227,14 +227,34 @@ class LearnerConfig(_Section):
         return self.scale_rewards if self.scale_rewards is not None else self.loss_type != "dr_grpo"
 
 
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
+_URL = rf"https?://{_HOST}(?::[0-9]{{1,5}})?/?"  # scheme, host and port: no user, path, query or fragment
+_BOOL = r"(?i:true|false)"
+_DURATION = r"[0-9]{1,9}(?:\.[0-9]{1,9})?\s?[a-z]{0,7}"  # obstore's duration strings: "30s", "30min", "1.5h"
 #: broadcast.store_options that name where and how to connect, never a secret: the only ones a run sends its
-#: workers (obstore's config keys; credentials stay in each machine's environment)
-SAFE_STORE_OPTIONS = frozenset({
-    "endpoint", "aws_endpoint", "region", "aws_region", "default_region", "allow_http", "timeout",
-    "connect_timeout", "read_timeout", "virtual_hosted_style_request", "aws_virtual_hosted_style_request", "s3_express",
-    "skip_signature", "unsigned_payload", "checksum_algorithm", "account_name", "azure_storage_account_name",
-    "use_emulator", "azure_storage_use_emulator", "use_fabric_endpoint", "project_id",
-})
+#: workers (obstore's config keys; credentials stay in each machine's environment), each with the form its value
+#: must have. obstore builds host names from some of them (https://s3.{region}.amazonaws.com,
+#: https://{account}.blob.core.windows.net): a region of "x@host/" would send the signed request elsewhere.
+STORE_OPTION_VALUES = {
+    "endpoint": _URL, "aws_endpoint": _URL, "region": r"[a-z0-9-]{1,32}", "aws_region": r"[a-z0-9-]{1,32}",
+    "default_region": r"[a-z0-9-]{1,32}", "allow_http": _BOOL, "timeout": _DURATION, "connect_timeout": _DURATION,
+    "read_timeout": _DURATION, "virtual_hosted_style_request": _BOOL, "aws_virtual_hosted_style_request": _BOOL,
+    "s3_express": _BOOL, "skip_signature": _BOOL, "unsigned_payload": _BOOL, "checksum_algorithm": r"[A-Za-z0-9]{1,16}",
+    "account_name": r"[a-z0-9]{3,24}", "azure_storage_account_name": r"[a-z0-9]{3,24}", "use_emulator": _BOOL,
+    "azure_storage_use_emulator": _BOOL, "use_fabric_endpoint": _BOOL, "project_id": r"[a-z0-9-]{1,63}",
+}
+SAFE_STORE_OPTIONS = frozenset(STORE_OPTION_VALUES)
+
+
+def store_option_problem(name: str, value: object) -> str | None:
+    """Why store option `name` = `value` is not one a run may send its workers, or None."""
+    if name not in STORE_OPTION_VALUES:
+        return "not one of the connection options (it may hold a secret, or name a file or an endpoint)"
+    if not isinstance(value, str) or not re.fullmatch(STORE_OPTION_VALUES[name], value):
+        return f"not of the form {STORE_OPTION_VALUES[name]!r}"
+    return None
+
+
 #: broadcast.store URL schemes (a plain path is a local folder, file://): the ones a worker reads too
 STORE_SCHEMES = frozenset({"s3", "gs", "az", "file"})
 
@@ -294,6 +314,9 @@ class BroadcastConfig(_Section):
             raise ValueError(f"broadcast.store = {self.store!r} needs broadcast.topology 'chain' or 'star' (the "
                              "store's manifests are signed with the chain broadcast's key)")
         unsafe = sorted(set(self.store_options) - SAFE_STORE_OPTIONS)
+        for name in sorted(set(self.store_options) & SAFE_STORE_OPTIONS):
+            if problem := store_option_problem(name, self.store_options[name]):
+                raise ValueError(f"broadcast.store_options.{name} = {self.store_options[name]!r}: {problem}")
         if unsafe:
             raise ValueError(f"broadcast.store_options {unsafe}: these options are sent to every worker, so only "
                              f"where and how to connect may be set here ({', '.join(sorted(SAFE_STORE_OPTIONS))}); give "

@@ -384,7 +384,26 @@ def test_a_malformed_fetch_is_refused_and_a_parent_speaking_garbage_is_repaired_
     finally:
         garbage.close()
     assert r.ok and r.parent == SOURCE and r.repairs[0]["parent"] == "garbage"
-    assert r.repairs[0]["reason"].startswith("protocol: chunk message: field 'i' = 'zero'")
+    assert r.repairs[0]["reason"] == "protocol"  # its kind only: the details stay in this node's log
+
+    ssh = socket.create_server(("127.0.0.1", 0))  # any service a plan can name: its banner must not travel back
+
+    def banner() -> None:
+        conn, _ = ssh.accept()
+        with conn:
+            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+            conn.recv(1)
+
+    threading.Thread(target=banner, daemon=True).start()
+    closed = socket.create_server(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    try:
+        r = nodes("child2").fetch(m, [Upstream("ssh", "127.0.0.1", ssh.getsockname()[1]),
+                                      Upstream("closed", "127.0.0.1", closed_port), _up(src)])
+    finally:
+        ssh.close()
+    assert r.ok and [(x["parent"], x["reason"]) for x in r.repairs] == [("ssh", "protocol"), ("closed", "unreachable")]
 
 
 def _serve_hello(conn: socket.socket) -> session.Session:

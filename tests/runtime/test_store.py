@@ -272,6 +272,9 @@ def test_the_store_config_is_checked_where_it_is_written():
             load_config(None, [f'broadcast.store="{url}"'])
     with pytest.raises(ConfigError, match="store_keep"):
         load_config(None, ["broadcast.store_keep=0"])
+    for name, value in (("region", "x@evil.example/"), ("endpoint", "http://h:1/p?q"), ("allow_http", "yes")):
+        with pytest.raises(ConfigError, match=rf"broadcast.store_options.{name} = .*: not of the form"):
+            load_config(None, ['broadcast.store="s3://b/r"', f'broadcast.store_options={{{name}="{value}"}}'])
     for url in ("http://host/x", "memory://x", "s3a://b/r"):  # schemes a worker would not read (store_policy)
         with pytest.raises(ConfigError, match="expected az, file, gs, s3 URLs"):
             load_config(None, [f'broadcast.store="{url}"'])

@@ -359,3 +359,25 @@ def test_a_record_larger_than_any_admissible_one_is_read_past_not_held(loop):
     assert ack["accepted"] == GROUP and list(ack["rejected"]) == ["too_long"]
     assert coord.rejected == {"too_long": GROUP} and coord.buffer.ready_groups() == 1
     assert held[:GROUP] == [-1] * GROUP and all(0 < n < 1000 for n in held[GROUP:])  # never held, the rest small
+
+
+def test_a_stale_group_is_routine_and_stays_off_the_console(loop, caplog):
+    """A group generated on a snapshot older than v_t - S is dropped by design: logged at INFO (run.log; `echo2 run`'s
+    console shows WARNING and above) and counted; any other reason in the same push is a WARNING."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="echo2sdk")
+    coord = make_coordinator()
+    try:
+        coord.buffer.set_version(5)  # v_t = 5, S = 2: version 0 is stale
+        ack = loop.run(_push(coord.port, [group("old"), group("nan", reward=math.nan)]))
+    finally:
+        coord.stop()
+    assert list(ack["rejected"]) == ["stale", "nan_reward"] and coord.rejected["stale"] == GROUP
+    levels = {r.levelname for r in caplog.records if "(stale)" in r.getMessage()}
+    assert levels == {"INFO"}, caplog.text
+    assert {r.levelname for r in caplog.records if "(nan_reward)" in r.getMessage()} == {"WARNING"}
+    from echo2sdk.runtime.learner.console import refusals_line
+
+    assert refusals_line(dict(coord.rejected)).startswith(f"records refused at intake: {GROUP} nan_reward, {GROUP} stale (")
+    assert refusals_line({}) is None

@@ -161,3 +161,17 @@ def test_an_env_id_that_names_a_module_needs_the_operators_allowance():
             check_plugins(_cfg(adapter=name))
         check_plugins(_cfg(adapter=name), allowed=[name])  # the operator allowed that exact env
     check_plugins(_cfg(adapter="gym://ALE/Pong-v5"))  # a namespaced id without ':' is a registry lookup
+
+
+@pytest.mark.parametrize("name, value", [("base_url", "http://10.0.0.5/admin/reset?confirm=yes#"),
+                                         ("snapshot_dir", "/any/folder")])
+def test_where_a_backend_connects_or_writes_needs_the_operator(name, value):
+    """The openai backend's server and snapshot folder (found by the attacker review: a coordinator sent a worker's
+    requests to an internal address and made it create a folder anywhere); its default is a server on this machine."""
+    from echo2sdk.runtime.trust.plugin_policy import allowances
+
+    cfg = _cfg(backend="openai", backend_options={name: value})
+    with pytest.raises(ConfigError, match=f"--allow-plugin backend_options.{name}"):
+        check_plugins(cfg)
+    assert allowances(cfg) == [f"backend_options.{name}"]
+    check_plugins(cfg, allowed=allowances(cfg))

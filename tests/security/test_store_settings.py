@@ -32,15 +32,17 @@ SECRET = "probe-secret-4f1c"
 class Attacker:
     """An HTTP server on loopback that records every request (method, path, headers) and answers 404."""
 
-    def __init__(self):
+    def __init__(self, body: bytes = b""):
         seen = self.seen = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _any(self):
                 seen.append((self.command, self.path, dict(self.headers)))
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
+                self.send_response(403 if body else 404)
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
 
             do_GET = do_PUT = do_POST = do_HEAD = _any
 
@@ -149,6 +151,22 @@ def test_a_local_folder_store_needs_the_operator_and_is_never_made(loop, tmp_pat
     assert "--allow-plugin store.local" in _rejected(frames)
 
 
+@pytest.mark.integration
+def test_what_a_server_answers_stays_on_the_worker(loop):
+    """An unsigned worker may read from an endpoint the coordinator names (nothing secret goes), but the library's
+    error quotes the server's answer: it stays in the worker's log, and the refusal that travels names its kind."""
+    answer = b'{"Code":"Success","AccessKeyId":"ASIAINTERNAL","SecretAccessKey":"' + SECRET.encode() + b'"}'
+    internal = Attacker(body=answer)  # an internal service the worker can reach and the coordinator cannot
+    try:
+        rc, out, frames = _probe(loop, {"endpoint": internal.url, "allow_http": "true", "region": "us-east-1"},
+                                 env={"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""})
+    finally:
+        internal.close()
+    assert internal.seen and not any("authorization" in h for _, _, h in internal.seen)  # read, unsigned
+    reason = _rejected(frames)
+    assert SECRET not in reason and "ASIAINTERNAL" not in reason and "log has" in reason, reason
+
+
 # -- the policy itself ------------------------------------------------------------------------------------
 def _info(url="s3://b/r", **options) -> StoreInfo:
     return StoreInfo(url=url, options=options)
@@ -172,6 +190,14 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
     (_info(url="file:///x"), NO_CREDENTIALS, ["store.local"], None),
     (_info(url="http://a:1/x"), NO_CREDENTIALS, ["store.local"], "scheme 'http' is not one a worker reads"),
     (_info(url="memory://x"), NO_CREDENTIALS, [], "scheme 'memory'"),
+    # obstore builds host names from these (https://s3.{region}.amazonaws.com): a value with '@' or '/' moves the
+    # signed request to another host (found by the attacker review)
+    (_info(region="x@attacker.example:443/"), CREDENTIALS, [], "region = 'x@attacker.example:443/' is not of the form"),
+    (_info(url="az://c/r", account_name="a@attacker.example/"), {"AZURE_STORAGE_SAS_TOKEN": "sv=1"}, [], "account_name"),
+    (_info(endpoint="http://a:1/path?x#"), NO_CREDENTIALS, [], "endpoint = 'http://a:1/path?x#' is not of the form"),
+    (_info(endpoint="http://169.254.169.254"), NO_CREDENTIALS, [], "link-local or metadata address"),
+    (_info(endpoint="http://metadata.google.internal"), NO_CREDENTIALS, [], "link-local or metadata address"),
+    (_info(endpoint="http://[fe80::1]:80"), NO_CREDENTIALS, [], "link-local or metadata address"),
 ])
 def test_what_a_worker_takes_of_a_welcomes_store(info, env, allowed, refused):
     if refused is None:

@@ -509,7 +509,9 @@ class RelayNode:
                             up.node_id, asm.ready, manifest.n_chunks, e.reason)
                 if pending_repair is not None:  # the previous repair never delivered a chunk
                     pending_repair.pop("_t", None)
-                reason = clip(e.reason)  # it travels in a bounded `received` field
+                # it travels to the coordinator: its kind only (stalled, unreachable, protocol, ...), never what the
+                # parent said or which error the dial met, so that a plan naming any host:port learns no banner
+                reason = clip(e.reason.split(":", 1)[0].split(" (", 1)[0])
                 pending_repair = {"parent": up.node_id, "reason": reason, "chunk": asm.ready, "_t": last_good}
                 report.repairs.append(pending_repair)
                 continue

@@ -383,7 +383,11 @@ class SnapshotStore:
             except BaseException as e:
                 if not library_failure(e):
                     raise
-                raise StoreError(f"the store {self.url}: {type(e).__name__}: {e}") from None
+                # the library's message may quote what a server answered (a body of the coordinator's choosing, or
+                # of any address the endpoint names): it stays in this machine's log; the error names its kind only
+                log.warning("store %s: %s: %s", self.url, type(e).__name__, e)
+                raise StoreError(f"the store {self.url}: the storage library failed ({type(e).__name__}; this "
+                                 "machine's log has its message)") from None
         raise AssertionError("unreachable")
 
     def _catch_up(self, public_key: bytes, held: tuple[int, bytes, bytes | bytearray] | None, t0: float) -> Caught:

@@ -29,6 +29,9 @@ __all__ = ["Intake", "LOGGED_REJECTIONS"]
 log = logging.getLogger("echo2sdk.coordinator")
 
 LOGGED_REJECTIONS = 8  # rejected groups of one push logged one by one; the rest in one summary line
+#: Rejections that are normal operation: a group generated on a snapshot older than v_t - S (bounded staleness
+#: drops it by design). Logged at INFO (run.log, not the console); summary.json's coordinator.rejected counts them.
+ROUTINE = frozenset({"stale"})
 READ_SPAN = 1 << 20  # records read from the connection in one await, at most (a larger record alone)
 
 
@@ -160,11 +163,16 @@ class Intake:
             self.rejected[e.reason] += n
             conn.info.rejected += n
         for n, e in rejections[:LOGGED_REJECTIONS]:
-            log.warning("worker %s: %s (group of %d dropped)", conn.worker_id, e, n)
+            log.log(_level({e.reason}), "worker %s: %s (group of %d dropped)", conn.worker_id, e, n)
         if len(rejections) > LOGGED_REJECTIONS:
             more = Counter(e.reason for _, e in rejections[LOGGED_REJECTIONS:])
-            log.warning("worker %s: %d more group(s) of the same push rejected: %s", conn.worker_id,
-                        len(rejections) - LOGGED_REJECTIONS, dict(more))
+            log.log(_level(set(more)), "worker %s: %d more group(s) of the same push rejected: %s", conn.worker_id,
+                    len(rejections) - LOGGED_REJECTIONS, dict(more))
+
+
+def _level(reasons: set[str]) -> int:
+    """INFO when every reason is routine (ROUTINE), else WARNING: what a user must look at reaches the console."""
+    return logging.INFO if reasons <= ROUTINE else logging.WARNING
 
 
 def _lie(records: list[dict], worker_id: str, installed: frozenset[int]) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["log_above", "one_line", "library_bars_off", "progress", "signals", "log_to", "event_log"]
+__all__ = ["log_above", "one_line", "library_bars_off", "progress", "signals", "log_to", "event_log", "refusals_line"]
 
 log = logging.getLogger("echo2sdk.trainer")
 
@@ -36,6 +36,16 @@ def log_above(bar: Any) -> Iterator[None]:
         for h in set(root.handlers) - before:
             h.setLevel(max(c.level for c in console))  # logging_redirect_tqdm does not copy the level
         yield
+
+
+def refusals_line(rejected: dict[str, int]) -> str | None:
+    """One line counting the records refused at intake by reason (summary.json's coordinator.rejected), printed after
+    the summary: routine refusals (stale) were logged in run.log only. None when there were none."""
+    if not rejected:
+        return None
+    why = " (stale: generated on a snapshot older than v_t - S, which bounded staleness drops by design)"
+    return ("records refused at intake: " + ", ".join(f"{n} {reason}" for reason, n in sorted(rejected.items()))
+            + (why if "stale" in rejected else ""))
 
 
 @contextlib.contextmanager

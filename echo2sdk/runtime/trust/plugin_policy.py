@@ -31,7 +31,8 @@ Two kinds of options load code without naming an import the way the above does, 
 with the operator's allowance: a backend's `engine_options` (vllm and sglang hand them to their engine as they
 are; vLLM imports the dotted class names some of them hold) needs `--allow-plugin backend_options.engine_options`,
 and a true `trust_remote_code` anywhere (it runs the model repository's Python) needs `--allow-plugin
-trust_remote_code`. Options themselves go to the plug-in, which validates them: a factory that rejects them
+trust_remote_code`. Backend options that say where the worker connects or writes (`base_url`, `snapshot_dir`: the
+openai backend's server and folder) need `--allow-plugin backend_options.NAME`. Options themselves go to the plug-in, which validates them: a factory that rejects them
 (TypeError) is a clean refusal, not a crash.
 
 The worker checks the whole welcome first (`check_plugins`, before anything is imported), then loads under
@@ -65,6 +66,9 @@ __all__ = ["check_plugins", "allowances", "enforced", "judge", "REFERENCE"]
 
 PASS_THROUGH = "backend_options.engine_options"  # vllm / sglang: the engine's own keyword arguments, as they are
 REMOTE_CODE = "trust_remote_code"
+#: Backend options that say where a worker connects or writes (the openai backend's server, its snapshot folder):
+#: a coordinator sets them only with the operator's word (else the backend's own default: a server on this machine)
+REACH = ("base_url", "snapshot_dir")
 MIXTURE = "mixture"  # the adapter (adapters/mixture.py) whose options name adapters it loads: each is checked
 VERIFIERS = "verifiers"  # the adapter (adapters/verifiers.py) whose env id names a module it imports
 # REFERENCE (plugins): what plugins.import_reference imports; it refuses any other string before importing
@@ -126,6 +130,10 @@ def _needs(cfg: WorkerConfig) -> Iterator[Need]:
     yield from _backend_needs(cfg.backend)
     for what in _code_options(cfg):
         yield what, f"the coordinator sets {what}, which lets the backend load code"
+    for name in REACH:
+        if cfg.backend_options.get(name) is not None:
+            yield f"backend_options.{name}", (f"the coordinator sets backend_options.{name} = "
+                                              f"{shown(cfg.backend_options[name])}: where the backend connects or writes")
     for field in ("adapter_options", "backend_options"):
         for ref in _references(getattr(cfg, field)):
             yield ref, f"the coordinator's {field} name {shown(ref)}, an import reference"

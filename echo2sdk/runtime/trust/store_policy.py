@@ -27,7 +27,7 @@ import os
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
-from echo2sdk.config import SAFE_STORE_OPTIONS, STORE_SCHEMES
+from echo2sdk.config import SAFE_STORE_OPTIONS, STORE_SCHEMES, store_option_problem
 from echo2sdk.errors import ConfigError
 from echo2sdk.runtime.protocol.messages import StoreInfo, shown
 
@@ -96,6 +96,21 @@ def store_allowances(info: StoreInfo | None, metadata: bool = False, env: Mappin
     return sorted({allowance for allowance, _ in needs if allowance is not None} | ({METADATA} if metadata else set()))
 
 
+def _link_local(value: str) -> bool:
+    """Whether an endpoint names a link-local address (169.254.0.0/16, fe80::/10: the cloud's metadata service lives
+    there) or a metadata host name."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(value).hostname or "") if "://" in value else ""
+    if host.rstrip(".").lower() in ("metadata", "metadata.google.internal", "instance-data", "instance-data.ec2.internal"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_link_local
+    except ValueError:
+        return False
+
+
 def _needs(url: str, options: dict[str, str], signed: bool, env: Mapping[str, str]) -> Iterator[Need]:
     scheme = scheme_of(url)
     if scheme not in STORE_SCHEMES:
@@ -104,10 +119,11 @@ def _needs(url: str, options: dict[str, str], signed: bool, env: Mapping[str, st
     elif scheme == "file":
         yield LOCAL, f"the coordinator's store {shown(url)} is a folder on this machine"
     for name, value in sorted(options.items()):  # what no coordinator may set on its own, first
-        if name not in SAFE_STORE_OPTIONS:
-            yield f"store.{name}={value}", (
-                f"the coordinator's store option {name} = {shown(value)} is not one of the connection options a "
-                f"coordinator may set (it may name a local file, a credential or a metadata endpoint)")
+        if problem := store_option_problem(name, value):
+            yield f"store.{name}={value}", f"the coordinator's store option {name} = {shown(value)} is {problem}"
+        elif name in STEERING and _link_local(value):
+            yield f"store.{name}={value}", (f"the coordinator's store option {name} = {shown(value)} names a "
+                                            "link-local or metadata address")
     for name, value in sorted(options.items(), key=lambda kv: ("endpoint" not in kv[0], kv[0])):
         if name in STEERING and signed and not any(env.get(var) == value for var in _STEERING_ENV.get(name, ())):
             yield f"store.{name}={value}", (

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from echo2sdk.core import delta
 from echo2sdk.core.broadcast.manifest import Manifest, verify_manifest
 from echo2sdk.core.contracts import InferenceBackend
-from echo2sdk.errors import BackendError, ProtocolError
+from echo2sdk.errors import BackendError, Echo2Error, ProtocolError
 from echo2sdk.runtime.broadcast.delivery import snapshot_frame_ok
 from echo2sdk.runtime.broadcast.relay import Assembly, RelayNode, Upstream
 from echo2sdk.runtime.protocol.messages import (
@@ -221,7 +221,10 @@ class SnapshotInbox:
             if not library_failure(e):
                 raise  # cancelled, or the process is ending
             log.warning("snapshot v%d: cannot take it from the store: %s", version, shown(str(e), 300))
-            await self.link.notify(SnapshotRejected(version=version, reason=clip(f"store: {e}"), from_store=True))
+            # what travels back: our own refusals and checks, never a message of the library (which may quote a
+            # server's answer: the coordinator chose the endpoint)
+            said = str(e) if isinstance(e, Echo2Error) else f"{type(e).__name__} (this worker's log has the message)"
+            await self.link.notify(SnapshotRejected(version=version, reason=clip(f"store: {said}"), from_store=True))
             return
         log.info("snapshot v%d from the store in %.2f s: %s + %d delta(s), %d bytes read", caught.version,
                  caught.seconds, f"anchor v{caught.anchor}" if caught.anchor is not None else f"held v{held[0]}",
