@@ -253,3 +253,21 @@ def test_stores_are_built_in_one_place():
                 if name in built:
                     found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert [f.split(":")[0] for f in found] == ["runtime/broadcast/store.py"], found
+
+
+def test_the_learners_own_workers_are_allowed_its_store(monkeypatch):
+    """build.worker_allowances: what the learner's local (and provider-started) workers get for the configured store."""
+    from types import SimpleNamespace
+
+    from echo2sdk.config import load_config
+    from echo2sdk.runtime.learner.build import worker_allowances
+
+    coordinator = SimpleNamespace(worker_config={"adapter": "math", "backend": "hf"})
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_ENDPOINT", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert worker_allowances(load_config(None, ['broadcast.store="/tmp/snapshots"']), coordinator) == ["store.local"]
+    cfg = load_config(None, ['broadcast.store="s3://b/r"', 'broadcast.store_metadata=true',
+                             'broadcast.store_options={endpoint="http://127.0.0.1:9000"}'])
+    assert worker_allowances(cfg, coordinator) == ["store.endpoint=http://127.0.0.1:9000", "store.metadata"]
+    assert worker_allowances(load_config(None, []), coordinator) == []

@@ -9,7 +9,7 @@ from echo2sdk.config import Config
 from echo2sdk.core import lr_schedule
 from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery
 from echo2sdk.runtime.broadcast.store import SnapshotStore, run_url
-from echo2sdk.runtime.protocol.messages import WorkerConfig
+from echo2sdk.runtime.protocol.messages import StoreInfo, WorkerConfig
 from echo2sdk.runtime.trust.credentials import check_token, given_token
 from echo2sdk.runtime.trust.plugin_policy import allowances
 from echo2sdk.runtime.trust.store_policy import store_allowances
@@ -141,8 +141,10 @@ def snapshot_store(cfg: Config, signer: Any) -> SnapshotStore | None:
 def worker_allowances(cfg: Config, coordinator: Any) -> list[str]:
     """The `--allow-plugin` values the learner's own workers get: what its operator configured (the plug-ins and
     options of the worker config, the snapshot store's settings: runtime/trust/)."""
-    store = coordinator.snapshots.store_info()
-    return sorted({*allowances(coordinator.worker_config), *store_allowances(store, cfg.broadcast.store_metadata)})
+    b = cfg.broadcast
+    # what a worker judges of the store is its scheme and options, not the run's folder under it (named by a key)
+    store = StoreInfo(url=b.store if "://" in b.store else "file://" + b.store, options=b.store_options) if b.store else None
+    return sorted({*allowances(coordinator.worker_config), *store_allowances(store, b.store_metadata)})
 
 
 def delivery(cfg: Config, token: str, signing_key: Any = None) -> SnapshotDelivery:
