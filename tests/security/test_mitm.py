@@ -182,14 +182,14 @@ def test_a_forged_refusal_of_a_re_join_does_not_end_the_worker(loop):
 
 
 def test_a_peer_that_accepts_and_stays_silent_cannot_hold_a_joining_worker(monkeypatch):
-    """The handshake (TLS, challenge, hello, welcome) has one deadline, worker.HANDSHAKE_S: a peer that accepts the
+    """The handshake (TLS, challenge, hello, welcome) has one deadline, worker.JOIN_S: a peer that accepts the
     connection and never answers used to hold the worker forever (and a re-join past --reconnect-s)."""
     import socket
     import time
 
     from echo2sdk.runtime.worker import process as worker
 
-    monkeypatch.setattr(worker, "HANDSHAKE_S", 1.0)
+    monkeypatch.setattr(worker, "JOIN_S", 1.0)
     silent = socket.create_server(("127.0.0.1", 0))  # the kernel accepts; nobody ever answers
     try:
         t0 = time.monotonic()

@@ -77,7 +77,6 @@ SEND_SLICE = 256 << 10
 RECV_PIECE = 256 << 10
 HASH_BLOCK = 64 << 10  # bytes handed to the hasher at a time, at aligned offsets
 MAX_SPARES = 1  # evicted snapshot buffers kept for reuse by the next version
-HANDSHAKE_S = 10.0  # one deadline for a child's whole handshake (TLS, challenge, fetch)
 WRITE_SLICE = 4 << 20  # unpaced sends go out in slices of this size, each under the write deadline
 MAX_STREAMS = 512  # children served at a time (threads); more get `unavailable` and repair elsewhere
 MAX_STREAMS_PER_IP = 64  # of them from one address: one holder of a relay key cannot take them all
@@ -238,7 +237,7 @@ class RelayNode:
         keep_versions: int = 2,
         tls: bool | Identity = True,
         admission: Admission | None = None,
-        handshake_s: float = HANDSHAKE_S,
+        handshake_s: float = session.PEER_HANDSHAKE_S,  # a child's TLS, challenge and fetch
         max_streams: int = MAX_STREAMS,
         max_streams_per_ip: int = MAX_STREAMS_PER_IP,
     ):

@@ -23,11 +23,10 @@ from echo2sdk.runtime.trust import session
 from echo2sdk.runtime.trust.admission import Admission, Ticket
 from echo2sdk.runtime.trust.tls import Identity, server_context
 
-__all__ = ["Handshake", "HANDSHAKE_S", "MAX_CONNS_PER_CREDENTIAL"]
+__all__ = ["Handshake", "MAX_CONNS_PER_CREDENTIAL"]
 
 log = logging.getLogger("echo2sdk.coordinator")
 
-HANDSHAKE_S = 10.0  # one deadline for TLS, challenge and hello together
 REACH_S = 2.0  # how long a joining worker's relay port gets to accept the coordinator's probe
 MAX_CONNS_PER_CREDENTIAL = 4  # live connections one worker credential may hold (a re-join replaces its own)
 

@@ -14,7 +14,7 @@ from echo2sdk.runtime.broadcast.bootstrap import ModelFolder
 from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery, check_delivery
 from echo2sdk.runtime.broadcast.store import SnapshotStore
 from echo2sdk.runtime.coordinator.connection import WRITE_TIMEOUT_S, WriteLimit
-from echo2sdk.runtime.coordinator.handshake import HANDSHAKE_S, Handshake
+from echo2sdk.runtime.coordinator.handshake import Handshake
 from echo2sdk.runtime.coordinator.intake import Intake
 from echo2sdk.runtime.coordinator.registry import Registry
 from echo2sdk.runtime.coordinator.worker_info import WorkerInfo
@@ -51,7 +51,7 @@ class Coordinator:
         delivery: SnapshotDelivery | None = None,
         tls: bool | Identity = True,
         admission: Admission | None = None,
-        handshake_s: float = HANDSHAKE_S,
+        handshake_s: float = session.PEER_HANDSHAKE_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
         base: ModelFolder | None = None,
         revoked: Revocations | None = None,

@@ -61,6 +61,7 @@ __all__ = [
 
 CONTROL = b"control"  # coordinator <-> worker
 RELAY = b"relay"  # relay <-> child
+PEER_HANDSHAKE_S = 10.0  # a server of ours (coordinator, relay) gives a connecting peer: TLS, challenge, hello
 MAX_ANSWER = 1 << 20  # the server's first frame (a welcome), buffered before its MAC is checked
 _SCRYPT = dict(n=1 << 14, r=8, p=1, dklen=32, maxmem=64 << 20)  # ~16 MiB and ~50 ms, once per process
 

@@ -60,14 +60,14 @@ __all__ = ["RolloutWorker", "Refusal", "run_worker", "parse_address"]
 
 log = logging.getLogger("echo2sdk.worker")
 
-HANDSHAKE_S = 30.0  # TLS, challenge, hello and the welcome (or refusal) together
+JOIN_S = 30.0  # joining a coordinator: TLS, challenge, hello and the welcome (or refusal) together
 MIN_DIAL_S = 1.0  # the least one dial or handshake is given, even at the very end of a window
 
 
 def _bounded(deadline: float) -> float:
-    """Seconds one dial or handshake may take: HANDSHAKE_S, or what is left before `deadline` (at least
+    """Seconds one dial or handshake may take: JOIN_S, or what is left before `deadline` (at least
     MIN_DIAL_S, so that the last attempt of a window is a real one)."""
-    return max(MIN_DIAL_S, min(HANDSHAKE_S, deadline - time.monotonic()))
+    return max(MIN_DIAL_S, min(JOIN_S, deadline - time.monotonic()))
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -262,7 +262,7 @@ class RolloutWorker:
                 self.token, node_id=self.worker_id, host=local_host, port=self.relay_port,
                 uplink_bps=self.relay_uplink_bps, tls=self.relay_tls,
             )
-        limit = HANDSHAKE_S if rejoin_by is None else _bounded(rejoin_by)
+        limit = JOIN_S if rejoin_by is None else _bounded(rejoin_by)
         try:
             async with asyncio.timeout(limit):  # a peer that accepts and stays silent cannot hold us
                 keys, welcome = await self._handshake(reader, writer)
