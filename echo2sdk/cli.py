@@ -9,8 +9,6 @@ import math
 import os
 import signal
 import sys
-from pathlib import Path
-from typing import Any
 
 __all__ = ["main"]
 
@@ -195,7 +193,7 @@ def _worker_credential(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from echo2sdk import sky_catalog
     from echo2sdk.errors import ConfigError
-    from echo2sdk.plan import format_plan, load_catalog, make_plan
+    from echo2sdk.plan import filter_rate_of, format_plan, load_catalog, make_plan
 
     sky = None
     if sky_catalog.is_sky_spec(args.catalog):
@@ -222,7 +220,9 @@ def _plan(args: argparse.Namespace) -> int:
         solver=args.solver,
         delta_ratio=args.delta_ratio,
         anchor_every=args.anchor_every,
-        **_filter_rate(args),
+        **filter_rate_of(filter_rate=args.filter_rate, accuracy=args.accuracy, reward_shares=args.reward_shares,
+                         filter_from=args.filter_from, group_size=args.group_size,
+                         prompt_concentration=args.prompt_concentration),
     )
     if sky:
         plan.warnings[:0] = sky.warnings
@@ -231,85 +231,6 @@ def _plan(args: argparse.Namespace) -> int:
     else:
         print((sky_catalog.format_offerings(sky) + "\n" if sky else "") + format_plan(plan))
     return 0 if plan.feasible else 1
-
-
-def _filter_rate(args: argparse.Namespace) -> dict[str, Any]:
-    """echo2 plan's filter rate: --filter-rate F as given, or predicted with --group-size G from --accuracy P
-    (binary rewards) or --reward-shares Q1,Q2,... (a reward of a few values), with --prompt-concentration NU where
-    the prompts are not alike."""
-    from echo2sdk.core import capacity
-    from echo2sdk.errors import ConfigError
-
-    given = [name for name, value in (("--filter-rate", args.filter_rate), ("--accuracy", args.accuracy),
-                                      ("--reward-shares", args.reward_shares), ("--filter-from", args.filter_from))
-             if value is not None]
-    if len(given) > 1:
-        raise ConfigError("give only one of --filter-rate, --accuracy, --reward-shares or --filter-from, not "
-                          f"{' and '.join(given)}")
-    run = args.filter_from
-    if run is not None:
-        args = _filter_from(args)
-        given = ["--reward-shares" if args.reward_shares is not None else "--accuracy"]
-    nu = args.prompt_concentration
-    how = "alike prompts" if nu is None else f"prompt concentration nu = {nu:g}"
-    if args.accuracy is not None or args.reward_shares is not None:
-        if args.group_size is None:
-            raise ConfigError(f"{given[0]} needs --group-size G: a group of G is filtered when its rewards are all one")
-        if args.accuracy is not None:
-            f = capacity.filter_rate(args.accuracy, args.group_size, nu)
-            source = f"accuracy p = {args.accuracy:g}"
-        else:
-            shares = _shares(args.reward_shares)
-            f = capacity.value_filter_rate(shares, args.group_size, nu)
-            source = f"reward shares {', '.join(f'{q:g}' for q in shares)}"
-        if run is not None:
-            source = f"{source} of {Path(run) / 'summary.json'}"
-        return {"filter_rate": f, "filter_rate_source": f"predicted from {source}, G = {args.group_size}: {how}"}
-    if args.group_size is not None or args.prompt_concentration is not None:
-        raise ConfigError("--group-size and --prompt-concentration go with --accuracy or --reward-shares")
-    return {"filter_rate": args.filter_rate or 0.0, "filter_rate_source": "given"}
-
-
-def _filter_from(args: argparse.Namespace) -> argparse.Namespace:
-    """--filter-from RUN_DIR: the run's summary.json in place of --reward-shares (or, for a reward of more values
-    than the buffer tallies, --accuracy) and --prompt-concentration; --group-size, when given, plans for another G
-    than the run's (the model extrapolates: the prompts' spread is the run's)."""
-    from echo2sdk.errors import ConfigError
-
-    if args.prompt_concentration is not None:
-        raise ConfigError("--filter-from takes the prompts' concentration from the run; leave --prompt-concentration out")
-    path = Path(args.filter_from) / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"--filter-from: cannot read {path}: {e}") from None
-    cap = summary.get("capacity") or {}
-    G = args.group_size or ((summary.get("config") or {}).get("rollout") or {}).get("group_size")
-    if cap.get("reward_shares"):
-        out = {"reward_shares": ",".join(str(q) for _, q in cap["reward_shares"]),
-               "prompt_concentration": cap.get("reward_concentration")}
-    elif cap.get("accuracy") is not None:
-        out = {"accuracy": cap["accuracy"], "prompt_concentration": cap.get("prompt_concentration")}
-    else:
-        raise ConfigError(f"--filter-from: {path} has neither capacity.reward_shares nor capacity.accuracy (a run "
-                          "without dynamic sampling's counts, or from before them)")
-    return argparse.Namespace(**{**vars(args), **out, "group_size": G, "filter_from": None})
-
-
-def _shares(text: str) -> list[float]:
-    """--reward-shares as fractions of 1: shares rounded to a few digits (summary.json's reward_shares, 4) may sum
-    to 1 within 1e-3 and are rescaled; any other sum is an error."""
-    from echo2sdk.errors import ConfigError
-
-    try:
-        shares = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise ConfigError(f"--reward-shares must be numbers separated by commas, got {text!r}") from None
-    if any(not 0 <= q <= 1 for q in shares):
-        raise ConfigError(f"--reward-shares must each be in [0, 1], got {text!r}")
-    if abs(sum(shares) - 1) > 1e-3:
-        raise ConfigError(f"--reward-shares must sum to 1, got {sum(shares):g} ({text!r})")
-    return [q / sum(shares) for q in shares]
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import json
 import math
 import tomllib
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from echo2sdk.core import capacity, checks
+from echo2sdk.core import capacity, checks, verdict
 from echo2sdk.core.provisioning import Selection, Solver, WorkerOffer, check_solver, provision
 from echo2sdk.errors import CapacityError, ConfigError
 
@@ -31,6 +32,7 @@ __all__ = [
     "CatalogEntry",
     "Plan",
     "load_catalog",
+    "filter_rate_of",
     "expand",
     "make_plan",
     "idle_share",
@@ -122,6 +124,47 @@ def load_catalog(path: str | Path) -> list[CatalogEntry]:
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: machine names must be distinct, got {names}")
     return entries
+
+
+def filter_rate_of(*, filter_rate: float | None = None, accuracy: float | None = None, reward_shares: str | None = None,
+                   filter_from: str | Path | None = None, group_size: int | None = None,
+                   prompt_concentration: float | None = None) -> dict[str, Any]:
+    """A plan's filter rate (make_plan's filter_rate and filter_rate_source) from `echo2 plan`'s options: `filter_rate`
+    as given, or predicted at `group_size` G from `accuracy` (binary rewards), `reward_shares` ("Q1,Q2,...": a
+    reward of a few values) or `filter_from`, a run folder whose summary.json gives them (core/verdict.plan_inputs;
+    G, when given, plans for another group size than the run's), with `prompt_concentration` NU where the prompts
+    are not alike. ConfigError for options that do not go together."""
+    given = [name for name, value in (("--filter-rate", filter_rate), ("--accuracy", accuracy),
+                                      ("--reward-shares", reward_shares), ("--filter-from", filter_from))
+             if value is not None]
+    if len(given) > 1:
+        raise ConfigError("give only one of --filter-rate, --accuracy, --reward-shares or --filter-from, not "
+                          f"{' and '.join(given)}")
+    where = None
+    if filter_from is not None:
+        if prompt_concentration is not None:
+            raise ConfigError("--filter-from takes the prompts' concentration from the run; leave "
+                              "--prompt-concentration out")
+        where = Path(filter_from) / "summary.json"
+        try:
+            summary = json.loads(where.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--filter-from: cannot read {where}: {e}") from None
+        run = verdict.plan_inputs(summary, str(where))
+        accuracy, reward_shares, prompt_concentration = (run.get("accuracy"), run.get("reward_shares"),
+                                                         run["prompt_concentration"])
+        group_size = group_size or run["group_size"]
+        given = ["--reward-shares" if reward_shares is not None else "--accuracy"]
+    if accuracy is not None or reward_shares is not None:
+        if group_size is None:
+            raise ConfigError(f"{given[0]} needs --group-size G: a group of G is filtered when its rewards are all one")
+        f, source = verdict.predicted_filter_rate(
+            group_size, accuracy=accuracy, nu=prompt_concentration, of=where,
+            shares=verdict.shares_of(reward_shares) if accuracy is None and reward_shares is not None else None)
+        return {"filter_rate": f, "filter_rate_source": source}
+    if group_size is not None or prompt_concentration is not None:
+        raise ConfigError("--group-size and --prompt-concentration go with --accuracy or --reward-shares")
+    return {"filter_rate": filter_rate or 0.0, "filter_rate_source": "given"}
 
 
 def expand(entries: list[CatalogEntry]) -> list[WorkerOffer]:

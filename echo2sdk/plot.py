@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from echo2sdk.core import capacity
+from echo2sdk.core import capacity, verdict
 from echo2sdk.errors import DependencyNotInstalled, Echo2Error
 
 __all__ = ["Run", "Plots", "load_run", "plot_run"]
@@ -302,7 +302,7 @@ def _tasks(fig: Any, run: Run) -> str | None:
 
 
 def _filter(fig: Any, run: Run) -> str | None:
-    """Capacity in useful rollouts (issue 35): the share of the groups completed each step that dynamic sampling
+    """Capacity in useful rollouts: the share of the groups completed each step that dynamic sampling
     filtered, beside the filter rate predicted from the values the reward took and from accuracy (binary); the
     workers' rollouts a second, raw and useful, against summary.json's mu_min (in useful rollouts)."""
     rows = run.rows
@@ -312,18 +312,13 @@ def _filter(fig: Any, run: Run) -> str | None:
     fig.set_size_inches(10, 3.8)
     left, right = fig.subplots(1, 2)
     steps = [r["step"] for r in rows]
-    for key, label, style in (("filter_rate", "measured", {"color": "black"}),
-                              ("filter_rate_predicted_reward", "predicted from the reward's values",
-                               {"color": "tab:green", "linestyle": "--"}),
-                              ("filter_rate_predicted", "predicted from accuracy (binary)",
-                               {"color": "tab:purple", "linestyle": ":"})):
+    styles = ({"color": "black"}, {"color": "tab:green", "linestyle": "--"}, {"color": "tab:purple", "linestyle": ":"})
+    for (key, label, _), style in zip(verdict.FILTER_RATES, styles, strict=True):
         values = _percent(rows, key)
         if any(v is not None for v in values):
             left.plot(steps, values, **_line(rows), **style, label=label)
     cap = run.summary.get("capacity") or {}
-    whole = [f"{name} {100 * cap[key]:.1f} %" for key, name in (("filter_rate", "measured"),
-                                                                 ("filter_rate_predicted_reward", "by values"),
-                                                                 ("filter_rate_predicted", "binary"))
+    whole = [f"{name} {100 * cap[key]:.1f} %" for key, _, name in verdict.FILTER_RATES
              if isinstance(cap.get(key), (int, float))]
     left.set(xlabel="learner step", ylabel="groups filtered (%)", ylim=(-3, 103),
              title="Filter rate per step" + (f"\nrun: {', '.join(whole)}" if whole else ""))

@@ -31,7 +31,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Collection, Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from echo2sdk.core import checks
 from echo2sdk.core.records import REWARD_BOUND, Trajectory, check_admissible, held_bytes
@@ -39,7 +40,7 @@ from echo2sdk.errors import ConfigError, TrajectoryRejected
 
 log = logging.getLogger("echo2sdk.buffer")
 
-__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK", "COMPLETED", "task_bucket", "RewardValues",
+__all__ = ["StalenessBuffer", "MAX_TASKS", "OTHER_TASK", "Completed", "COMPLETED", "task_bucket", "RewardValues",
            "MAX_REWARD_VALUES"]
 
 GroupKey = tuple[str, int]  # (meta.group_id, version)
@@ -47,23 +48,48 @@ GroupKey = tuple[str, int]  # (meta.group_id, version)
 _ORDERS = ("fifo", "freshest")
 MAX_TASKS = 64  # task names counted apart (stats()["completed_by_task"]); a mixture names a few
 OTHER_TASK = "(other)"
-#: what is counted of every completed group, filtered or not, in this order: stats() gives each by name, and per
-#: task as one tuple (runtime/learner/metrics.rollout_means reads both). "scored" records have meta.extra
-#: "correct"; the scored_groups_* count the groups scored whole: their sums of k (correct records) and k (k - 1)
-#: say how alike the prompts are (capacity.prompt_concentration)
+class Completed(NamedTuple):
+    """What is counted of every completed group, filtered or not (stats() gives each field under its COMPLETED
+    name, and per task one Completed in "completed_by_task"). "scored" records have meta.extra "correct"; the
+    scored_groups_* count the groups scored whole: their sums of k (correct records) and k (k - 1) say how alike
+    the prompts are (capacity.prompt_concentration)."""
+
+    records: int = 0
+    reward_sum: float = 0.0
+    scored: int = 0
+    correct: int = 0
+    groups: int = 0
+    filtered_groups: int = 0
+    scored_groups: int = 0
+    scored_groups_correct: int = 0
+    scored_groups_pairs: int = 0
+
+    @classmethod
+    def of(cls, records: list[Trajectory], filtered: bool) -> Completed:
+        """One completed group's counts: its records, their reward sum, scored and correct records, 1 group,
+        filtered or not, and (scored whole only) 1 scored group, its correct count k and k (k - 1)."""
+        correct = [t.meta.extra.get("correct") for t in records]
+        k = sum(bool(c) for c in correct)
+        whole = None not in correct
+        return cls(len(records), sum(t.reward for t in records), sum(c is not None for c in correct), k, 1,
+                   int(filtered), int(whole), k if whole else 0, k * (k - 1) if whole else 0)
+
+    @classmethod
+    def read(cls, stats: Mapping[str, Any]) -> Completed:
+        """The counts in a stats() dict (COMPLETED's keys)."""
+        return cls(*(stats[k] for k in COMPLETED))
+
+    def plus(self, more: Completed) -> Completed:
+        return Completed(*(a + b for a, b in zip(self, more, strict=True)))
+
+    def since(self, before: Completed) -> Completed:
+        """What completed between an earlier reading `before` and this one."""
+        return Completed(*(a - b for a, b in zip(self, before, strict=True)))
+
+
+#: Completed's fields as stats() names them, in its order
 COMPLETED = ("completed_records", "completed_reward_sum", "completed_scored", "completed_correct", "completed_groups",
              "filtered_groups", "scored_groups", "scored_groups_correct", "scored_groups_pairs")
-_NO_COUNTS = (0, 0.0) + (0,) * (len(COMPLETED) - 2)  # COMPLETED before anything completed
-
-
-def _completed_counts(records: list[Trajectory], filtered: bool) -> tuple:
-    """One completed group's COMPLETED counts: its records, their reward sum, scored and correct records, 1 group,
-    filtered or not, and (scored whole only) 1 scored group, its correct count k and k (k - 1)."""
-    correct = [t.meta.extra.get("correct") for t in records]
-    k = sum(bool(c) for c in correct)
-    whole = None not in correct
-    return (len(records), sum(t.reward for t in records), sum(c is not None for c in correct), k, 1, int(filtered),
-            int(whole), k if whole else 0, k * (k - 1) if whole else 0)
 
 
 #: distinct reward values a run's groups are tallied by (capacity.value_concentration); past them the reward is
@@ -103,10 +129,6 @@ class RewardValues:
         if self.values is None:
             return None
         return {"groups": self.groups, "values": [[v, *c] for v, c in sorted(self.values.items())]}
-
-
-def _plus(counts: tuple, more: tuple) -> tuple:
-    return tuple(a + b for a, b in zip(counts, more, strict=True))
 
 
 def task_bucket(name: str, known: Collection[str], seen: Collection[str]) -> str:
@@ -219,12 +241,12 @@ class StalenessBuffer:
         self._filtered = 0  # records of filtered groups dropped unsampled
         # Every completed group, filtered or not (what the workers produce, not what the learner trains on): the
         # COMPLETED counts, and the groups scored whole that were all right or all wrong (a binary reward's filter)
-        self._completed = _NO_COUNTS
+        self._completed = Completed()
         self._all_or_none = 0
         self._reward_values = RewardValues(self.group_size)
         # the same by task (a record's meta.extra "task": a mixture's component); at most MAX_TASKS names, the rest
         # under OTHER_TASK
-        self._by_task: dict[str, tuple] = {}
+        self._by_task: dict[str, Completed] = {}
         self._admitted = 0
         self._sampled = 0
         self._rejected: Counter[str] = Counter()
@@ -432,16 +454,15 @@ class StalenessBuffer:
 
     def _complete(self, key: GroupKey, records: list[Trajectory]) -> None:
         filtered = self.filter_zero_variance and not has_signal(records)
-        counts = _completed_counts(records, filtered)
-        self._completed = _plus(self._completed, counts)
-        k, whole = counts[3], counts[6] == 1  # correct records; scored whole
-        self._all_or_none += int(whole and k in (0, len(records)))
+        counts = Completed.of(records, filtered)
+        self._completed = self._completed.plus(counts)
+        self._all_or_none += int(counts.scored_groups == 1 and counts.correct in (0, len(records)))
         if len(records) == self.group_size and all(t.meta.trains for t in records):
             self._reward_values.add([t.reward for t in records])
         name = records[0].meta.extra.get("task")
         if isinstance(name, str):
             bucket = task_bucket(name, self.task_names, self._by_task)
-            self._by_task[bucket] = _plus(self._by_task.get(bucket, _NO_COUNTS), counts)
+            self._by_task[bucket] = self._by_task.get(bucket, Completed()).plus(counts)
         if filtered:
             self._filtered_since += 1
             self._aside[key] = records

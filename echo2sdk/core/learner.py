@@ -75,6 +75,8 @@ def bf16_is_fast() -> bool:
 
 @dataclass
 class StepStats:
+    """What one learner step measured: its loss terms and times, and per record its audit sums and screen."""
+
     loss: float
     kl: float
     clip_frac: float
@@ -91,6 +93,17 @@ class StepStats:
     audit_sums: list[TokenSums] = field(default_factory=list)
     withheld: list[bool] = field(default_factory=list)
     lr: float = 0.0  # the learning rate of the step's updates (lr_scheduler)
+
+    def metrics(self) -> dict[str, Any]:
+        """The step's columns of its metrics row: T_train and its phases (seconds), the tokens trained on, the loss
+        terms, the learning rate, and the records of the batch its screen withheld (not trained on)."""
+        return {
+            "t_train_s": round(self.t_train_s, 4), "t_forward_s": round(self.t_forward_s, 4),
+            "t_backward_s": round(self.t_backward_s, 4), "t_optim_s": round(self.t_optim_s, 4),
+            "tokens": self.tokens, "loss": self.loss, "kl": self.kl, "clip_frac": self.clip_frac,
+            "is_weight_mean": self.is_weight_mean, "is_truncated_frac": self.is_truncated_frac,
+            "grad_norm": self.grad_norm, "lr": self.lr, "records_withheld": sum(self.withheld),
+        }
 
 
 class Learner:

@@ -132,12 +132,12 @@ def _record(task, reward, correct, group="g", **extra):
 
 
 def test_per_task_metrics_split_the_batch_and_never_average_ids():
-    from echo2sdk.runtime.learner.metrics import _extra_means, is_measure, per_task
+    from echo2sdk.runtime.learner.batches import is_measure, per_task, task_means
 
     batch = [_record("a", 1.0, True, level=1, row=7, dataset_seed=99, secret_id=3, note="x"),
              _record("a", 0.0, False, level=3, row=8, dataset_seed=98, secret_id=4, note="y"),
              _record("b", 0.5, None, level=2, row=1, dataset_seed=97, secret_id=5, note="z")]
-    assert _extra_means(batch) == {"correct": 0.5, "level": 2.0}
+    assert task_means(batch) == {"correct": 0.5, "level": 2.0}
     assert not any(is_measure(k, 1) for k in ("row", "index", "epoch", "seed", "dataset_seed", "secret_id", "x_index"))
     rollout = {"a": {"rollout_accuracy": 0.25, "filter_rate": 0.5, "groups_completed": 4},
                "c": {"rollout_accuracy": 0.0, "filter_rate": 1.0, "groups_completed": 2}}
@@ -157,7 +157,7 @@ def test_the_buffer_counts_completed_groups_by_task_with_a_bound_on_names():
         g = [_record(f"t{k}", 1.0, True, f"g{k}"), _record(f"t{k}", 0.0 if k % 2 else 1.0, k % 2 == 0, f"g{k}")]
         buf.add_group(g, vocab_size=10, max_len=64)
     by = buf.stats()["completed_by_task"]
-    assert len(by) == MAX_TASKS + 1 and by[OTHER_TASK][4] == 3  # 3 groups past the bound
+    assert len(by) == MAX_TASKS + 1 and by[OTHER_TASK].groups == 3  # 3 groups past the bound
     assert by["t0"] == (2, 2.0, 2, 2, 1, 1, 1, 2, 2) and by["t1"] == (2, 1.0, 2, 1, 1, 0, 1, 1, 0)  # t0: filtered
     m = RunMetrics(out=None, sinks=None, R=4, kappa=1, group_size=2)
     tasks = m.rollout_since_last(buf.stats())["tasks_rollout"]
@@ -221,7 +221,7 @@ def test_a_mixture_of_mixtures_is_refused_and_still_walked_by_the_policy(tmp_pat
 def test_per_task_metrics_count_only_the_mixtures_own_names():
     from echo2sdk.core.buffer import OTHER_TASK, StalenessBuffer
     from echo2sdk.runtime.learner.build import mixture_names
-    from echo2sdk.runtime.learner.metrics import per_task
+    from echo2sdk.runtime.learner.batches import per_task
 
     names = mixture_names("mixture", {"mix": [{"adapter": "toy"}, {"adapter": "dataset://d/qa.jsonl", "name": "x"}]})
     assert names == ["toy", "x"] and mixture_names("math", {}) == []

@@ -1,7 +1,7 @@
 """The learner's wait for a batch (runtime/learner/batches.py) against the real buffer: learner.max_wait_s trains on
-the informative groups it has instead of idling (issue 35), and the wait is split by cause. The learner and the
-audit are stand-ins here (what they do with a batch is tested in tests/core and by the real runs of
-tests/runtime/test_trainer.py, which wait for whole batches)."""
+the informative groups it has instead of idling, and the wait is split by cause. The learner is a stand-in here
+(what it does with a batch is tested in tests/core and by the real runs of tests/runtime/test_trainer.py, which
+wait for whole batches)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.records import Meta, Trajectory, TrajectoryRejected
-from echo2sdk.runtime.learner.batches import Batches, DataLimits
+from echo2sdk.runtime.learner.batches import Batch, Batches, DataLimits
 
 G = 2
 
@@ -38,8 +38,15 @@ class _Learner:
 def _batches(buffer: StalenessBuffer, **limits) -> Batches:
     pool = SimpleNamespace(alive_workers=lambda: [object()])
     local = SimpleNamespace(started=lambda: [], exited=lambda: [])
-    audit = SimpleNamespace(screen=lambda v, groups: None)
-    return Batches(buffer, pool, local, audit, DataLimits(60.0, 0.5, 0, Path("."), **limits), threading.Event())
+    return Batches(buffer, pool, local, DataLimits(60.0, 0.5, 0, Path("."), **limits), threading.Event())
+
+
+def _learn(b: Batches, k: int, v_t: int, learner: _Learner) -> Batch:
+    """One update as the recipe makes it (Trainer._learn), the audit's screen left out: the next batch, the step."""
+    batch = b.next(k, v_t)
+    learner.step(batch.groups, None, batch.lr_scale)
+    b.trained(batch)
+    return batch
 
 
 def _feed(buffer: StalenessBuffer, groups: list[list[Trajectory]], every_s: float) -> threading.Thread:
@@ -62,24 +69,25 @@ def test_after_max_wait_s_a_step_trains_on_the_informative_groups_it_has():
     feeder = _feed(buffer, [_group(f"flat-{i}", (1.0, 1.0)) for i in range(6)], 0.1)  # filtered, never ready
     b, learner = _batches(buffer, max_wait_s=0.4), _Learner()
     t0 = time.perf_counter()
-    waited, _, groups, _ = b.learn(4, 0, learner)
+    batch = _learn(b, 4, 0, learner)
     feeder.join()
-    assert 0.35 < time.perf_counter() - t0 < 1.5 and 0.35 < waited < 1.5
-    assert learner.batches == [1] and [g[0].meta.group_id for g in groups] == ["ok-0"] and b.partial == 1
-    assert learner.scales == [0.5]  # learner.partial_lr "sqrt" (the default): sqrt(1/4)
+    assert 0.35 < time.perf_counter() - t0 < 1.5 and 0.35 < batch.waited < 1.5
+    assert learner.batches == [1] and [g[0].meta.group_id for g in batch.groups] == ["ok-0"] and b.partial == 1
+    assert batch.partial and learner.scales == [0.5]  # learner.partial_lr "sqrt" (the default): sqrt(1/4)
     # 4 groups completed during the wait, all filtered: the wait was spent on groups the learner cannot use
-    assert b.wait_causes["filtered"] > 0.3 and abs(sum(b.wait_causes.values()) - waited) < 0.01
+    c = batch.wait_causes
+    assert c["filtered"] > 0.3 and abs(sum(c.values()) - batch.waited) < 0.01
 
 
 def test_without_max_wait_s_a_step_waits_for_all_of_its_groups():
     buffer = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
     feeder = _feed(buffer, [_group(f"ok-{i}", (0.0, 1.0)) for i in range(4)], 0.15)
     b, learner = _batches(buffer), _Learner()
-    waited, _, groups, _ = b.learn(4, 0, learner)
+    batch = _learn(b, 4, 0, learner)
     feeder.join()
-    assert learner.batches == [4] and len(groups) == 4 and b.partial == 0 and waited > 0.4
+    assert learner.batches == [4] and len(batch.groups) == 4 and b.partial == 0 and batch.waited > 0.4
     assert learner.scales == [1.0]
-    assert b.wait_causes["filtered"] == 0 and abs(b.wait_causes["empty"] - waited) < 0.01
+    assert batch.wait_causes["filtered"] == 0 and abs(batch.wait_causes["empty"] - batch.waited) < 0.01
 
 
 def test_max_wait_s_needs_min_groups_ready():
@@ -87,15 +95,15 @@ def test_max_wait_s_needs_min_groups_ready():
     buffer.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
     feeder = _feed(buffer, [_group("ok-1", (0.0, 1.0))], 0.6)
     b, learner = _batches(buffer, max_wait_s=0.2, min_groups=2), _Learner()
-    waited, _, groups, _ = b.learn(4, 0, learner)
+    batch = _learn(b, 4, 0, learner)
     feeder.join()
-    assert learner.batches == [2] and waited > 0.55 and b.partial == 1
+    assert learner.batches == [2] and batch.waited > 0.55 and b.partial == 1
 
 
 def test_the_pool_is_sized_on_the_measured_filter_rate_up_to_its_cap(caplog):
     """scheduler.max_filter_rate: a task whose groups all get one reward (f near 1) is a task problem, not a
     capacity one; the pool is sized as for the cap, and a warning says why."""
-    from echo2sdk.runtime.learner.metrics import sizing_filter_rate
+    from echo2sdk.core.verdict import sizing_filter_rate
 
     assert sizing_filter_rate(0.5, 0.75) == 0.5 and not caplog.records
     assert sizing_filter_rate(0.98, 0.75) == 0.75 and "check the task's rewards" in caplog.text
@@ -107,14 +115,14 @@ def test_the_fallback_says_it_fills_the_batch_and_a_partial_batch_does_not(caplo
     fallback = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True, fallback_after=2)
     feeder = _feed(fallback, [_group(f"flat-{i}", (1.0, 1.0)) for i in range(2)], 0.05)
     b, learner = _batches(fallback), _Learner()
-    b.learn(2, 0, learner)
+    _learn(b, 2, 0, learner)
     feeder.join()
     assert learner.batches == [2] and "fills its batch with 2 zero-variance group(s)" in caplog.text
     caplog.clear()
     partial = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
     partial.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
     b, learner = _batches(partial, max_wait_s=0.2), _Learner()
-    b.learn(4, 0, learner)
+    _learn(b, 4, 0, learner)
     assert learner.batches == [1] and "fills its batch" not in caplog.text
 
 
@@ -123,7 +131,7 @@ def test_a_partial_batch_steps_at_the_rate_learner_partial_lr_gives_it():
         buffer = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
         buffer.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
         b, learner = _batches(buffer, max_wait_s=0.05, partial_lr=rule), _Learner()
-        b.learn(4, 0, learner)
+        _learn(b, 4, 0, learner)
         assert learner.scales == [want], rule
 
 
@@ -156,9 +164,9 @@ def test_a_wait_on_groups_from_an_old_snapshot_counts_as_waiting_for_a_snapshot(
     groups = [_group(f"old-{i}", (0.0, 1.0), version=0) for i in range(3)]
     groups += [_group("flat", (1.0, 1.0), version=3), _group("ok", (0.0, 1.0), version=3)]
     feeder = _feed(buffer, groups, 0.3)  # the first arrives 0.3 s in: after the wait has taken its "before"
-    waited, _, _, _ = b.learn(1, 3, learner)
+    batch = _learn(b, 1, 3, learner)
     feeder.join()
-    c = b.wait_causes  # 5 groups arrived: 3 stale, 1 filtered, 1 ready (counted as "empty": the rest)
+    c, waited = batch.wait_causes, batch.waited  # 5 groups arrived: 3 stale, 1 filtered, 1 ready ("empty": the rest)
     assert abs(sum(c.values()) - waited) < 0.01 and c["snapshot"] > 0.5 * waited > c["filtered"] > 0
     assert c["snapshot"] == pytest.approx(3 * c["filtered"]) and c["empty"] == pytest.approx(c["filtered"])
 
@@ -169,7 +177,7 @@ def test_calibration_waits_for_a_whole_batch_whatever_max_wait_s_says():
     buffer.add_group(_group("ok-0", (0.0, 1.0)), vocab_size=8, max_len=8)
     feeder = _feed(buffer, [_group("ok-1", (0.0, 1.0))], 0.4)
     b = _batches(buffer, max_wait_s=0.05)
-    waited = b.wait(2, whole=True)
+    waited, _ = b.wait(2, whole=True)
     feeder.join()
     assert waited > 0.3 and buffer.ready_groups() == 2 and len(buffer.sample(2)) == 2
 
@@ -182,3 +190,27 @@ def test_the_live_recalibration_remeasures_a_full_batchs_t_train():
     m.rows = [{"trajectories": 4, "t_train_s": 2.5, "t_forward_s": 0.5, "t_backward_s": 1.0, "t_bcast_s": 1.0,
                "filter_rate": 0.0}] * 5
     assert m.remeasure()["T_train"] == 7.0  # 1.5 s x 4 + 1 s, not the partial steps' 2.5 s
+
+
+def test_a_batch_the_step_fails_on_is_dropped_and_its_wait_counts_in_the_next():
+    """Batches.drop counts a batch the learner step raised on and its records by worker; the update's wait goes on
+    into the next batch's `waited`; MAX_DROPS_IN_A_ROW drops in a row end the run, a trained batch starts anew."""
+    from echo2sdk.errors import Echo2Error
+    from echo2sdk.runtime.learner.batches import MAX_DROPS_IN_A_ROW
+
+    buffer = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True)
+    feeder = _feed(buffer, [_group(f"ok-{i}", (0.0, 1.0)) for i in range(2 * MAX_DROPS_IN_A_ROW + 1)], 0.02)
+    b = _batches(buffer)
+    first = b.next(1, 0)  # waits for the first group
+    b.drop(first, ValueError("bad batch"))
+    feeder.join()
+    second = b.next(1, 0)  # ready at once
+    assert second.waited >= first.waited >= 0.015 and b.dropped == 1 and sum(b.dropped_by_worker.values()) == G
+    b.trained(second)
+    assert b.next(1, 0).waited < 0.015  # the next update waits anew
+    for _ in range(MAX_DROPS_IN_A_ROW - 1):
+        b.drop(b.next(1, 0), RuntimeError("bad batch"))
+    with pytest.raises(Echo2Error, match=f"failed on {MAX_DROPS_IN_A_ROW} batches in a row"):
+        b.drop(b.next(1, 0), RuntimeError("bad batch"))
+    assert b.summary() == {"batches_dropped": MAX_DROPS_IN_A_ROW + 1, "batches_partial": 0,
+                           "batches_dropped_records_by_worker": {"": G * (MAX_DROPS_IN_A_ROW + 1)}}

@@ -223,48 +223,53 @@ def test_calibrate_measures_decides_and_hands_the_pool_to_the_scheduler(tmp_path
     assert not events or json.loads(events[0])["event"] == "provisioned"
 
 
-def test_metrics_row_keys_and_types_without_a_run():
+def _components_columns(records: list, st_withheld: list[bool] = (), t_bcast=(0.25, 0.5, 0.2)) -> list[dict]:
+    """Each component's columns of one metrics row, made without a run: a batch of `records` sampled at v_t 4, a
+    learner step's stats, a publication's T_bcast, an audit with nothing to say, the batches dropped, the pool."""
+    from echo2sdk.core.learner import StepStats
+    from echo2sdk.runtime.learner.batches import Batch
+    from echo2sdk.runtime.learner.metrics import RunMetrics
+    from echo2sdk.runtime.learner.publication import BcastTimes
+    from echo2sdk.runtime.learner.replay import AuditReplay
+
+    st = StepStats(loss=0.1, kl=0.0, clip_frac=0.0, is_weight_mean=1.0, is_truncated_frac=0.0, tokens=12,
+                   t_train_s=0.5, t_forward_s=0.2, t_backward_s=0.2, t_optim_s=0.1, grad_norm=1.0,
+                   withheld=list(st_withheld))
+    batch = Batch([records], v_t=4, k=1, lr_scale=1.0, waited=0.1, wait_causes={"empty": 0.1}, taken_at=2.5)
+    audit = AuditReplay(None, None, lie_threshold=0.0, lie_var_threshold=0.0, replay_n=0)
+    buffer = {**dict.fromkeys(("completed_records", "completed_reward_sum", "completed_scored", "completed_correct",
+                               "completed_groups", "filtered_groups", "scored_groups", "scored_groups_correct",
+                               "scored_groups_pairs", "evicted"), 0), "reward_values": None}
+    coordinator = {"adapter_failures": {}, "rejected": {"stale": 2}, "workers_alive": 2, "broadcast_repairs": 0,
+                   "quarantines": 0}
+    pool = RunMetrics(out=None, sinks=None, R=2, kappa=1, group_size=2).since_last(buffer, coordinator, records)
+    return [{"step": 2, "version": 5, "time_s": 3.0}, batch.metrics(now=3.0), st.metrics(),
+            {"t_publish_s": 0.0, **BcastTimes(*t_bcast).columns()}, audit.metrics({}), {"batches_dropped": 0}, pool]
+
+
+def test_a_metrics_row_is_the_components_columns_in_order():
     from types import SimpleNamespace
 
-    from echo2sdk.core.learner import StepStats
     from echo2sdk.runtime.learner.metrics import metrics_row
 
     records = [SimpleNamespace(reward=r, version=3, meta=SimpleNamespace(extra={"correct": r > 0, "turns": 2}))
                for r in (0.0, 1.0)]
-    st = StepStats(loss=0.1, kl=0.0, clip_frac=0.0, is_weight_mean=1.0, is_truncated_frac=0.0, tokens=12,
-                   t_train_s=0.5, t_forward_s=0.2, t_backward_s=0.2, t_optim_s=0.1, grad_norm=1.0)
-    row = metrics_row(2, 4, records, [1, 1], st, time_s=3.0, wall_s=0.6, wait_s=0.1, publish_s=0.0,
-                      t_bcast=(0.25, 0.5), rejected=0, evicted=1, workers_alive=2, broadcast_repairs=0)
+    row = metrics_row(*_components_columns(records, [False, True]))
     _check_row(row)
     assert row["reward_mean"] == 0.5 and row["accuracy"] == 0.5 and row["task"] == {"correct": 0.5, "turns": 2.0}
-    assert (row["t_bcast_s"], row["t_bcast_all_s"], row["staleness_max"]) == (0.25, 0.5, 1)
+    assert (row["t_bcast_s"], row["t_bcast_all_s"], row["t_bcast_received_s"], row["staleness_max"]) == (0.25, 0.5, 0.2, 1)
+    assert row["t_step_wall_s"] == 0.6 and row["learner_wait_empty_s"] == 0.1 and row["records_withheld"] == 1
+    assert row["rejected"] == 2
     unscored = [SimpleNamespace(reward=-1.0, version=3, meta=SimpleNamespace(extra={"chips": -1.0}))] * 2
-    row = metrics_row(2, 4, unscored, [1, 1], st, time_s=3.0, wall_s=0.6, wait_s=0.1, publish_s=0.0,
-                      t_bcast=(None, None), rejected=0, evicted=0, workers_alive=2, broadcast_repairs=0)
+    row = metrics_row(*_components_columns(unscored, t_bcast=()))
     assert row["accuracy"] is None  # a task that scores no "correct" (poker) has no accuracy, not 0
-
-
-def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
-    from echo2sdk.core import capacity
-    from echo2sdk.runtime.learner.metrics import rollout_means
-
-    # 8 more records, 4 of them scored, 3 of those correct (one group scored whole: k = 3, k (k - 1) = 6); 2 more
-    # groups (of 4), 1 of them filtered
-    before, now = (8, 4.4, 8, 4, 2, 0, 2, 4, 12), (16, 10.0, 12, 7, 4, 1, 3, 7, 18)
-    got = rollout_means(before, now, group_size=4, seconds=2.0)
-    assert got == {"rollouts": 8, "rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75, "filter_rate": 0.5,
-                   "filter_rate_predicted": round(0.75**4 + 0.25**4, 4), "prompt_concentration": None,
-                   "rollouts_per_s": 4.0, "useful_rollouts_per_s": 2.0}  # one group: no spread to see
-    none = {"rollouts": 0, "rollout_reward_mean": None, "rollout_accuracy": None, "filter_rate": None, "filter_rate_predicted": None,
-            "prompt_concentration": None, "rollouts_per_s": None, "useful_rollouts_per_s": None}
-    assert rollout_means(now, now) == none
-    assert rollout_means((0, 0.0, 0, 0, 0, 0, 0, 0, 0), (4, -2.0, 0, 0, 1, 0, 0, 0, 0)) == {
-        **none, "rollouts": 4, "rollout_reward_mean": -0.5, "filter_rate": 0.0}
-    # two prompts, one always solved (k = 4: 12 pairs), one never (k = 0): accuracy 0.5 as in 0.5^4 + 0.5^4 = 0.125,
-    # but every group is filtered, and the prediction says so (nu at its floor: the widest spread)
-    apart = rollout_means((0, 0.0, 0, 0, 0, 0, 0, 0, 0), (8, 4.0, 8, 4, 2, 2, 2, 4, 12), group_size=4)
-    assert apart["rollout_accuracy"] == 0.5 and apart["filter_rate"] == 1.0
-    assert apart["prompt_concentration"] == round(capacity.NU_FLOOR, 4) and apart["filter_rate_predicted"] > 0.99
+    assert row["t_bcast_s"] is None
+    parts = _components_columns(records)
+    with pytest.raises(ValueError, match="given twice"):
+        metrics_row(*parts, {"loss": 0.0})
+    with pytest.raises(ValueError, match="missing.*'lr'"):
+        metrics_row(*parts[:2], {k: v for k, v in parts[2].items() if k != "lr"}, *parts[3:])
+    assert list(metrics_row(*parts, {"new_column": 1}))[-1] == "new_column"  # a new column follows COLUMNS
 
 
 def test_the_prompts_concentration_is_measured_over_the_last_steps_and_the_run_over_all():
@@ -272,7 +277,9 @@ def test_the_prompts_concentration_is_measured_over_the_last_steps_and_the_run_o
     prompt_concentration pools the last NU_WINDOW steps (its prediction takes the step's own accuracy), and
     summary.json's capacity the whole run, beside the share of groups a binary reward would have filtered."""
     from echo2sdk.core import capacity
-    from echo2sdk.runtime.learner.metrics import COMPLETED, NU_WINDOW, RunMetrics, prediction
+    from echo2sdk.core.buffer import COMPLETED
+    from echo2sdk.core.verdict import prediction
+    from echo2sdk.runtime.learner.metrics import NU_WINDOW, RunMetrics
 
     m, G = RunMetrics(out=None, sinks=None, R=8, kappa=1, group_size=4), 4
     done = dict.fromkeys(COMPLETED, 0)
@@ -312,7 +319,8 @@ def test_the_filter_is_predicted_from_the_values_the_reward_took():
     step's shares of each value, nu over the last NU_WINDOW steps, the whole run in summary.json."""
     from echo2sdk.core import capacity
     from echo2sdk.core.buffer import COMPLETED, RewardValues
-    from echo2sdk.runtime.learner.metrics import NU_WINDOW, RunMetrics, prediction, reward_prediction
+    from echo2sdk.core.verdict import prediction, reward_prediction
+    from echo2sdk.runtime.learner.metrics import NU_WINDOW, RunMetrics
 
     G, tally = 4, RewardValues(4)
     m = RunMetrics(out=None, sinks=None, R=8, kappa=1, group_size=G)
@@ -341,32 +349,6 @@ def test_the_filter_is_predicted_from_the_values_the_reward_took():
     nothing = {"reward_concentration": None, "filter_rate_predicted_reward": None}
     assert reward_prediction(tally.stats(), tally.stats(), G) == nothing
     assert reward_prediction(tally.stats(), None, G) == nothing and reward_prediction(None, tally.stats(), G) == nothing
-
-
-def test_the_verdict_says_when_the_broadcast_not_the_pool_was_short():
-    """Level 2 of the main job on a 2-core box: the snapshot reached the workers in 20.8 s while two steps took
-    20.9 s, so mu_min was 246/s; at T_bcast = 0 it would be R / T_train = 1.53/s, which the pool's useful 1.70/s
-    met: more workers would not have helped. Not so at level 1 (useful 1.31/s < 1.57/s): short of both."""
-    from echo2sdk.core import capacity
-    from echo2sdk.runtime.learner.metrics import verdict
-
-    rows = [{"learner_wait_s": 2.0, "learner_wait_filtered_s": 1.0, "learner_wait_empty_s": 1.0,
-             "learner_wait_snapshot_s": 0.0}]
-    level2 = verdict(3.358, 0.4943, capacity.mu_min(10.45, 20.77, 16, 2), rows, rule=(10.45, 20.77, 16, 2))
-    assert level2["enough"] is False and level2["short_because_of_broadcast"]
-    assert level2["mu_min_without_broadcast"] == pytest.approx(16 / 10.45)
-    assert "T_bcast 20.8 s of kappa T_train 20.9 s" in level2["why"] and "1.53/s, which the pool met" in level2["why"]
-    level1 = verdict(4.1, 0.681, capacity.mu_min(10.18, 17.96, 16, 2), rows, rule=(10.18, 17.96, 16, 2))
-    assert level1["enough"] is False and not level1["short_because_of_broadcast"] and "broadcast" not in level1["why"]
-    from echo2sdk.errors import CapacityError
-
-    with pytest.raises(CapacityError) as e:
-        capacity.mu_min(10.0, 25.0, 16, 2)
-    none = verdict(4.1, 0.5, str(e.value), rows, rule=(10.0, 25.0, 16, 2))  # kappa T_train <= T_bcast
-    assert none["enough"] is None and none["short_because_of_broadcast"] and none["why"].startswith("no pool is enough")
-    fine = verdict(40.0, 0.5, capacity.mu_min(10.0, 5.0, 16, 2), rows, rule=(10.0, 5.0, 16, 2))
-    assert fine["enough"] and not fine["short_because_of_broadcast"] and "why" not in fine
-    assert verdict(4.0, 0.5, 2.0, rows)["mu_min_without_broadcast"] is None  # without the rule's inputs
 
 
 def test_builders_fit_the_constructors(tmp_path):

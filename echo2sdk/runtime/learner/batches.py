@@ -1,27 +1,27 @@
 """The learner's side of the data plane for one update (paper Algorithm 1: wait until R admissible trajectories
-are buffered, then update): wait for k = R/n complete admissible groups, sample them, screen them (the audit) and
-step the learner; a batch the step fails on is dropped and counted, never the run."""
+are buffered, then update): wait for k = R/n complete admissible groups and sample them (`Batches.next`, a `Batch`);
+a batch the learner's step fails on is dropped and counted (`Batches.drop`), never the run. A batch reports its own
+columns of the metrics row (`Batch.metrics`)."""
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
+import statistics
 import threading
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from echo2sdk.core.audit import BatchWithheld
-from echo2sdk.core.buffer import StalenessBuffer
+from echo2sdk.core.buffer import StalenessBuffer, task_bucket
 from echo2sdk.core.lr_schedule import partial_factor
+from echo2sdk.core.verdict import WAIT_CAUSES
 from echo2sdk.errors import Echo2Error
-from echo2sdk.runtime.learner.replay import AuditReplay
 
-if TYPE_CHECKING:
-    from echo2sdk.core.learner import StepStats
-
-__all__ = ["Batches", "DataLimits", "Stopped", "MAX_DROPS_IN_A_ROW"]
+__all__ = ["Batch", "Batches", "DataLimits", "Stopped", "MAX_DROPS_IN_A_ROW", "per_task", "task_means", "is_measure"]
 
 log = logging.getLogger("echo2sdk.trainer")
 
@@ -36,9 +36,6 @@ class Pool(Protocol):
     """What the wait reads of the pool: the coordinator's live workers and the run's own local workers."""
 
     def alive_workers(self) -> list: ...
-
-
-WAIT_CAUSES = ("filtered", "snapshot", "empty")  # learner_wait_<cause>_s in metrics.jsonl
 
 
 class LocalWorkers(Protocol):
@@ -63,31 +60,81 @@ class DataLimits:
     partial_lr: str = "sqrt"
 
 
-class Batches:
-    """One update's batch: `wait(k)` for k groups, `learn(k, v_t, learner)` waits, samples, screens and steps."""
+@dataclass(frozen=True)
+class Batch:
+    """One update's batch: `groups` sampled at learner version `v_t` for k asked (fewer after learner.max_wait_s:
+    `partial`, stepped at the learning-rate factor `lr_scale`), the seconds the learner waited for it (`waited`, the
+    waits for batches dropped before it in the same update included) by cause (`wait_causes`, WAIT_CAUSES), and when
+    it was taken (`taken_at`, time.perf_counter())."""
 
-    def __init__(self, buffer: StalenessBuffer, pool: Pool, local: LocalWorkers, audit: AuditReplay,
-                 limits: DataLimits, stop: threading.Event):
-        self.buffer, self.pool, self.local, self.audit = buffer, pool, local, audit
+    groups: list
+    v_t: int
+    k: int
+    lr_scale: float
+    waited: float
+    wait_causes: Mapping[str, float]
+    taken_at: float
+
+    @functools.cached_property
+    def records(self) -> list:
+        return [t for g in self.groups for t in g]
+
+    @property
+    def deltas(self) -> list[int]:
+        """Each record's staleness Delta = v_t - v (<= S by admission)."""
+        return [self.v_t - t.version for t in self.records]
+
+    @property
+    def partial(self) -> bool:
+        return len(self.groups) < self.k
+
+    def metrics(self, now: float) -> dict[str, Any]:
+        """The batch's columns of its metrics row: the step's wall time up to `now` (the wait included) and the
+        learner's wait for the batch, whole and by cause (seconds); the batch's reward mean and spread, its accuracy
+        (None: the task scores no "correct"), its staleness and size, and the means of its records' task metadata."""
+        records, deltas = self.records, self.deltas
+        rewards = [t.reward for t in records]
+        scored = [c for c in (t.meta.extra.get("correct") for t in records) if c is not None]
+        return {
+            "t_step_wall_s": round(now - self.taken_at + self.waited, 4), "learner_wait_s": round(self.waited, 4),
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
+            "accuracy": statistics.fmean(bool(c) for c in scored) if scored else None,
+            # split by the shares of the groups that arrived meanwhile (Batches.wait)
+            **{f"learner_wait_{c}_s": round(self.wait_causes.get(c, 0.0), 4) for c in WAIT_CAUSES},
+            "staleness_max": max(deltas), "staleness_mean": statistics.fmean(deltas),
+            "trajectories": len(records),
+            "task": task_means(records),
+        }
+
+
+class Batches:
+    """The updates' batches: `next(k, v_t)` waits for k groups and samples them; the recipe steps the learner on the
+    batch and says how that went: `trained`, or `drop` when the step raised."""
+
+    def __init__(self, buffer: StalenessBuffer, pool: Pool, local: LocalWorkers, limits: DataLimits,
+                 stop: threading.Event):
+        self.buffer, self.pool, self.local = buffer, pool, local
         self.limits, self.stop = limits, stop
         self.last: list = []  # the last batch sampled
         self.dropped = 0  # batches the learner step raised on (dropped, training went on)
         self.dropped_by_worker: collections.Counter[str] = collections.Counter()  # their records, by worker
-        # the last step's waiting by cause (WAIT_CAUSES, split as `wait` says)
-        self.wait_causes: dict[str, float] = dict.fromkeys(WAIT_CAUSES, 0.0)
         self.partial = 0  # steps that trained on fewer than k groups (learner.max_wait_s)
+        self._update_started()
 
-    def learn(self, k: int, v_t: int, learner: Any) -> tuple[float, float, list, StepStats]:
-        """Wait for k groups, sample them and step the learner on them. A batch the step raises on (ValueError
-        or RuntimeError from its data; NonFiniteUpdate: nothing was applied) is dropped, counted and logged with
-        the workers of its records, and the next k groups are waited for; MAX_DROPS_IN_A_ROW drops in a row end
-        the run. A batch the audit's screen withheld whole is audited, counted (batches_withheld) and replaced
-        the same way, without counting as a drop. Returns (time waited, when the stepped batch was taken, the
-        batch, the step's stats)."""
-        t_wait, drops = 0.0, 0
-        self.wait_causes = dict.fromkeys(WAIT_CAUSES, 0.0)
+    def _update_started(self) -> None:
+        """What one update has waited so far, over the batches dropped on its way (`next` adds, `trained` resets)."""
+        self._waited, self._causes, self._drops = 0.0, dict.fromkeys(WAIT_CAUSES, 0.0), 0
+
+    def next(self, k: int, v_t: int) -> Batch:
+        """The next batch at learner version v_t: wait for k groups (`wait`) and sample them, fewer once
+        learner.max_wait_s has passed (the batch is then `partial`, and steps at the rate learner.partial_lr gives
+        it)."""
         while True:
-            t_wait += self.wait(k)
+            waited, causes = self.wait(k)
+            self._waited += waited
+            for cause, seconds in causes.items():
+                self._causes[cause] += seconds
             t0 = time.perf_counter()
             n = k if self.buffer.wait_for(k, timeout=0) else min(k, self.buffer.ready_groups())  # max_wait_s: fewer
             if n == 0:  # the ready groups went (a worker dropped, or stale) since the wait ended: wait again
@@ -96,35 +143,47 @@ class Batches:
                 groups = self.last = self.buffer.sample(n)
             except ValueError:  # a partial batch's groups went stale meanwhile: wait again
                 continue
-            scale = partial_factor(self.limits.partial_lr, n, k)
-            try:
-                stats = learner.step(groups, self.audit.screen(v_t, groups), scale)
-                self.partial += n < k
-                return t_wait, t0, groups, stats
-            except BatchWithheld as e:
-                self.audit.withheld_batch(v_t, [t for g in groups for t in g], e.audit_sums, e.withheld)
-            except (ValueError, RuntimeError) as e:
-                drops += 1
-                self._drop(v_t, groups, e)
-                if drops >= MAX_DROPS_IN_A_ROW:
-                    raise Echo2Error(f"the learner step failed on {drops} batches in a row; the last: {e}") from e
+            return Batch(groups, v_t, k, partial_factor(self.limits.partial_lr, n, k), self._waited,
+                         dict(self._causes), t0)
 
-    def _drop(self, v_t: int, groups: list, error: Exception) -> None:
-        workers = collections.Counter(t.meta.worker for g in groups for t in g)
+    def trained(self, batch: Batch) -> None:
+        """The learner stepped on `batch` (counted in `partial` when it was); the next update waits anew."""
+        self.partial += batch.partial
+        self._update_started()
+
+    def drop(self, batch: Batch, error: Exception) -> None:
+        """The learner's step raised on `batch` (ValueError or RuntimeError from its data; NonFiniteUpdate: nothing was
+        applied): dropped, counted and logged with the workers of its records. MAX_DROPS_IN_A_ROW drops in a row end
+        the run (Echo2Error)."""
+        workers = collections.Counter(t.meta.worker for t in batch.records)
         self.dropped += 1
+        self._drops += 1
         self.dropped_by_worker.update(workers)
         log.warning("learner step at v%d failed (%s: %s): batch of %d records dropped (records by worker: %s)",
-                    v_t, type(error).__name__, error, sum(workers.values()), dict(workers))
+                    batch.v_t, type(error).__name__, error, sum(workers.values()), dict(workers))
+        if self._drops >= MAX_DROPS_IN_A_ROW:
+            raise Echo2Error(f"the learner step failed on {self._drops} batches in a row; the last: {error}") from error
 
-    def wait(self, k: int, whole: bool = False) -> float:
+    def metrics(self) -> dict[str, Any]:
+        """Batches' column of a metrics row: the batches dropped so far."""
+        return {"batches_dropped": self.dropped}
+
+    def summary(self) -> dict[str, Any]:
+        """Batches' part of summary.json: the batches dropped (the learner step raised on them; training went on), the
+        partial ones (fewer than R/n groups after learner.max_wait_s) and the dropped records by worker."""
+        return {"batches_dropped": self.dropped, "batches_partial": self.partial,
+                "batches_dropped_records_by_worker": dict(self.dropped_by_worker)}
+
+    def wait(self, k: int, whole: bool = False) -> tuple[float, dict[str, float]]:
         """Block until k complete admissible groups are buffered (or the zero-variance fallback fills the batch:
         core/buffer.py), or, with learner.max_wait_s (and not `whole`), until that long has passed with
-        learner.min_groups ready (`learn` then trains on those); the time spent is learner_wait_s, split in
-        `wait_causes` by what the pool produced meanwhile: of the groups that arrived during the wait, the share filtered for zero reward variance
-        counts as "filtered" (the pool was busy, on groups the learner cannot use), the share refused as stale
-        (v < v_t - S: generated on a snapshot older than the learner can use) as "snapshot" (waiting for the
-        workers to install a newer one), the rest as "empty" (all of it when no group arrived). Every 30 s of
-        waiting while groups are being filtered, a warning says so. Raises Stopped when `stop` is set."""
+        learner.min_groups ready (`next` then samples those). Returns the time spent (learner_wait_s) and its split
+        by what the pool produced meanwhile (WAIT_CAUSES): of the groups that arrived during the wait, the share
+        filtered for zero reward variance counts as "filtered" (the pool was busy, on groups the learner cannot use),
+        the share refused as stale (v < v_t - S: generated on a snapshot older than the learner can use) as
+        "snapshot" (waiting for the workers to install a newer one), the rest as "empty" (all of it when no group
+        arrived). Every 30 s of waiting while groups are being filtered, a warning says so. Raises Stopped when
+        `stop` is set."""
         t0 = time.perf_counter()
         last_progress = last_note = t0
         before = self.buffer.stats()
@@ -144,12 +203,12 @@ class Batches:
                 have, last_progress = self.buffer.ready_groups(), now
             self._check_progress(now - last_progress, filtered)
         waited = time.perf_counter() - t0
-        self._note_causes(waited, before)
+        causes = self._causes_of(waited, before)
         ready = self.buffer.ready_groups()
         if ready < k and self.buffer.wait_for(k, timeout=0):  # not a partial batch (learner.max_wait_s): the fallback
             log.info("step fills its batch with %d zero-variance group(s): learner.filter_patience=%d x %d groups "
                      "were filtered while it waited", k - ready, self.limits.filter_patience, k)
-        return waited
+        return waited, causes
 
     def _poll(self, t0: float) -> float:
         """How long one wait for the batch may block: 1 s, less when learner.max_wait_s is due sooner."""
@@ -157,8 +216,8 @@ class Batches:
             return 1.0
         return min(1.0, max(0.01, t0 + self.limits.max_wait_s - time.perf_counter()))
 
-    def _note_causes(self, waited: float, before: dict) -> None:
-        """Split `waited` seconds between the WAIT_CAUSES by the shares of the groups that arrived meanwhile
+    def _causes_of(self, waited: float, before: dict) -> dict[str, float]:
+        """`waited` seconds split between the WAIT_CAUSES by the shares of the groups that arrived meanwhile
         (`before`: the buffer's stats at the wait's start): filtered ones, stale ones (records refused as "stale",
         in groups), and the rest."""
         now, g = self.buffer.stats(), self.buffer.group_size
@@ -167,8 +226,7 @@ class Batches:
         arrived = now["completed_groups"] - before["completed_groups"] + stale
         shares = {"filtered": filtered / arrived, "snapshot": stale / arrived} if arrived else {}
         shares["empty"] = 1.0 - sum(shares.values())
-        for cause, share in shares.items():
-            self.wait_causes[cause] += waited * share
+        return {cause: waited * shares.get(cause, 0.0) for cause in WAIT_CAUSES}
 
     def _check_progress(self, idle_s: float, filtered_before: int) -> None:
         """Raise when waiting cannot end: every local worker exited and none is connected, or no admissible
@@ -194,3 +252,52 @@ class Batches:
                         "reward variance (every member the same reward; groups_filtered=%d in all); "
                         "learner.filter_patience=%d, learner.filter_zero_variance=false trains on them",
                         waited, k, stats["ready_groups"], n, stats["filtered_groups"], self.limits.filter_patience)
+
+
+#: Task metadata keys that name or number things (a row, an index, a seed) rather than measure them: never
+#: averaged. Also every key ending in _id, _index, _row or seed.
+ID_KEYS = frozenset({"id", "index", "row", "epoch", "position", "seed", "group", "step", "version", "example_id"})
+
+
+def is_measure(key: str, value: object) -> bool:
+    """A task-metadata field worth a mean: a number or a bool whose key is not an id (ID_KEYS)."""
+    return (isinstance(value, (bool, int, float)) and key not in ID_KEYS
+            and not key.endswith(("_id", "_index", "_row", "seed")))
+
+
+def task_means(records: list) -> dict[str, float]:
+    """Mean of every numeric (or boolean) task-metadata field over the records (Task.info, Score.info, an episode's
+    summary: turns, fallbacks, failed episodes, chip change; not ids: is_measure); fields a record lacks are left
+    out of its mean."""
+    sums: dict[str, list[float]] = {}
+    for t in records:
+        for key, value in t.meta.extra.items():
+            if is_measure(key, value):
+                sums.setdefault(key, []).append(float(value))
+    return {k: round(statistics.fmean(v), 4) for k, v in sorted(sums.items())}
+
+
+def per_task(records: list, rollout: Mapping[str, Mapping[str, Any]] | None = None,
+             names: Collection[str] = ()) -> dict[str, dict[str, Any]]:
+    """The batch split by task (records whose meta.extra names a "task": a mixture's components): trajectories,
+    reward_mean, accuracy and the means of their metadata; with `rollout` (per task, what RunMetrics.
+    rollout_since_last measured) the workers' level and the filter rate of the groups completed since the previous
+    step. {} when no record names a task. A name a record claims that is not among `names` (the mixture's
+    components, when given), or past the first MAX_TASKS, counts as OTHER_TASK: workers are not trusted."""
+    by: dict[str, list] = {}
+    for t in records:
+        name = t.meta.extra.get("task")
+        if isinstance(name, str):
+            by.setdefault(task_bucket(name, names, by), []).append(t)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({*by, *(rollout or {})}):
+        rs = by.get(name, [])
+        scored = [c for c in (t.meta.extra.get("correct") for t in rs) if c is not None]
+        out[name] = {
+            "trajectories": len(rs),
+            "reward_mean": round(statistics.fmean(t.reward for t in rs), 4) if rs else None,
+            "accuracy": round(statistics.fmean(bool(c) for c in scored), 4) if scored else None,
+            **(rollout or {}).get(name, {}),
+            "info": task_means(rs),
+        }
+    return out

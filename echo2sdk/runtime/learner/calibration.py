@@ -13,11 +13,12 @@ from typing import Any
 
 from echo2sdk.config import Config
 from echo2sdk.core import capacity
+from echo2sdk.core.verdict import filtered_share
 from echo2sdk.errors import CapacityError, Echo2Error
 from echo2sdk.runtime.learner.batches import Batches
 from echo2sdk.runtime.learner.build import worker_allowances
 from echo2sdk.runtime.learner.console import event_log
-from echo2sdk.runtime.learner.metrics import RunMetrics, filtered_share
+from echo2sdk.runtime.learner.metrics import RunMetrics
 from echo2sdk.runtime.learner.publication import Publication
 
 __all__ = ["decide", "Calibration", "Provisioning"]
@@ -90,7 +91,7 @@ class Calibration:
         deadline = time.monotonic() + timeout_s
         while t_bcast is None and time.monotonic() < deadline:
             time.sleep(0.1)
-            t_bcast = self.coordinator.t_bcast(pub.version)[0]
+            t_bcast = pub.bcast_times(pub.version).installed
         if t_bcast is None:
             raise Echo2Error(f"T_bcast calibration: snapshot v{pub.version} not installed within {timeout_s:g} s")
         return t_bcast, state

@@ -176,7 +176,7 @@ def follow(learner: Any) -> Followed:
                 learner.step([[Trajectory.from_wire(t) for t in g] for g in msg["groups"]], screen,
                              float(msg.get("lr_scale", 1.0)))
                 steps += 1
-            except (ValueError, RuntimeError) as e:  # rank 0 drops the same batch (batches.Batches.learn) and goes on
+            except (ValueError, RuntimeError) as e:  # rank 0 drops the same batch (Trainer._learn) and goes on
                 log.warning("rank %d: learner step failed (%s: %s); batch dropped", learner.rank, type(e).__name__, e)
         elif op == "snapshot":
             learner.snapshot_state(msg["dtype"])

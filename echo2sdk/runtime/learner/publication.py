@@ -17,24 +17,39 @@ import logging
 import time
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from echo2sdk.core import delta
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime.learner import checkpoint
 
-__all__ = ["Publication", "Publisher", "Snapshots"]
+__all__ = ["Publication", "Publisher", "Snapshots", "BcastTimes"]
 
 log = logging.getLogger("echo2sdk.trainer")
 
 
 class Publisher(Protocol):
-    """Where snapshots go (the Coordinator): `publish(version, data)` and `t_bcast(version)` -> (T_bcast at the
-    quantile q, at all workers), None while unknown."""
+    """Where snapshots go (the Coordinator): `publish(version, data)` and `t_bcast(version, event)` -> (T_bcast at
+    the quantile q, at all workers) of the workers' "installed" or "received" events, None while unknown."""
 
     def publish(self, version: int, data: bytes, **deltas: Any) -> Any: ...
 
-    def t_bcast(self, version: int) -> tuple[float | None, float | None]: ...
+    def t_bcast(self, version: int, event: str = "installed") -> tuple[float | None, float | None]: ...
+
+
+class BcastTimes(NamedTuple):
+    """T_bcast of one publication, in seconds since it was published (None while unknown): installed on the quantile
+    q = 1/gamma of the workers (`installed`, the paper's T_bcast) and on all of them (`installed_all`), and the same
+    quantile's complete, verified copies (`received`: the rest of T_bcast is the workers finishing the batch they
+    were generating)."""
+
+    installed: float | None = None
+    installed_all: float | None = None
+    received: float | None = None
+
+    def columns(self) -> dict[str, float | None]:
+        """As metrics.jsonl and the run's t_bcast table name them."""
+        return {"t_bcast_s": self.installed, "t_bcast_all_s": self.installed_all, "t_bcast_received_s": self.received}
 
 
 class Snapshots(Protocol):
@@ -53,6 +68,7 @@ class Publication:
         self.kappa, self.dtype = kappa, dtype
         self.version = 0  # v_t
         self.published: list[int] = []  # versions published, oldest first
+        self.t_publish_s = 0.0  # the learner's share of the last publish_if_due (0.0 between publications)
         self._previous: tuple[int, bytes, bytes] | None = None  # (version, bytes, root) of the last publication
         self._anchors = delta.Anchors(anchor_every) if anchor_every is not None else None  # None: deltas off
         # with deltas: per publication {version, kind, bytes (sent over the delivery), full_bytes, encode_s}
@@ -69,18 +85,19 @@ class Publication:
         self.buffer.set_version(self.version)
         return self.version
 
-    def publish_if_due(self, publisher: Executor) -> tuple[float, dict[str, Any] | None]:
-        """Every kappa updates: copy the weights now, serialize and send them on the `publisher` thread. Returns
-        the learner's share of the publication (t_publish_s; 0.0 between publications) and the published state
-        (None between publications)."""
+    def publish_if_due(self, publisher: Executor) -> dict[str, Any] | None:
+        """Every kappa updates: copy the weights now, serialize and send them on the `publisher` thread. Returns the
+        published state (None between publications); the learner's share of the publication is `t_publish_s`."""
+        self.t_publish_s = 0.0
         if self.version % self.kappa:
-            return 0.0, None
+            return None
         t0 = time.perf_counter()
         state = self.weights.snapshot_state(self.dtype)  # copy now; serialize off-thread
         checkpoint.record_published(self.out, self.version)  # before the version leaves the learner
         publisher.submit(self._send, self.version, state)
         self.published.append(self.version)
-        return time.perf_counter() - t0, state
+        self.t_publish_s = time.perf_counter() - t0
+        return state
 
     def publish_now(self) -> dict[str, Any]:
         """Publish the current weights as v_t on this thread (a resumed run's first snapshot, the warm-up's timed
@@ -143,19 +160,23 @@ class Publication:
             "coordinator": dict(coordinator_sent), "publications": list(self.sent),
         }
 
-    def bcast_times(self, version: int) -> tuple[float | None, float | None, float | None]:
-        """T_bcast of publication `version` (quantile, all workers) and the same quantile of its complete, verified
-        copies received (the rest of T_bcast: the workers finishing their current batch)."""
-        return (*self.to.t_bcast(version), self.to.t_bcast(version, "received")[0])
+    def bcast_times(self, version: int) -> BcastTimes:
+        """T_bcast of publication `version` (BcastTimes: None where the workers have not reported it yet)."""
+        installed, installed_all = self.to.t_bcast(version)
+        return BcastTimes(installed, installed_all, self.to.t_bcast(version, "received")[0])
 
-    def last_bcast(self) -> tuple[float | None, float | None, float | None]:
+    def last_bcast(self) -> BcastTimes:
         """bcast_times of the newest publication that has a T_bcast."""
         for v in reversed(self.published):
-            if (times := self.bcast_times(v))[0] is not None:
+            if (times := self.bcast_times(v)).installed is not None:
                 return times
-        return None, None, None
+        return BcastTimes()
+
+    def metrics(self) -> dict[str, Any]:
+        """The publication's columns of a metrics row: the learner's share of this update's publication (0.0 between
+        publications) and T_bcast of the newest publication that has one (BcastTimes)."""
+        return {"t_publish_s": round(self.t_publish_s, 4), **self.last_bcast().columns()}
 
     def bcast_table(self) -> list[dict[str, Any]]:
         """bcast_times of every publication, as the run's end logs it."""
-        return [dict(zip(("version", "t_bcast_s", "t_bcast_all_s", "t_bcast_received_s"), (v, *self.bcast_times(v))))
-                for v in self.published]
+        return [{"version": v, **self.bcast_times(v).columns()} for v in self.published]

@@ -5,10 +5,10 @@ buffer, update, advance v_t, publish a snapshot every kappa updates; rollout, di
 training overlap because workers keep generating under their installed version meanwhile.
 
 The Trainer holds components and calls them; none of them calls back into it: `build` turns the Config
-into arguments, `Batches` waits for and steps on each batch, `Publication` owns v_t and publishing,
-`AuditReplay` audits the workers, `RunMetrics` keeps the rows, `RunSecrets` keeps the token and signing key,
-`Calibration` / `Provisioning` measure and provision the pool, the `local` provider starts the run's own
-workers, `console` owns the terminal.
+into arguments, `Batches` waits for each batch, the learner steps on it, `Publication` owns v_t and publishing,
+`AuditReplay` audits the workers, `RunMetrics` keeps the rows (each component reports its own columns),
+`RunSecrets` keeps the token and signing key, `Calibration` / `Provisioning` measure and provision the pool, the
+`local` provider starts the run's own workers, `console` owns the terminal.
 
 Checkpoints (checkpoint.py) are written every run.save_every steps, after the last step and on
 SIGTERM/SIGINT; `Trainer(cfg, resume=DIR)` continues from one. Under torchrun the learner is sharded over
@@ -27,26 +27,21 @@ import threading
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from echo2sdk.config import Config
+from echo2sdk.core.audit import BatchWithheld
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.contracts import TaskAdapter
+from echo2sdk.core.verdict import sizing_filter_rate
 from echo2sdk.errors import ConfigError, Echo2Error
 from echo2sdk.runtime.broadcast.bootstrap import ModelFolder
 from echo2sdk.runtime.coordinator import Coordinator
 from echo2sdk.runtime.files import write_json_atomic
 from echo2sdk.runtime.learner import build, checkpoint, console, distributed
-from echo2sdk.runtime.learner.batches import Batches, DataLimits, Stopped
+from echo2sdk.runtime.learner.batches import Batch, Batches, DataLimits, Stopped
 from echo2sdk.runtime.learner.calibration import Calibration, Provisioning, decide
-from echo2sdk.runtime.learner.metrics import (
-    RunMetrics,
-    filtered_share,
-    metrics_row,
-    shown_level,
-    sizing_filter_rate,
-    summary,
-)
+from echo2sdk.runtime.learner.metrics import RunMetrics, shown_level, summary
 from echo2sdk.runtime.learner.health import Health
 from echo2sdk.runtime.learner.publication import Publication
 from echo2sdk.runtime.learner.replay import AuditReplay
@@ -55,6 +50,9 @@ from echo2sdk.runtime.learner.tasks import CountedTasks
 from echo2sdk.runtime.providers.local import LocalProvider
 from echo2sdk.runtime.sinks import load_sinks, redact
 from echo2sdk.runtime.sinks.jsonl import reset_run_files
+
+if TYPE_CHECKING:
+    from echo2sdk.core.learner import StepStats
 
 __all__ = ["Trainer"]
 
@@ -77,9 +75,18 @@ class Trainer:
         # run.token, run.token_file or $ECHO2_TOKEN, checked now (>= 128 bits), before anything is loaded
         self.secrets = RunSecrets(build.run_token(cfg) if self.topo.leader else None)
         self.step = 0  # updates done (the metrics' step), across resumes
+        # what setup() makes: the policy's folder, the learner and its calls that are collectives under torchrun;
+        # on rank 0 the buffer, the coordinator and the recipe's components over them (_setup_leader)
+        self.model_path = ""
         self.learner: Any = None
-        self.ops: distributed.Lockstep | None = None  # the learner calls that are collectives under torchrun
+        self.ops: distributed.Lockstep | None = None
+        self.buffer: StalenessBuffer | None = None
         self.coordinator: Coordinator | None = None
+        self.publication: Publication | None = None
+        self.replay: AuditReplay | None = None
+        self.local: LocalProvider | None = None
+        self.batches: Batches | None = None
+        self.provisioning: Provisioning | None = None
         self._run_log: Any = None  # the handler writing run.log, removed at close
         self.metrics = RunMetrics(self.out, None, cfg.learner.trajectories_per_step, cfg.kappa, cfg.rollout.group_size,
                                   cfg.scheduler.max_filter_rate)
@@ -98,8 +105,7 @@ class Trainer:
     @property
     def version(self) -> int:
         """v_t (Publication owns it)."""
-        pub = getattr(self, "publication", None)
-        return pub.version if pub is not None else 0
+        return self.publication.version if self.publication is not None else 0
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -108,8 +114,7 @@ class Trainer:
     @property
     def procs(self) -> list:
         """The run's own local worker processes, in start order."""
-        local = getattr(self, "local", None)
-        return list(local.procs.values()) if local is not None else []
+        return list(self.local.procs.values()) if self.local is not None else []
 
     @property
     def audit(self) -> Any:
@@ -210,7 +215,7 @@ class Trainer:
                                    plaintext=not cfg.run.tls, grace_s=LOCAL_GRACE_S, run_dir=self.out)
         limits = DataLimits(L.data_timeout_s, cfg.run.heartbeat_s, L.filter_patience, self.out / "workers",
                             max_wait_s=L.max_wait_s, min_groups=L.min_groups, partial_lr=L.partial_lr)
-        self.batches = Batches(self.buffer, self.coordinator, self.local, self.replay, limits, self._stop)
+        self.batches = Batches(self.buffer, self.coordinator, self.local, limits, self._stop)
         self.provisioning = Provisioning(cfg, self.coordinator, self.metrics, self.out)
 
     def _start_status(self) -> None:
@@ -291,44 +296,39 @@ class Trainer:
         return every > 0 and step % every == 0 and step < self.cfg.learner.steps
 
     def train_step(self, step: int, publisher: Executor, t_start: float) -> dict[str, Any]:
-        """One update: wait for k = R/n admissible groups, step the learner, advance v_t, publish every
-        kappa updates. Returns the step's metrics row (recorded through the sinks)."""
-        t_wait, t0, groups, st = self.batches.learn(self._groups_per_step(), self.version, self.ops)
-        records = [t for g in groups for t in g]
-        deltas = [self.version - t.version for t in records]  # Delta = v_t - v, <= S by admission
-        audit = self.replay.audit_batch(self.version, records, st.audit_sums, st.withheld)
+        """One update of Algorithm 1: the next batch of k = R/n admissible groups and the learner's step on it
+        (`_learn`), the batch's audit, v_t advanced, a snapshot published every kappa updates. Returns the step's
+        metrics row: each component's columns (recorded through the sinks)."""
+        batch, st = self._learn(self._groups_per_step())
+        audit = self.replay.audit_batch(batch.v_t, batch.records, st.audit_sums, st.withheld)
         self.publication.advance()
-        t_pub, state = self.publication.publish_if_due(publisher)
-        self._keep(state)
-        t_q, t_all, t_received = self.publication.last_bcast()
+        self._keep(self.publication.publish_if_due(publisher))
         now = time.perf_counter()
-        self.metrics.log_batch(step, records, deltas, self.cfg.run.log_samples_every, self.cfg.run.log_samples)
-        row = metrics_row(step, self.version, records, deltas, st, time_s=now - t_start, wall_s=now - t0 + t_wait,
-                          wait_s=t_wait, publish_s=t_pub, t_bcast=(t_q, t_all), t_received=t_received, audit=audit,
-                          replay=self.replay.replay, replay_s=self.replay.replay_s,
-                          wait_causes=self.batches.wait_causes, **self._pool_counters())
-        self.metrics.record(row)
+        self.metrics.log_batch(step, batch.records, batch.deltas, self.cfg.run.log_samples_every,
+                               self.cfg.run.log_samples)
+        row = self.metrics.record(
+            {"step": step, "version": self.version, "time_s": round(now - t_start, 3)}, batch.metrics(now),
+            st.metrics(), self.publication.metrics(), self.replay.metrics(audit), self.batches.metrics(),
+            self.metrics.since_last(self.buffer.stats(), self.coordinator.stats(), batch.records,
+                                    self.buffer.task_names))
         self.health.check(row)  # no reward signal, adapter failures: warnings on the console and in run.log
         return row
 
-    def _pool_counters(self) -> dict[str, Any]:
-        buf, coord = self.buffer.stats(), self.coordinator
-        rollout = self.metrics.rollout_since_last(buf)
-        return {
-            **rollout,
-            **self.metrics.failures_since_last(coord.adapter_failures()["adapter_failures"], rollout["rollouts"]),
-            "rejected": sum(coord.rejected.values()),
-            "evicted": buf["evicted"],
-            "groups_filtered": buf["filtered_groups"],
-            "groups_filtered_frac": round(filtered_share(buf), 4),
-            "workers_alive": len(coord.alive_workers()),
-            "broadcast_repairs": coord.repairs_reported,
-            "workers_quarantined": coord.quarantines,
-            "batches_dropped": self.batches.dropped,
-            "batches_withheld": self.replay.batches_withheld,
-            "records_withheld": sum(self.replay.withheld_by_worker.values()),
-            "task_names": self.buffer.task_names,  # a mixture's components (per-task metrics count no others)
-        }
+    def _learn(self, k: int) -> tuple[Batch, StepStats]:
+        """The update: the next batch (k groups with v >= v_t - S, waited for and sampled), the audit's screen of it
+        and the learner's step on it. A batch the screen withheld whole is audited and counted (batches_withheld),
+        one the step raised on is dropped and counted (batches_dropped); the next batch is then waited for."""
+        while True:
+            batch = self.batches.next(k, self.version)
+            try:
+                st = self.ops.step(batch.groups, self.replay.screen(batch.v_t, batch.groups), batch.lr_scale)
+            except BatchWithheld as e:
+                self.replay.withheld_batch(batch.v_t, batch.records, e.audit_sums, e.withheld)
+            except (ValueError, RuntimeError) as e:
+                self.batches.drop(batch, e)
+            else:
+                self.batches.trained(batch)
+                return batch, st
 
     @staticmethod
     def _show(row: dict[str, Any], bar: Any) -> None:
@@ -379,6 +379,7 @@ class Trainer:
         return path
 
     def summary(self, wall_s: float) -> dict[str, Any]:
+        """summary.json (metrics.summary): the run's measured capacity numbers, then each component's part."""
         cfg, coord, stopped = self.cfg, self.coordinator, self._stop_signal
         out = summary(
             self.rows, wall_s, S=cfg.learner.staleness, kappa=cfg.kappa, R=cfg.learner.trajectories_per_step,
@@ -392,11 +393,7 @@ class Trainer:
             stopped=signal.Signals(stopped).name if stopped is not None else None,
             learner_ranks=self.topo.world,
             quarantined=dict(coord.quarantined),  # worker id -> why (core/audit.py)
-            batches_dropped=self.batches.dropped,  # the learner step raised on them; training went on
-            batches_partial=self.batches.partial,  # trained on fewer than R/n groups after learner.max_wait_s
-            batches_dropped_records_by_worker=dict(self.batches.dropped_by_worker),
-            batches_withheld=self.replay.batches_withheld,  # the audit's screen withheld every record (not trained on)
-            records_withheld_by_worker=dict(self.replay.withheld_by_worker),  # by the audit's screen (core/audit.py)
+            **self.batches.summary(), **self.replay.summary(),
             warnings=list(self.health.warnings),  # what runtime/learner/health.py warned about during the run
             config=redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         )
@@ -435,7 +432,7 @@ class Trainer:
     def close(self, clean: bool = False) -> None:
         """Stop everything the run started. `clean`: the run finished without an error (the torchrun ranks
         then leave the process group together)."""
-        if getattr(self, "provisioning", None) is not None:
+        if self.provisioning is not None:
             self.provisioning.stop()
         if self.status is not None:
             self.status.stop()
@@ -449,7 +446,7 @@ class Trainer:
             self.ops.stop(clean)  # the other ranks leave distributed.follow
         if self.coordinator is not None:
             self.coordinator.stop()
-        if getattr(self, "local", None) is not None:
+        if self.local is not None:
             self.local.close()  # they leave on the coordinator's shutdown; the rest are terminated
         console.stop_logging_to(self._run_log)  # a later run in this process logs elsewhere
         self._run_log = None

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import random
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from echo2sdk.core.audit import SamplerAudit, WorkerStat, audit_items, replay_stats, worker_stats
@@ -111,3 +113,28 @@ class AuditReplay:
         for wid in self.audit.observe(items, self.replay):
             self.quarantine.quarantine(wid, self.audit.flagged[wid])
         return self.audit.history[-1]
+
+    def metrics(self, audit: Mapping[str, WorkerStat]) -> dict[str, Any]:
+        """The audit's columns of a metrics row: its statistics per worker of the stepped batch (`audit`, as
+        audit_batch gave them), those of the batch's replay (a few records per worker under the version each claims:
+        lag 0 for both statistics) and the replay's time; the batches and records its screen withheld so far."""
+        return {
+            "sampler_gap": _rounded(audit, "gap"), "sampler_var": _rounded(audit, "var"),
+            "sampler_replay_gap": _rounded(self.replay, "gap"), "sampler_replay_var": _rounded(self.replay, "var"),
+            "t_audit_replay_s": round(self.replay_s, 4),
+            "batches_withheld": self.batches_withheld,  # withheld whole (not trained on, not counted as dropped)
+            "records_withheld_total": sum(self.withheld_by_worker.values()),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The audit's part of summary.json: the batches its screen withheld whole, the records withheld by worker."""
+        return {"batches_withheld": self.batches_withheld, "records_withheld_by_worker": dict(self.withheld_by_worker)}
+
+
+def _rounded(stats: Mapping[str, WorkerStat] | None, field: str) -> dict[str, float | None]:
+    """One audit statistic per worker, rounded; a non-finite variance is None (JSON has no NaN)."""
+    out = {}
+    for w, s in (stats or {}).items():
+        v = getattr(s, field)
+        out[w] = round(v, 6) if field == "gap" or math.isfinite(v) else None
+    return out

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from echo2sdk.core import capacity
 from echo2sdk.core.broadcast.planner import SOURCE
-from echo2sdk.runtime.learner.metrics import shown_level, wait_by_cause
+from echo2sdk.core.verdict import wait_by_cause
+from echo2sdk.runtime.learner.metrics import shown_level
 
 if TYPE_CHECKING:
     from echo2sdk.config import Config
