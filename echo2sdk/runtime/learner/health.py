@@ -1,8 +1,7 @@
 """Warnings a user must see while a run goes on (the console and run.log), read from each metrics row.
 
-A run that cannot learn looks healthy in its numbers unless something says so: countdown on SmolLM2 scored 0
-on all 200 completions, with loss 0 and grad_norm 0 every step, and nothing said so (issue 33). `Health`
-warns when
+A run that cannot learn looks healthy in its numbers unless something says so (a task the policy never solves
+scores 0 on every completion, with loss 0 and grad_norm 0 every step). `Health` warns when
 
 - no reward signal for `steps` steps in a row: every completion of the trained batch got the same reward
   (reward_std 0, so every advantage is 0 and grad_norm is 0), or every group the workers completed since the
