@@ -214,3 +214,13 @@ def test_a_batch_the_step_fails_on_is_dropped_and_its_wait_counts_in_the_next():
         b.drop(b.next(1, 0), RuntimeError("bad batch"))
     assert b.summary() == {"batches_dropped": MAX_DROPS_IN_A_ROW + 1, "batches_partial": 0,
                            "batches_dropped_records_by_worker": {"": G * (MAX_DROPS_IN_A_ROW + 1)}}
+
+
+def test_a_batch_reports_the_span_of_the_versions_that_generated_it():
+    """version_span: max v - min v over the batch's records (0 when one snapshot generated the whole batch)."""
+    one = Batch([_group("a", (0.0, 1.0), version=3), _group("b", (1.0, 0.0), version=3)], v_t=4, k=2, lr_scale=1.0,
+                waited=0.0, wait_causes={}, taken_at=0.0)
+    mixed = Batch([_group("a", (0.0, 1.0), version=1), _group("b", (1.0, 0.0), version=4)], v_t=4, k=2,
+                  lr_scale=1.0, waited=0.0, wait_causes={}, taken_at=0.0)
+    assert one.metrics(now=1.0)["version_span"] == 0
+    assert mixed.metrics(now=1.0)["version_span"] == 3 == mixed.metrics(now=1.0)["staleness_max"]

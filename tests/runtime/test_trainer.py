@@ -41,7 +41,7 @@ ROW = {
     "broadcast_repairs": int, "sampler_gap": dict,
     "sampler_var": dict, "sampler_replay_gap": dict, "sampler_replay_var": dict, "t_audit_replay_s": float,
     "records_withheld": int, "workers_quarantined": int, "batches_dropped": int,
-    "batches_withheld": int, "records_withheld_total": int,
+    "batches_withheld": int, "records_withheld_total": int, "version_span": int,
 }
 
 #: Columns the tiny run leaves None (tiny-random's prompts all look alike): their types are seen in RECORDED.
@@ -82,7 +82,7 @@ OPTIONAL = {"capacity": {"why"}}
 
 #: Keys that the recorded main job's files (RECORDED) predate.
 ADDED_SINCE_RECORDED = {
-    "metrics": ["t_bcast_received_s"],
+    "metrics": ["t_bcast_received_s", "version_span"],
     "summary": ["T_bcast_received_median_s"],
     "capacity": ["mu_min_without_broadcast", "short_because_of_broadcast"],
     "coordinator": ["empty_groups"],

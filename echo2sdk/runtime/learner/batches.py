@@ -91,7 +91,8 @@ class Batch:
     def metrics(self, now: float) -> dict[str, Any]:
         """The batch's columns of its metrics row: the step's wall time up to `now` (the wait included) and the
         learner's wait for the batch, whole and by cause (seconds); the batch's reward mean and spread, its accuracy
-        (None: the task scores no "correct"), its staleness and size, and the means of its records' task metadata."""
+        (None: the task scores no "correct"), its staleness and size, the means of its records' task metadata, and
+        the span of the policy versions that generated it."""
         records, deltas = self.records, self.deltas
         rewards = [t.reward for t in records]
         scored = [c for c in (t.meta.extra.get("correct") for t in records) if c is not None]
@@ -105,6 +106,8 @@ class Batch:
             "staleness_max": max(deltas), "staleness_mean": statistics.fmean(deltas),
             "trajectories": len(records),
             "task": task_means(records),
+            # the snapshots it came from: max v - min v over its records (0: one policy version generated it all)
+            "version_span": max(t.version for t in records) - min(t.version for t in records),
         }
 
 
