@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -503,7 +502,8 @@ def _keys_parser(sub: argparse._SubParsersAction) -> None:
 def _eval(args: argparse.Namespace) -> int:
     if args.task or args.config:
         return _eval_tasks(args)
-    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, default_metric, differences, evaluate, format_table
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, default_metric, evaluate, finite, format_table, table_json
+    from echo2sdk.config import key_values
 
     # the table goes to stdout: keep an in-process vLLM engine's INFO/WARNING lines off it (unless asked for)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -513,7 +513,7 @@ def _eval(args: argparse.Namespace) -> int:
     scheme = parse_env(args.env)[0]
     plugin = load_env_plugin(scheme)
     metric = args.metric or default_metric(scheme, plugin)
-    env_options = _options("--env-option", args.env_option)
+    env_options = dict(key_values(args.env_option, "--env-option"))
     _eval_defaults(args)
     policies = {f"base ({args.base})": args.base}
     if args.trained:
@@ -538,44 +538,11 @@ def _eval(args: argparse.Namespace) -> int:
     unit = getattr(plugin, "eval_unit", "hand")
     print(format_table(table, env=args.env, hands=args.hands, seed=args.seed, metric=metric, unit=unit))
     if args.json:
-        data = {p: {o: {k: v for k, v in vars(c).items() if k not in ("values", "paired", "ids")} for o, c in row.items()}
-                for p, row in table.items()}
-        diffs = {label: {key: {o: vars(d) for o, d in by_opp.items()} for key, by_opp in by_metric.items()}
-                 for label, by_metric in differences(table, metric).items()}
         with open(args.json, "w") as fh:
-            json.dump(_finite({"env": args.env, "env_options": env_options, "hands": args.hands,
-                               "seed": args.seed, "held_out_seed": HELD_OUT_SEED + args.seed, "metric": metric,
-                               "table": data, "differences_from_first_row": diffs}), fh, indent=2, allow_nan=False)
+            json.dump(finite({"env": args.env, "env_options": env_options, "hands": args.hands,
+                              "seed": args.seed, "held_out_seed": HELD_OUT_SEED + args.seed, "metric": metric,
+                              **table_json(table, metric)}), fh, indent=2, allow_nan=False)
     return 0
-
-
-def _finite(data: object) -> object:
-    """`data` with NaN and infinities as None, so --json writes null (strict JSON), not NaN."""
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {k: _finite(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_finite(v) for v in data]
-    return data
-
-
-def _options(flag: str, items: list[str] | None) -> dict[str, object]:
-    """KEY=VALUE items of a repeatable flag -> {key: TOML value}; a bare word is a string, as with --set."""
-    import tomllib
-
-    from echo2sdk.errors import ConfigError
-
-    options: dict[str, object] = {}
-    for item in items or []:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{flag} expects KEY=VALUE, got {item!r}")
-        try:
-            options[key.strip()] = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            options[key.strip()] = text.strip()
-    return options
 
 
 def _eval_defaults(args: argparse.Namespace) -> None:
@@ -585,13 +552,8 @@ def _eval_defaults(args: argparse.Namespace) -> None:
 
 def _eval_tasks(args: argparse.Namespace) -> int:
     """`echo2 eval --task ADAPTER`: accuracy and mean reward of base (and trained) on held-out tasks."""
-    from echo2sdk.adapters.evaluate import (
-        HELD_OUT_SEED,
-        evaluate_tasks,
-        format_task_table,
-        task_differences,
-        task_scores_json,
-    )
+    from echo2sdk.adapters.evaluate import HELD_OUT_SEED, evaluate_tasks, finite, format_task_table, task_table_json
+    from echo2sdk.config import key_values
     from echo2sdk.errors import ConfigError
 
     if args.env:
@@ -599,7 +561,7 @@ def _eval_tasks(args: argparse.Namespace) -> int:
     if args.env_option:
         raise ConfigError(f"echo2 eval: --env-option is for --env sandboxes; a --task adapter takes --task-option "
                           f"(got --env-option {args.env_option[0]!r})")
-    options = _options("--task-option", args.task_option)
+    options = dict(key_values(args.task_option, "--task-option"))
     max_new_tokens = args.max_new_tokens or 64
     if args.config:  # the run's task (a [[task.mix]] mixture included) and answer length
         from echo2sdk.config import load_config
@@ -622,12 +584,10 @@ def _eval_tasks(args: argparse.Namespace) -> int:
     )
     print(format_task_table(table, task=args.task, tasks=args.tasks, seed=args.seed))
     if args.json:
-        data = {label: task_scores_json(c) for label, c in table.items()}
-        diffs = {label: vars(d) for label, d in task_differences(table).items()}
         with open(args.json, "w") as fh:
-            json.dump(_finite({"task": args.task, "options": options, "tasks": args.tasks, "seed": args.seed,
-                               "held_out_seed": HELD_OUT_SEED + args.seed, "table": data,
-                               "reward_differences_from_first_row": diffs}), fh, indent=2, allow_nan=False)
+            json.dump(finite({"task": args.task, "options": options, "tasks": args.tasks, "seed": args.seed,
+                              "held_out_seed": HELD_OUT_SEED + args.seed, **task_table_json(table)}), fh, indent=2,
+                      allow_nan=False)
     return 0
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "ProvisioningConfig",
     "RunConfig",
     "load_config",
+    "key_values",
 ]
 
 
@@ -535,11 +536,20 @@ class Config(_Section):
         return publication_period(self.learner.staleness, self.learner.kappa)
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
+def key_values(items: list[str] | None, flag: str = "--set") -> list[tuple[str, Any]]:
+    """KEY=VALUE items of a repeatable command-line flag as (key, value) pairs, each value read as TOML (a bare word
+    is a string). ConfigError, naming `flag`, for an item without "=" or a key."""
+    pairs = []
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        pairs.append((key.strip(), value))
+    return pairs
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -596,12 +606,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if isinstance(run, dict) and "out" not in run or "run" not in data:
             # one config, one output folder: examples/poker.toml writes runs/poker unless told otherwise
             data.setdefault("run", {})["out"] = f"runs/{Path(path).stem}"
-    pairs = []
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set expects key=value, got {item!r}")
-        pairs.append((key.strip(), _parse_value(text.strip())))
+    pairs = key_values(overrides)
     _drop_switched_options(data, pairs)
     for key, value in pairs:
         _set_dotted(data, key, value)

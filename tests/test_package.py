@@ -44,6 +44,17 @@ def test_bad_values_name_field_and_value(override, message):
         load_config(None, [override])
 
 
+def test_key_value_flags_read_toml_values_and_name_the_flag():
+    from echo2sdk.config import key_values
+
+    assert key_values(["a=1", " b = x y ", 'c=[1, "z"]', "d=true"]) == [("a", 1), ("b", "x y"), ("c", [1, "z"]),
+                                                                        ("d", True)]
+    with pytest.raises(ConfigError, match="--task-option expects KEY=VALUE, got 'level'"):
+        key_values(["level"], "--task-option")
+    with pytest.raises(ConfigError, match="--set expects KEY=VALUE"):
+        load_config(None, ["=3"])
+
+
 def test_example_config_is_valid():
     cfg = load_config("examples/math_smollm2.toml")
     assert cfg.learner.staleness == 3 and cfg.kappa == 2 and cfg.rollout.workers == 2

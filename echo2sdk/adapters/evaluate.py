@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Cell", "Difference", "TaskScores", "differences", "evaluate", "evaluate_tasks", "format_table",
-           "format_task_table", "held_out_tasks", "task_scores_json", "paired_difference", "task_differences", "DEFAULT_OPPONENTS", "SOLO", "default_metric",
-           "HELD_OUT_SEED"]
+           "format_task_table", "held_out_tasks", "task_scores_json", "paired_difference", "task_differences",
+           "DEFAULT_OPPONENTS", "SOLO", "default_metric", "HELD_OUT_SEED", "table_json", "task_table_json", "finite"]
 
 DEFAULT_OPPONENTS = ("calling_station", "tight_aggressive", "loose_aggressive", "llm")
 SOLO = "-"  # the one column of an env without opponents (its plug-in sets no eval_opponents)
@@ -429,3 +429,31 @@ def task_differences(table: Mapping[str, TaskScores]) -> dict[str, Difference]:
     """{later row label: its reward minus the first row's, task by task}."""
     rows = list(table.items())
     return {label: paired_difference(rows[0][1].rewards, c.rewards) for label, c in rows[1:]}
+
+
+def table_json(table: Mapping[str, Mapping[str, Cell]], metric: str) -> dict[str, Any]:
+    """A sandbox evaluation's table as `echo2 eval --json` writes it (no per-hand values), and each later row's
+    paired differences from the first (`differences`)."""
+    data = {p: {o: {k: v for k, v in vars(c).items() if k not in ("values", "paired", "ids")} for o, c in row.items()}
+            for p, row in table.items()}
+    diffs = {label: {key: {o: vars(d) for o, d in by_opp.items()} for key, by_opp in by_metric.items()}
+             for label, by_metric in differences(table, metric).items()}
+    return {"table": data, "differences_from_first_row": diffs}
+
+
+def task_table_json(table: Mapping[str, TaskScores]) -> dict[str, Any]:
+    """A task evaluation's table as `echo2 eval --json` writes it, and each later row's reward differences from the
+    first (`task_differences`)."""
+    return {"table": {label: task_scores_json(c) for label, c in table.items()},
+            "reward_differences_from_first_row": {label: vars(d) for label, d in task_differences(table).items()}}
+
+
+def finite(data: object) -> object:
+    """`data` with NaN and infinities as None, so JSON gets null (strict JSON), not NaN."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite(v) for v in data]
+    return data

@@ -72,9 +72,9 @@ def test_differences_refuse_other_hands_and_pair_a_partly_recorded_value_where_b
 
 
 def test_json_gets_null_for_nan():
-    from echo2sdk.cli import _finite
+    from echo2sdk.adapters.evaluate import finite
 
-    data = _finite({"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf"), "e": "x"}})
+    data = finite({"a": float("nan"), "b": [1.5, float("inf")], "c": {"d": -float("inf"), "e": "x"}})
     assert data == {"a": None, "b": [1.5, None], "c": {"d": None, "e": "x"}}
     assert json.loads(json.dumps(data, allow_nan=False)) == data
 
