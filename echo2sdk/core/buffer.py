@@ -48,6 +48,8 @@ GroupKey = tuple[str, int]  # (meta.group_id, version)
 _ORDERS = ("fifo", "freshest")
 MAX_TASKS = 64  # task names counted apart (stats()["completed_by_task"]); a mixture names a few
 OTHER_TASK = "(other)"
+
+
 class Completed(NamedTuple):
     """What is counted of every completed group, filtered or not (stats() gives each field under its COMPLETED
     name, and per task one Completed in "completed_by_task"). "scored" records have meta.extra "correct"; the
