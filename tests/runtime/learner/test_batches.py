@@ -1,6 +1,6 @@
 """The learner's wait for a batch (runtime/learner/batches.py) against the real buffer: learner.max_wait_s trains on
 the informative groups it has instead of idling, and the wait is split by cause. The learner is a stand-in here
-(what it does with a batch is tested in tests/core and by the real runs of tests/runtime/test_trainer.py, which
+(what it does with a batch is tested in tests/core and by the real runs of tests/runtime/learner/test_trainer.py, which
 wait for whole batches)."""
 
 from __future__ import annotations
