@@ -19,17 +19,10 @@ from echo2sdk.runtime.providers.ledger import read_ledger
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_sky import FakeSky  # noqa: E402
+from waiting import eventually  # noqa: E402
 
 TOKEN = "contract-test-token-" + "x" * 40
 
-
-def _eventually(cond, timeout=10.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 class Local:
@@ -88,7 +81,7 @@ def test_start_is_recorded_before_the_launch_and_is_idempotent(kind, tmp_path):
     try:
         p.start("l4-0", 0.5)
         p.start("l4-0", 0.5)  # again while launching or up: nothing more
-        _eventually(lambda: kind.alive(p, "l4-0"), what="l4-0 up")
+        eventually(lambda: kind.alive(p, "l4-0"), what="l4-0 up")
         assert "l4-0" in p.running()
         recs = [json.loads(x) for x in (tmp_path / "machines.jsonl").read_text().splitlines()]
         assert [r["event"] for r in recs if r["machine"] == "l4-0"][0] == "launch"
@@ -107,13 +100,13 @@ def test_stop_ends_the_machine_and_is_idempotent(kind, tmp_path):
     try:
         p.start("l4-0", 0.5)
         p.start("l4-1", 0.5)
-        _eventually(lambda: kind.alive(p, "l4-0") and kind.alive(p, "l4-1"), what="both up")
+        eventually(lambda: kind.alive(p, "l4-0") and kind.alive(p, "l4-1"), what="both up")
         p.stop("l4-0")
         p.stop("l4-0")
         p.stop("never-started")
-        _eventually(lambda: not kind.alive(p, "l4-0"), what="l4-0 ended")
+        eventually(lambda: not kind.alive(p, "l4-0"), what="l4-0 ended")
         assert p.running() == ["l4-1"]
-        _eventually(lambda: read_ledger(tmp_path)["l4-0"].down, what="l4-0 down in the ledger")
+        eventually(lambda: read_ledger(tmp_path)["l4-0"].down, what="l4-0 down in the ledger")
         assert read_ledger(tmp_path)["l4-1"].state in ("launch", "up")
     finally:
         p.close()
@@ -123,7 +116,7 @@ def test_close_stops_everything_it_started(kind, tmp_path):
     p = kind.make(tmp_path)
     for i in range(3):
         p.start(f"l4-{i}", 0.5)
-    _eventually(lambda: all(kind.alive(p, f"l4-{i}") for i in range(3)), what="three up")
+    eventually(lambda: all(kind.alive(p, f"l4-{i}") for i in range(3)), what="three up")
     p.close()
     assert not any(kind.alive(p, f"l4-{i}") for i in range(3))
     assert p.running() == []
@@ -137,13 +130,13 @@ def test_a_failed_launch_is_reported_once_and_cleaned_up(kind, tmp_path):
     try:
         p.start(name, 1.0)
         got: dict[str, str] = {}
-        _eventually(lambda: got.update(p.failures()) or name in got, what="the failure reported")
+        eventually(lambda: got.update(p.failures()) or name in got, what="the failure reported")
         assert p.failures() == {}  # reported once
         assert name not in p.running()
         m = read_ledger(tmp_path)[name]
         if kind.name == "skypilot":
             assert "no capacity" in got[name]
-            _eventually(lambda: read_ledger(tmp_path)[name].down, what="the failed cluster torn down")
+            eventually(lambda: read_ledger(tmp_path)[name].down, what="the failed cluster torn down")
             assert [c["cluster"] for c in kind.fake.calls("down")] == [p.cluster(name)]
         else:
             assert "no-such-python" in got[name] and m.state == "failed"
@@ -155,7 +148,7 @@ def test_fleet_status_and_down_need_no_provider_alive(kind, tmp_path):
     p = kind.make(tmp_path)
     p.start("l4-0", 0.5)
     p.start("l4-1", 0.7)
-    _eventually(lambda: kind.alive(p, "l4-0") and kind.alive(p, "l4-1"), what="both up")
+    eventually(lambda: kind.alive(p, "l4-0") and kind.alive(p, "l4-1"), what="both up")
     # the learner is gone without closing anything (its provider object is simply dropped)
     rows = {r["machine"]: r for r in fleet_status(tmp_path)}
     assert set(rows) == {"l4-0", "l4-1"} and all(r["now"] not in ("down", "gone") for r in rows.values())
@@ -178,7 +171,7 @@ def test_skypilot_launch_timeout_cancels_and_downs(tmp_path):
     time.sleep(0.4)
     failures = p.failures()
     assert "not up after launch_timeout_s = 0.3 s" in failures["slow-0"]
-    _eventually(lambda: read_ledger(tmp_path)["slow-0"].down, what="the hung launch cancelled and downed")
+    eventually(lambda: read_ledger(tmp_path)["slow-0"].down, what="the hung launch cancelled and downed")
     assert fake.calls("api_cancel") and fake.clusters() == {}
     p.close()
 
@@ -189,7 +182,7 @@ def test_skypilot_reports_a_preempted_cluster(tmp_path):
                                        "machines": {"l4": {"accelerators": "L4:1", "use_spot": True}}},
                       setup="true", sky=fake)
     p.start("l4-0", 0.3)
-    _eventually(lambda: fake.clusters().get(p.cluster("l4-0"), {}).get("status") == "UP" and p.running() == ["l4-0"])
+    eventually(lambda: fake.clusters().get(p.cluster("l4-0"), {}).get("status") == "UP" and p.running() == ["l4-0"])
     fake.preempt(p.cluster("l4-0"))
     assert p.running() == []
     assert "preempted" in p.failures()["l4-0"]
@@ -266,15 +259,15 @@ def test_a_failed_launch_is_retried_on_the_next_cheapest_type_and_reported(tmp_p
     try:
         loop.apply(s.provision(0.0))
         launched = lambda: [c["cluster"].split("-", 2)[2] for c in fake.calls("launch")]  # noqa: E731
-        _eventually(lambda: launched() == ["h100-0"], what="h100-0 launched")
-        _eventually(lambda: read_ledger(tmp_path)["h100-0"].state in ("failed", "down"), what="h100-0 failed")
+        eventually(lambda: launched() == ["h100-0"], what="h100-0 launched")
+        eventually(lambda: read_ledger(tmp_path)["h100-0"].state in ("failed", "down"), what="h100-0 failed")
         loop.tick(1.0)
-        _eventually(lambda: len(launched()) == 3, what="the retries launched")
+        eventually(lambda: len(launched()) == 3, what="the retries launched")
         assert launched() == ["h100-0", "l4-0", "l4-1"]  # not h100-1: the type that failed is skipped
         failed = [e for e in events if e["event"] == "launch_failed"]
         assert failed and failed[0]["worker"] == "h100-0" and "no capacity" in failed[0]["reason"]
         assert any(e["event"] == "activate" and e["worker"] == "l4-0" for e in events)
-        _eventually(lambda: set(fake.clusters()) == {p.cluster("l4-0"), p.cluster("l4-1")}, what="the l4s up, h100-0 down")
+        eventually(lambda: set(fake.clusters()) == {p.cluster("l4-0"), p.cluster("l4-1")}, what="the l4s up, h100-0 down")
     finally:
         p.close()
     assert fake.clusters() == {}
@@ -311,7 +304,7 @@ def test_skypilot_close_does_not_wait_on_a_hung_launch(tmp_path):
     p = load_provider("skypilot", run={"connect": "127.0.0.1:7000", "token": TOKEN, "run_dir": str(tmp_path),
                                        "machines": {"slow": {"accelerators": "L4:1"}}}, setup="true", sky=fake)
     p.start("slow-0", 1.0)
-    _eventually(lambda: p.cluster("slow-0") in fake.clusters(), what="the launch under way")
+    eventually(lambda: p.cluster("slow-0") in fake.clusters(), what="the launch under way")
     t0 = time.monotonic()
     p.close()
     assert time.monotonic() - t0 < 5  # the cancel + down, not the launch's sky.get
@@ -341,7 +334,7 @@ def test_skypilot_a_stop_before_the_launch_request_returns_leaves_no_cluster(tmp
     p = _sky(tmp_path, fake)
     p.start("l4-0", 0.5)
     p.stop("l4-0")  # the launch has not even returned its request id
-    _eventually(lambda: read_ledger(tmp_path)["l4-0"].down, what="l4-0 recorded down")
+    eventually(lambda: read_ledger(tmp_path)["l4-0"].down, what="l4-0 recorded down")
     assert _settled(fake) == {}
     p.close()
 
@@ -350,10 +343,10 @@ def test_skypilot_a_machine_started_again_while_going_down_is_launched_after_and
     fake = FakeSky(tmp_path / "fake-sky", launch_s=0.1)
     p = _sky(tmp_path, fake)
     p.start("l4-0", 0.5)
-    _eventually(lambda: p.running() == ["l4-0"], what="up")
+    eventually(lambda: p.running() == ["l4-0"], what="up")
     p.stop("l4-0")
     p.start("l4-0", 0.5)  # e.g. released with stop_released, then wanted again at once
-    _eventually(lambda: len(fake.calls("launch")) == 2 and p.running() == ["l4-0"], what="launched again")
+    eventually(lambda: len(fake.calls("launch")) == 2 and p.running() == ["l4-0"], what="launched again")
     assert list(_settled(fake)) == [p.cluster("l4-0")]
     p.close()
     assert fake.clusters() == {} and read_ledger(tmp_path)["l4-0"].down
@@ -376,7 +369,7 @@ def test_skypilot_secret_envs_travel_as_secrets_only(tmp_path, monkeypatch):
     t = p.task("l4-0", 0.5)
     assert t.secrets["HF_TOKEN"] == "hf_secret_value_123" and "HF_TOKEN" not in t.envs
     p.start("l4-0", 0.5)
-    _eventually(lambda: read_ledger(tmp_path)["l4-0"].state == "up")
+    eventually(lambda: read_ledger(tmp_path)["l4-0"].state == "up")
     p.close()
     for f in tmp_path.rglob("*"):
         assert not f.is_file() or "hf_secret_value_123" not in f.read_text()
@@ -451,10 +444,10 @@ def test_a_failed_warm_up_launch_is_replaced_by_another_type_and_backs_that_type
     prov = Provisioning(cfg, coordinator, metrics=None, out=tmp_path / "run")
     try:
         assert prov.launch_initial() == ["h100-0"]  # rho 0.25 < 0.6: the h100 first
-        _eventually(lambda: "h100-0" in prov.warmup_failed and len(prov.initial) == 2, what="replaced")
+        eventually(lambda: "h100-0" in prov.warmup_failed and len(prov.initial) == 2, what="replaced")
         assert prov.initial == ["h100-0", "l4-0"]  # not h100-1: its type failed
         assert "no capacity" in prov.warmup_failed["h100-0"]
-        _eventually(lambda: set(fake.clusters()) == {prov.provider.cluster("l4-0")}, what="l4-0 up, h100-0 down")
+        eventually(lambda: set(fake.clusters()) == {prov.provider.cluster("l4-0")}, what="l4-0 up, h100-0 down")
     finally:
         prov.stop()
     assert fake.clusters() == {}

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,9 @@ from echo2sdk.cli import main
 from echo2sdk.runtime.providers import fleet_down, fleet_status, load_provider
 from echo2sdk.runtime.providers.ledger import read_ledger
 from echo2sdk.runtime.providers.local import process_started
+
+sys.path.insert(0, str(Path(__file__).parent))
+from waiting import eventually  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -44,14 +46,6 @@ def procs():
         p.wait(10)
 
 
-def _eventually(cond, timeout=10.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
-
 
 def _ledger(run_dir: Path, machines: dict[str, dict | None], state: str = "up") -> None:
     """A ledger as someone could write it by hand: name -> the handle of its `up` line (None: a launch only)."""
@@ -73,7 +67,7 @@ def _environ(pid: int) -> dict[str, str]:
 @pytest.mark.parametrize("recorded", ["no digest (an older ledger)", "a guessed digest"])
 def test_fleet_down_never_signals_a_look_alike_process(tmp_path, procs, recorded):
     other = procs(LOOK_ALIKE, env=dict(os.environ, **{NONCE: "the other run's own nonce"}))
-    _eventually(lambda: b"echo2sdk.cli" in Path(f"/proc/{other.pid}/cmdline").read_bytes(), what="the look-alike up")
+    eventually(lambda: b"echo2sdk.cli" in Path(f"/proc/{other.pid}/cmdline").read_bytes(), what="the look-alike up")
     handle = {"pid": other.pid, "started": process_started(other.pid)}  # all of it readable by anyone from /proc
     if recorded == "a guessed digest":
         handle["nonce_sha256"] = hashlib.sha256(b"a guess").hexdigest()
@@ -113,7 +107,7 @@ def test_fleet_down_ends_a_worker_the_provider_started_and_records_it_down(tmp_p
     try:
         p.start("local-0")
         log = tmp_path / "workers" / "local-0.log"
-        _eventually(lambda: log.is_file() and "ready" in log.read_text(), what="the worker up")
+        eventually(lambda: log.is_file() and "ready" in log.read_text(), what="the worker up")
         proc = p.procs["local-0"]
         nonce = _environ(proc.pid)[NONCE]
         assert len(nonce) >= 32
@@ -143,7 +137,7 @@ def test_fleet_down_kills_a_worker_that_ignores_sigterm_and_says_so(tmp_path, mo
     try:
         p.start("local-0")
         log = tmp_path / "workers" / "local-0.log"
-        _eventually(lambda: log.is_file() and "ready" in log.read_text(), what="the worker up, SIGTERM ignored")
+        eventually(lambda: log.is_file() and "ready" in log.read_text(), what="the worker up, SIGTERM ignored")
         assert fleet_down(tmp_path) == {"local-0": "killed"}
         assert p.procs["local-0"].wait(5) == -9
         assert read_ledger(tmp_path)["local-0"].down
