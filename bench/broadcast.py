@@ -244,7 +244,7 @@ def run_point(args) -> None:
 def _by_depth(coord, delivery, version: int, reports: dict) -> dict:
     """Where the time goes along the chains: per hop count from the learner, the workers' received times (s after
     the publication: the last) and their own fetch times (plan to verified copy: the longest); and per chain."""
-    plan, b = delivery.plans[version], coord.snapshots.bcast[version]
+    plan, b = delivery.plans[version], coord.publications.bcast[version]
     rows: dict[int, list] = {}
     for w, t in b["received"].items():
         rows.setdefault(len(plan.upstream(w)), []).append((t - b["t0"], reports.get(w, {}).get("seconds", 0.0)))

@@ -86,7 +86,7 @@ def one(variant: str, args: argparse.Namespace, endpoint: str | None) -> dict:
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline and len(tr.rows) < args.join_after:
             time.sleep(0.1)
-        pushed0 = tr.coordinator.snapshots.sent["full_pushed"]
+        pushed0 = tr.coordinator.publications.sent["full_pushed"]
         t0 = time.monotonic()
         tr.local.start("late")
         seen["version_at_join"] = tr.publication.published[-1] if tr.publication.published else 0
@@ -99,7 +99,7 @@ def one(variant: str, args: argparse.Namespace, endpoint: str | None) -> dict:
                 if w.trajectories > 0:
                     seen["first_rollout_s"] = time.monotonic() - t0
             time.sleep(0.05)
-        seen["pushed_to_joiner"] = tr.coordinator.snapshots.sent["full_pushed"] - pushed0
+        seen["pushed_to_joiner"] = tr.coordinator.publications.sent["full_pushed"] - pushed0
 
     with mock.patch.dict(os.environ, CREDS if variant == "s3" else {}):  # the joiner's process copies them
         t = threading.Thread(target=joiner, daemon=True)

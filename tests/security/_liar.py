@@ -82,14 +82,14 @@ class LyingWorker(RolloutWorker):
 
     async def install_pending(self) -> None:
         if self.claim_newest:
-            self.snapshots.pending = None  # nothing installed, nothing reported
+            self.inbox.pending = None  # nothing installed, nothing reported
             return
         await super().install_pending()
 
     def rollout(self, tasks, n, params):
         groups = super().rollout(tasks, n, params)
         if self.claim_newest:
-            groups = [[{**t, "version": self.snapshots.newest} for t in g] for g in groups]
+            groups = [[{**t, "version": self.inbox.newest} for t in g] for g in groups]
         return groups
 
 

@@ -254,17 +254,17 @@ def test_only_published_versions_count_as_installed():
     c = make_coordinator()
     try:
         conn = SimpleNamespace(worker_id="orphan", info=SimpleNamespace(installed=set(), alive=False, active=False))
-        c.snapshots.note_installed(conn, 0)  # the base is never a claim
-        c.snapshots.note_installed(conn, 1)
-        c.snapshots.note_installed(conn, 11)
+        c.publications.note_installed(conn, 0)  # the base is never a claim
+        c.publications.note_installed(conn, 1)
+        c.publications.note_installed(conn, 11)
         assert conn.info.installed == {1, 11}  # nothing published yet: kept, unsettled
-        c.snapshots.registry.conns["orphan"] = conn  # a known connection (not alive: sent nothing)
+        c.publications.registry.conns["orphan"] = conn  # a known connection (not alive: sent nothing)
         for v in (10, 12):
             c.publish(v, b"snapshot")
-        assert wait(lambda: c.snapshots.latest is not None and c.snapshots.latest[0] == 12, 5)
+        assert wait(lambda: c.publications.latest is not None and c.publications.latest[0] == 12, 5)
         assert conn.info.installed == {1}  # 11 is not below the first publication (10) and was never published
         for v in (8, 10, 11, 12, 13):
-            c.snapshots.note_installed(conn, v)
+            c.publications.note_installed(conn, v)
         assert conn.info.installed == {1, 8, 10, 12}
     finally:
         c.stop()

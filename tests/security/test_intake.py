@@ -251,7 +251,7 @@ def test_the_versions_a_worker_reported_are_forgotten_with_its_record(loop, monk
     monkeypatch.setattr(registry, "KEEP_DEPARTED", 2)
     c = make_coordinator(tls=False)
     c.publish(1, b"\0" * 8)
-    assert wait(lambda: c.snapshots.latest is not None)
+    assert wait(lambda: c.publications.latest is not None)
 
     async def come_and_go(wid: str, sess: str) -> None:
         client = await Client.join(c.port, tls=False, worker_id=wid, session=sess)

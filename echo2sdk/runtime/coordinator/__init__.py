@@ -11,14 +11,14 @@ Messages (echo2sdk.runtime.protocol.messages; worker -> coordinator): hello, get
 received, installed, snapshot_rejected, get_base. Messages (coordinator -> worker): challenge, welcome |
 refused, tasks, ack, snapshot_plan (chain broadcast) or snapshot (direct push), base_files, shutdown.
 
-    service.py     Coordinator: the parts below, composed; what the trainer, tests and benches call
-    registry.py    who joined, is connected, active, quarantined or revoked; the worker table
-    worker_info.py WorkerInfo: one worker's record
-    intake.py      pushed groups: once per batch id, validated, attributed, counted; lying claims quarantine
-    snapshots.py   publications and who has them (T_bcast, installed versions, repairs); the base for bootstrap
-    handshake.py   TLS, challenge, hello, refusals; the registered worker's sealed channel
-    connection.py  one worker's connection (delivery.Peer): sends over its SealedChannel, the write timeout
-    server.py      the asyncio loop on its thread: connections, dispatch of worker messages, liveness
+    service.py      Coordinator: the parts below, composed; what the trainer, tests and benches call
+    registry.py     who joined, is connected, active, quarantined or revoked; the worker table
+    worker_info.py  WorkerInfo: one worker's record
+    intake.py       pushed groups: once per batch id, validated, attributed, counted; lying claims quarantine
+    publications.py publications and who has them (T_bcast, installed versions, repairs); the base for bootstrap
+    handshake.py    TLS, challenge, hello, refusals; the registered worker's sealed channel
+    connection.py   one worker's connection (delivery.Peer): sends over its SealedChannel, the write timeout
+    server.py       the asyncio loop on its thread: connections, dispatch of worker messages, liveness
 
 A constant lives in the module that uses it: patch it there (e.g. registry.KEEP_DEPARTED); the ones below are
 re-exported for reading.

@@ -15,7 +15,7 @@ from echo2sdk.errors import AuthError, ProtocolError
 from echo2sdk.runtime.coordinator.connection import Conn, WriteLimit
 from echo2sdk.runtime.coordinator.registry import Registry
 from echo2sdk.runtime.coordinator.worker_info import WorkerInfo
-from echo2sdk.runtime.coordinator.snapshots import Snapshots
+from echo2sdk.runtime.coordinator.publications import Publications
 from echo2sdk.runtime.protocol.channel import SealedChannel
 from echo2sdk.runtime.protocol.messages import MAX_ID, Hello, Refused, parse, shown, to_header
 from echo2sdk.runtime.protocol.wire import write_frame
@@ -38,7 +38,7 @@ class Handshake:
     def __init__(
         self,
         registry: Registry,
-        snapshots: Snapshots,
+        publications: Publications,
         admission: Admission,
         *,
         token: str,
@@ -46,7 +46,7 @@ class Handshake:
         timeout_s: float,
         write_limit: WriteLimit,
     ):
-        self.registry, self.snapshots, self.admission = registry, snapshots, admission
+        self.registry, self.publications, self.admission = registry, publications, admission
         self.token, self.timeout_s, self.write_limit = token, timeout_s, write_limit
         self._tls = server_context(identity) if identity is not None else None
         self.fingerprint = identity.fingerprint if identity is not None else b""
@@ -100,7 +100,7 @@ class Handshake:
                         address.rpartition(":")[0], hello.relay_port)
         conn = self.registry.register(hello, address, lambda info: self._connect(info, channel),
                                       credential=by_credential, relay_reachable=reachable)
-        self.snapshots.note_installed(conn, hello.version)  # a re-join's: its `installed` report may have been lost
+        self.publications.note_installed(conn, hello.version)  # a re-join's: its `installed` report may have been lost
         return conn
 
     def _connect(self, info: WorkerInfo, channel: SealedChannel) -> Conn:

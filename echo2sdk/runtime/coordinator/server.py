@@ -21,7 +21,7 @@ from echo2sdk.runtime.coordinator.connection import Conn, abort
 from echo2sdk.runtime.coordinator.handshake import Handshake
 from echo2sdk.runtime.coordinator.intake import Intake
 from echo2sdk.runtime.coordinator.registry import Registry
-from echo2sdk.runtime.coordinator.snapshots import Snapshots
+from echo2sdk.runtime.coordinator.publications import Publications
 from echo2sdk.runtime.protocol.groups import MAX_PUSH_BYTES
 from echo2sdk.runtime.protocol.messages import (
     GetBase,
@@ -57,15 +57,15 @@ class Server:
         registry: Registry,
         handshake: Handshake,
         intake: Intake,
-        snapshots: Snapshots,
+        publications: Publications,
         tasks: Iterator[Task],
         worker_config: WorkerConfig,
         host: str,
         port: int,
         worker_timeout_s: float,
     ):
-        self.registry, self.handshake, self.intake, self.snapshots = registry, handshake, intake, snapshots
-        self.delivery: SnapshotDelivery = snapshots.delivery
+        self.registry, self.handshake, self.intake, self.publications = registry, handshake, intake, publications
+        self.delivery: SnapshotDelivery = publications.delivery
         self.admission = handshake.admission
         self.worker_config, self.host, self.port, self.worker_timeout_s = worker_config, host, port, worker_timeout_s
         self.protocol_errors = 0
@@ -126,7 +126,7 @@ class Server:
         for conn in conns:
             conn.close()
         self.delivery.close()
-        self.snapshots.close()
+        self.publications.close()
 
     # -- the connection handler -------------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -163,13 +163,13 @@ class Server:
 
     async def _welcome(self, conn: Conn) -> None:
         """The sealed welcome (it proves the coordinator knows the token), then the latest snapshot."""
-        latest_version = self.snapshots.latest[0] if self.snapshots.latest else 0
+        latest_version = self.publications.latest[0] if self.publications.latest else 0
         bcast = self.delivery.welcome_info()
-        if bcast is not None and (store := self.snapshots.store_info()) is not None:
+        if bcast is not None and (store := self.publications.store_info()) is not None:
             bcast = bcast.model_copy(update={"store": store})
         await conn.send(Welcome(worker_id=conn.worker_id, config=self.worker_config, version=latest_version,
                                 broadcast=bcast))
-        await self.snapshots.send_latest(conn)
+        await self.publications.send_latest(conn)
 
     async def _dispatch(self, conn: Conn, msg: WireMessage) -> None:
         if isinstance(msg, GetTasks):
@@ -185,15 +185,15 @@ class Server:
             conn.info.version, conn.info.rollouts_per_s = msg.version, msg.rollouts_per_s
             conn.info.adapter_failures, conn.info.groups_dropped = dict(msg.failures), msg.groups_dropped
         elif isinstance(msg, Installed):
-            self.snapshots.on_installed(conn, msg.version)
+            self.publications.on_installed(conn, msg.version)
         elif isinstance(msg, Received):
-            self.snapshots.on_received(conn, msg)
+            self.publications.on_received(conn, msg)
         elif isinstance(msg, GetBase):  # on its own task: reading the base may take longer than a heartbeat
             if conn.base_task is None or conn.base_task.done():  # asked again meanwhile: the answer is on its way
-                conn.base_task = asyncio.get_running_loop().create_task(self.snapshots.send_base(conn))
+                conn.base_task = asyncio.get_running_loop().create_task(self.publications.send_base(conn))
         elif isinstance(msg, SnapshotRejected):
             log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, shown(msg.reason, 200))
-            await self.snapshots.on_rejected(conn, msg)
+            await self.publications.on_rejected(conn, msg)
 
     def _next_tasks(self, n: int) -> list[WireTask]:
         with self._task_lock:

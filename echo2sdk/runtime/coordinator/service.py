@@ -3,7 +3,7 @@ trainer, the tests and the benches use of it is here; what it does is in the par
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,7 +19,7 @@ from echo2sdk.runtime.coordinator.intake import Intake
 from echo2sdk.runtime.coordinator.registry import Registry
 from echo2sdk.runtime.coordinator.worker_info import WorkerInfo
 from echo2sdk.runtime.coordinator.server import Server
-from echo2sdk.runtime.coordinator.snapshots import Snapshots
+from echo2sdk.runtime.coordinator.publications import Publications
 from echo2sdk.runtime.protocol.messages import WorkerConfig
 from echo2sdk.runtime.trust import session
 from echo2sdk.runtime.trust.admission import Admission
@@ -31,8 +31,9 @@ __all__ = ["Coordinator", "checked_worker_config"]
 
 
 class Coordinator:
-    """Worker registry (`registry`), trajectory intake (`intake`), publications (`snapshots`), handshake and
-    server, composed; the learner thread calls `start`, `publish`, the readers and `stop`."""
+    """Worker registry (`registry`), trajectory intake (`intake`), `publications`, `handshake` and `server`,
+    composed; the learner thread calls `start`, `publish`, the readers and `stop`; a reader that wants more of a
+    part reads the part itself (e.g. `publications.store`)."""
 
     def __init__(
         self,
@@ -78,12 +79,12 @@ class Coordinator:
         self.registry = Registry(buffer, revoked or Revocations())
         buffer.pool_of = self.registry.budget_pool  # byte budgets per credential and for the shared token
         self.intake = Intake(buffer, self.registry, vocab_size=vocab_size, max_len=max_len)
-        self.snapshots = Snapshots(self.delivery, self.registry, base=base, q=1.0 / gamma, store=store)
-        self.handshake = Handshake(self.registry, self.snapshots, self.admission, token=self.token,
+        self.publications = Publications(self.delivery, self.registry, base=base, q=1.0 / gamma, store=store)
+        self.handshake = Handshake(self.registry, self.publications, self.admission, token=self.token,
                                    identity=self.identity, timeout_s=handshake_s, write_limit=self.write_limit)
         self.server = Server(registry=self.registry, handshake=self.handshake, intake=self.intake,
-                             snapshots=self.snapshots, tasks=tasks, worker_config=self.worker_config, host=host,
-                             port=port, worker_timeout_s=worker_timeout_s)
+                             publications=self.publications, tasks=tasks, worker_config=self.worker_config,
+                             host=host, port=port, worker_timeout_s=worker_timeout_s)
 
     # -- lifecycle (called from the learner thread) -----------------------------------------------------
     def start(self) -> tuple[str, int]:
@@ -104,14 +105,14 @@ class Coordinator:
     def publish(self, version: int, weights: bytes, *, root: bytes = b"", delta: Any = None) -> None:
         """Hand snapshot `version` to the delivery (non-blocking for the learner). With delta snapshots: `root`, the
         snapshot's BLAKE3 root, and `delta`, (core.delta.Delta, its base version) when this publication is a delta
-        (Snapshots.publish)."""
-        self.server.call_soon(self.snapshots.publish, version, weights, root, delta)
+        (Publications.publish)."""
+        self.server.call_soon(self.publications.publish, version, weights, root, delta)
 
     def t_bcast(self, version: int, event: str = "installed") -> tuple[float | None, float | None]:
         """(T_bcast to q = 1/gamma of the workers active at publication, T_bcast to all of them).
         `event` is "installed" (live in the backend) or "received" (complete, verified copy on the worker; a worker
         that reported no copy, sent it directly or read it from the store, counts at its install)."""
-        return self.snapshots.t_bcast(version, event)
+        return self.publications.t_bcast(version, event)
 
     # -- activation (cost-aware scheduler: echo2sdk.core.scheduler) -------------------------------------
     def join_idle(self, idle: bool = True) -> None:
@@ -148,13 +149,13 @@ class Coordinator:
             "workers_alive": len(self.alive_workers()),
             "workers_seen": len(self.workers),
             "refused": self.refused,
-            "refused_revoked": self.refused_revoked,
+            "refused_revoked": self.handshake.refused_revoked,
             "quarantines": self.quarantines,
             "rejected": dict(self.rejected),
             "empty_groups": self.intake.empty_groups,
             "protocol_errors": self.protocol_errors,
-            "broadcast_repairs": self.repairs_reported,
-            "write_timeouts": self.write_timeouts,
+            "broadcast_repairs": self.publications.repairs_reported,
+            "write_timeouts": self.write_limit.timeouts,
             **self.adapter_failures(),
             **self.admission.stats(),
         }
@@ -173,10 +174,6 @@ class Coordinator:
         return self.registry.quarantines
 
     @property
-    def revocations(self) -> Revocations:
-        return self.registry.revocations
-
-    @property
     def rejected(self) -> Counter[str]:
         """Records rejected at intake, by reason."""
         return self.intake.rejected
@@ -186,60 +183,14 @@ class Coordinator:
         return self.handshake.refused
 
     @property
-    def refused_revoked(self) -> int:
-        return self.handshake.refused_revoked
-
-    @property
     def protocol_errors(self) -> int:
         return self.server.protocol_errors
 
     @property
-    def write_timeouts(self) -> int:
-        """Workers dropped because they stopped reading."""
-        return self.write_limit.timeouts
-
-    @property
-    def broadcast_repairs(self) -> deque[dict[str, Any]]:
-        return self.snapshots.broadcast_repairs
-
-    @property
-    def repairs_reported(self) -> int:
-        return self.snapshots.repairs_reported
-
-    @property
     def bases_served(self) -> int:
-        return self.snapshots.bases_served
+        return self.publications.bases_served
 
-    # -- settings, where their part keeps them ----------------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.intake.vocab_size
-
-    @property
-    def max_len(self) -> int:
-        return self.intake.max_len
-
-    @property
-    def worker_timeout_s(self) -> float:
-        return self.server.worker_timeout_s
-
-    @property
-    def handshake_s(self) -> float:
-        return self.handshake.timeout_s
-
-    @property
-    def write_timeout_s(self) -> float:
-        return self.write_limit.timeout_s
-
-    @property
-    def q(self) -> float:
-        """1/gamma: the share of the active workers T_bcast counts."""
-        return self.snapshots.q
-
-    @property
-    def base(self) -> ModelFolder | None:
-        return self.snapshots.base
-
+    # -- identity ---------------------------------------------------------------------------------------
     @property
     def fingerprint(self) -> bytes:
         """The SHA-256 of the coordinator's TLS certificate (b"": plaintext)."""

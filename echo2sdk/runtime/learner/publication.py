@@ -23,7 +23,7 @@ from echo2sdk.core import delta
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.runtime.learner import checkpoint
 
-__all__ = ["Publication", "Publisher", "Snapshots", "BcastTimes"]
+__all__ = ["Publication", "Publisher", "WeightSource", "BcastTimes"]
 
 log = logging.getLogger("echo2sdk.trainer")
 
@@ -52,7 +52,7 @@ class BcastTimes(NamedTuple):
         return {"t_bcast_s": self.installed, "t_bcast_all_s": self.installed_all, "t_bcast_received_s": self.received}
 
 
-class Snapshots(Protocol):
+class WeightSource(Protocol):
     """The learner's weights as a publishable state (distributed.Lockstep: a collective under torchrun)."""
 
     def snapshot_state(self, dtype: str) -> dict[str, Any]: ...
@@ -62,7 +62,7 @@ class Publication:
     """v_t and the published versions. `advance` moves v_t (and the buffer's admission window) by one update;
     `publish_if_due` publishes every kappa updates off the learner's thread; `publish_now` publishes at once."""
 
-    def __init__(self, to: Publisher, buffer: StalenessBuffer, weights: Snapshots, out: Path, *, kappa: int,
+    def __init__(self, to: Publisher, buffer: StalenessBuffer, weights: WeightSource, out: Path, *, kappa: int,
                  dtype: str, anchor_every: int | None = None):
         self.to, self.buffer, self.weights, self.out = to, buffer, weights, out
         self.kappa, self.dtype = kappa, dtype

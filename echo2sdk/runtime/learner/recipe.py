@@ -223,10 +223,10 @@ class Trainer:
         run = self.cfg.run
         if run.status_port is None:
             return
-        from echo2sdk.runtime.learner.status import RunView, StatusServer, status_snapshot
+        from echo2sdk.runtime.learner.status import RunView, StatusServer, page_state
 
         view = RunView(self.out.name, self.cfg, self.coordinator, self.buffer, self.metrics, self.publication)
-        self.status = StatusServer(lambda: status_snapshot(view), host=run.status_host, port=run.status_port)
+        self.status = StatusServer(lambda: page_state(view), host=run.status_host, port=run.status_port)
         url = self.status.start()
         log.info("status page on %s (its token was printed on the console)", url)
         print(f"echo2: status page {url}?token={self.status.token}", file=sys.stderr, flush=True)
@@ -398,9 +398,9 @@ class Trainer:
             config=redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         )
         if cfg.broadcast.delta:
-            out["deltas"] = self.publication.delta_summary(coord.snapshots.sent)
+            out["deltas"] = self.publication.delta_summary(coord.publications.sent)
         if cfg.broadcast.store:  # writes made and failed, workers told to read it, workers that could not
-            out["store"] = {"url": coord.snapshots.store.url, **coord.snapshots.store_counts}
+            out["store"] = {"url": coord.publications.store.url, **coord.publications.store_counts}
         return out
 
     # -- cost-aware provisioning (paper §4.3): warm-up calibration and the live scheduler loop --------

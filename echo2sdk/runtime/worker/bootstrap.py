@@ -16,7 +16,7 @@ from echo2sdk.runtime.broadcast.bootstrap import write_base
 from echo2sdk.runtime.broadcast.relay import Assembly
 from echo2sdk.runtime.protocol.messages import BaseFiles, GetBase
 from echo2sdk.runtime.worker.link import CoordinatorLink
-from echo2sdk.runtime.worker.snapshots import SnapshotInbox
+from echo2sdk.runtime.worker.inbox import SnapshotInbox
 
 __all__ = ["BOOTSTRAP_WAIT_S", "Bootstrap"]
 
@@ -29,8 +29,8 @@ class Bootstrap:
     """The base files as the coordinator sent them (`base`, set by the worker's read loop) and the folder
     built from them and the first snapshot (`fetch`)."""
 
-    def __init__(self, link: CoordinatorLink, snapshots: SnapshotInbox, cache_dir: str | None):
-        self.link, self.snapshots, self.cache_dir = link, snapshots, cache_dir
+    def __init__(self, link: CoordinatorLink, inbox: SnapshotInbox, cache_dir: str | None):
+        self.link, self.inbox, self.cache_dir = link, inbox, cache_dir
         self.base: tuple[BaseFiles, bytes] | None = None
 
     async def fetch(self) -> tuple[str, dict[str, int]]:
@@ -39,7 +39,7 @@ class Bootstrap:
         above 0 is then installed as usual, which sets the backend's version."""
         from echo2sdk.weights import default_cache_dir
 
-        inbox = self.snapshots
+        inbox = self.inbox
         t0 = time.perf_counter()
         await self.link.send(GetBase())
         await self._wait_until(lambda: self.base is not None, "the base files")

@@ -54,7 +54,7 @@ from echo2sdk.runtime.trust.worker_keys import Credential
 from echo2sdk.runtime.worker.bootstrap import Bootstrap
 from echo2sdk.runtime.worker.link import CoordinatorLink
 from echo2sdk.runtime.worker.rollout_loop import RolloutLoop
-from echo2sdk.runtime.worker.snapshots import SnapshotInbox
+from echo2sdk.runtime.worker.inbox import SnapshotInbox
 
 __all__ = ["RolloutWorker", "Refusal", "run_worker", "parse_address"]
 
@@ -100,8 +100,8 @@ def _checked_id(token: str | None, credential: Credential | None, worker_id: str
 
 
 class RolloutWorker:
-    """One worker process. Its parts: `link` (the sealed connection to the coordinator, link.py), `snapshots`
-    (pending snapshot, relay node, install: snapshots.py), `boot` (a model taken from the coordinator:
+    """One worker process. Its parts: `link` (the sealed connection to the coordinator, link.py), `inbox`
+    (pending snapshot, relay node, install: inbox.py), `boot` (a model taken from the coordinator:
     bootstrap.py) and `loop` (the batch loop: rollout_loop.py); it rolls out with core.rollout (single-turn)
     or core.episodes (episodic adapters).
 
@@ -168,14 +168,14 @@ class RolloutWorker:
         self.stats = RolloutStats()
         self.episode_stats = EpisodeStats(failures=self.stats.failures)  # counters of the episodes played
         self.link = CoordinatorLink()
-        self.snapshots = SnapshotInbox(self.link, self.host, relay_only, self.allow_plugins)
-        self.boot = Bootstrap(self.link, self.snapshots, cache_dir)
-        self.loop = RolloutLoop(self.link, self.snapshots, self, session=self.session, max_batches=max_batches)
+        self.inbox = SnapshotInbox(self.link, self.host, relay_only, self.allow_plugins)
+        self.boot = Bootstrap(self.link, self.inbox, cache_dir)
+        self.loop = RolloutLoop(self.link, self.inbox, self, session=self.session, max_batches=max_batches)
         self._joining = False  # between dialling and a verified welcome: a ProtocolError then may be forged
 
     @property
     def version(self) -> int:
-        return self.backend.version if self.backend else self.snapshots.received if self.relay_only else 0
+        return self.backend.version if self.backend else self.inbox.received if self.relay_only else 0
 
     async def _connect(self, deadline: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Dial until `deadline` (monotonic). One dial, TLS handshake included, never outlasts it: a port taken
@@ -245,8 +245,8 @@ class RolloutWorker:
                 lost_at = time.monotonic()
                 log.warning("lost the coordinator; re-dialling %s:%d for up to %.0f s", self.host, self.port, self.reconnect_s)
         finally:
-            if self.snapshots.relay is not None:
-                self.snapshots.relay.close()
+            if self.inbox.relay is not None:
+                self.inbox.relay.close()
             if self.backend is not None:
                 self.backend.close()
 
@@ -256,9 +256,9 @@ class RolloutWorker:
         (re-join), False when the work is over (shutdown, or max_batches done). A re-join's handshake ends by
         `rejoin_by` (the end of the re-join window) at the latest."""
         self.link.reset()
-        if self.snapshots.relay is None:  # one relay node for the process: its port stays what the coordinator knows
+        if self.inbox.relay is None:  # one relay node for the process: its port stays what the coordinator knows
             local_host = writer.get_extra_info("sockname")[0]  # serve children where we reach the learner
-            self.snapshots.relay = RelayNode(
+            self.inbox.relay = RelayNode(
                 self.token, node_id=self.worker_id, host=local_host, port=self.relay_port,
                 uplink_bps=self.relay_uplink_bps, tls=self.relay_tls,
             )
@@ -275,9 +275,9 @@ class RolloutWorker:
         self._joining = False
         self.link.open(reader, writer, keys)
         self.worker_id, cfg = welcome.worker_id, welcome.config
-        self.snapshots.heard_of(welcome.version)
-        self.snapshots.relay.node_id = self.worker_id
-        self.snapshots.on_welcome(welcome.broadcast)
+        self.inbox.heard_of(welcome.version)
+        self.inbox.relay.node_id = self.worker_id
+        self.inbox.on_welcome(welcome.broadcast)
         self.joins += 1
         log.info("worker %s %s %s:%d", self.worker_id, "joined" if self.joins == 1 else "re-joined", self.host, self.port)
         reader_task = asyncio.create_task(self.link.read_loop(self._on_message))
@@ -303,7 +303,7 @@ class RolloutWorker:
         bound to the token, the challenge and the certificate we see; the welcome must come back sealed with
         the session key, which only a coordinator that knows the token can derive. AuthError otherwise.
         Returns the session's keys and the welcome."""
-        relay = self.snapshots.relay
+        relay = self.inbox.relay
         assert relay is not None
         hello = Hello(
             nonce=session.new_nonce(),
@@ -351,11 +351,11 @@ class RolloutWorker:
     async def _on_message(self, msg: WireMessage, payload: bytes) -> None:
         """What the read loop does not answer itself: snapshots, snapshot plans and base files."""
         if isinstance(msg, Snapshot):
-            await self.snapshots.on_push(msg, payload)
+            await self.inbox.on_push(msg, payload)
         elif isinstance(msg, SnapshotPlan):
-            self.snapshots.on_plan(msg)
+            self.inbox.on_plan(msg)
         elif isinstance(msg, SnapshotInStore):
-            self.snapshots.on_store_hint(msg)
+            self.inbox.on_store_hint(msg)
         elif isinstance(msg, BaseFiles):
             self.boot.base = (msg, payload)
 
@@ -369,7 +369,7 @@ class RolloutWorker:
 
     async def install_pending(self) -> None:
         """Install the newest snapshot received, if any, between generation batches (the loop's install step)."""
-        await self.snapshots.install(self.backend)
+        await self.inbox.install(self.backend)
 
     def rollout(self, tasks: list[Task], n: int, params: SamplingParams) -> list[list[dict[str, Any]]]:
         """Generate n samples per task under the installed version v-hat and score them (rollout plane), as wire

@@ -19,7 +19,7 @@ from echo2sdk.errors import ProtocolError
 from echo2sdk.runtime.protocol.groups import MAX_PUSH_BYTES, split_pushes
 from echo2sdk.runtime.protocol.messages import Ack, GetTasks, Tasks, Trajectories, WireTask, WorkerConfig, shown
 from echo2sdk.runtime.worker.link import CoordinatorLink
-from echo2sdk.runtime.worker.snapshots import SnapshotInbox
+from echo2sdk.runtime.worker.inbox import SnapshotInbox
 
 __all__ = ["Producer", "RolloutLoop", "STALE_WAIT_S"]
 
@@ -42,9 +42,9 @@ class Producer(Protocol):
 class RolloutLoop:
     """Batches pulled, rolled out and pushed, counted across re-joins (`batch`, `done`, `rate`)."""
 
-    def __init__(self, link: CoordinatorLink, snapshots: SnapshotInbox, producer: Producer, *, session: str,
+    def __init__(self, link: CoordinatorLink, inbox: SnapshotInbox, producer: Producer, *, session: str,
                  max_batches: int | None = None):
-        self.link, self.snapshots, self.producer = link, snapshots, producer
+        self.link, self.inbox, self.producer = link, inbox, producer
         self.session, self.max_batches = session, max_batches
         self.batch = 0
         self.held: tuple[str, list[list[dict[str, Any]]]] | None = None  # a pushed batch the coordinator never acked
@@ -101,7 +101,7 @@ class RolloutLoop:
         """True (after a short wait) while a snapshot more than S versions ahead of the installed one is on
         its way: records generated now would be older than v_t - S on arrival and rejected (a late joiner,
         or a worker back from a freeze). Gives up waiting after STALE_WAIT_S, in case no snapshot comes."""
-        version, newest = self.producer.version, self.snapshots.newest
+        version, newest = self.producer.version, self.inbox.newest
         if staleness is None or newest - version <= staleness:
             self._stale_since = None
             return False

@@ -131,14 +131,14 @@ def test_a_relay_that_dies_or_stalls_mid_broadcast_is_repaired_around(fleet, fau
     time.sleep(0.8)  # b has relayed part of the snapshot to c
     os.kill(victim.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     try:
-        assert _wait(lambda: {"a", "c", "d"} <= set(c.snapshots.bcast[1]["installed"]), 30), _logs(state)
+        assert _wait(lambda: {"a", "c", "d"} <= set(c.publications.bcast[1]["installed"]), 30), _logs(state)
         reports = _reports(c, 1)
         rep = reports["c"]["repairs"][0]
         assert rep["parent"] == "b" and rep["reason"] == ("stalled" if fault == "stall" else rep["reason"])
         assert 0 < rep["chunk"] < SIZE // CHUNK  # resumed from its last verified chunk, not from zero
         assert rep["repair_s"] < 5.0
         assert reports["c"]["parent"] == "a"  # re-attached to the nearest healthy ancestor
-        assert reports["d"]["ok"] and "b" not in c.snapshots.bcast[1]["installed"]
+        assert reports["d"]["ok"] and "b" not in c.publications.bcast[1]["installed"]
         assert c.stats()["broadcast_repairs"] >= 1
         assert c.delivery.scores.recent_failures("b", time.monotonic()) >= 1
     finally:
@@ -173,10 +173,10 @@ def test_a_forged_manifest_is_refused_and_nothing_is_installed(fleet, caplog):
     data = os.urandom(SIZE)
     c.publish(1, data)
     # each worker refuses the forged plan (nothing of it is fetched), says so, and is sent the learner's own
-    # snapshot whole over its authenticated connection, once (Snapshots.on_rejected)
+    # snapshot whole over its authenticated connection, once (Publications.on_rejected)
     assert _wait(lambda: all(w.version == 1 for w in c.workers.values()), 20)
-    assert c.snapshots.bcast[1]["received"] == {} and set(c.snapshots.bcast[1]["installed"]) == {"a", "b"}
-    assert c.snapshots.sent["full_pushed"] == 2
+    assert c.publications.bcast[1]["received"] == {} and set(c.publications.bcast[1]["installed"]) == {"a", "b"}
+    assert c.publications.sent["full_pushed"] == 2
     assert "bad signature" in caplog.text  # the coordinator logs every worker's refusal
 
 

@@ -49,7 +49,7 @@ def test_deltas_go_out_between_anchors_and_are_a_fraction_of_the_snapshot(run):
         if s["kind"] == "delta":
             assert 0 < s["changed_fraction"] < 1 and s["bytes"] < s["full_bytes"] / 2, s
         assert s["encode_s"] >= 0
-    snaps = tr.coordinator.snapshots
+    snaps = tr.coordinator.publications
     assert snaps.sent["delta"] == 4 and snaps.sent["full"] == 2
     summary = run[1]["deltas"]  # summary.json
     assert (summary["full"], summary["delta"]) == (2, 4) and summary["bytes_sent"] < summary["bytes_full"]
@@ -62,7 +62,7 @@ def test_every_delta_a_worker_installs_was_applied_and_verified_and_none_refused
     assert applied["local-0"] >= 1 and applied["local-1"] >= 1, applied
     assert not any("refusing snapshot" in text for text in logs.values()), logs
     # every delta publication reached both original workers: installed (or superseded by a newer install)
-    bcast = tr.coordinator.snapshots.bcast
+    bcast = tr.coordinator.publications.bcast
     last = max(bcast)
     for w in ("local-0", "local-1"):
         assert w in bcast[last]["installed"] or tr.coordinator.workers[w].version >= last - 1, (w, bcast[last])
@@ -70,7 +70,7 @@ def test_every_delta_a_worker_installs_was_applied_and_verified_and_none_refused
 
 def test_a_late_joiner_after_a_delta_gets_the_full_snapshot(run):
     tr, _, logs = run
-    assert tr.coordinator.snapshots.latest_kind == "delta" and tr.coordinator.snapshots.sent["full_pushed"] >= 1
+    assert tr.coordinator.publications.latest_kind == "delta" and tr.coordinator.publications.sent["full_pushed"] >= 1
     late = tr.coordinator.workers["late"]
     assert late.version == tr.version == 6 and 6 in late.installed  # the newest version, whole, over its connection
     assert "refusing snapshot" not in logs["late"] and "applied and verified" not in logs["late"]
@@ -95,7 +95,7 @@ class _Relay:
 
 def _inbox_with(base: bytes, version: int):
     from echo2sdk.core import delta
-    from echo2sdk.runtime.worker.snapshots import SnapshotInbox
+    from echo2sdk.runtime.worker.inbox import SnapshotInbox
 
     inbox = SnapshotInbox(_Link(), "127.0.0.1", relay_only=False)
     inbox.relay, inbox.deltas = _Relay(), True

@@ -115,7 +115,7 @@ def _corrupt(path, offset: int = -1) -> None:
     (r"truncated payload", r"store entry v3: (\d+) bytes, the manifest says (\d+)"),
     ("a signed delta that does not rebuild", r"store entry v4 \(a delta on v3\): "),
     # the newest entry does not verify: skipped, never trusted; the newest one that does is rebuilt (a worker
-    # told of v3 then refuses an older snapshot and is sent v3 whole: test_store_run.py, worker/snapshots.py)
+    # told of v3 then refuses an older snapshot and is sent v3 whole: test_store_run.py, worker/inbox.py)
     ("tampered manifest", 2),
     ("manifest under another name", 1),
     ("an unsigned newer entry", 3),
@@ -313,7 +313,7 @@ def test_a_worker_without_the_deltas_base_is_told_to_take_it_from_the_store_once
     import asyncio
     from types import SimpleNamespace
 
-    from echo2sdk.runtime.coordinator.snapshots import Snapshots
+    from echo2sdk.runtime.coordinator.publications import Publications
     from echo2sdk.runtime.protocol.messages import Snapshot, SnapshotInStore, SnapshotRejected
 
     snaps = _versions(2)
@@ -321,7 +321,7 @@ def test_a_worker_without_the_deltas_base_is_told_to_take_it_from_the_store_once
     holder, behind = _Conn("holder", 1), _Conn("behind", 0)
     registry = SimpleNamespace(conns={"holder": holder, "behind": behind})
     delivery = _Delivery()
-    snapshots = Snapshots(delivery, registry, base=None, q=1.0, store=SnapshotStore(str(tmp_path / "s")))
+    snapshots = Publications(delivery, registry, base=None, q=1.0, store=SnapshotStore(str(tmp_path / "s")))
 
     async def scenario():
         snapshots.publish(1, snaps[0], d.base_root)

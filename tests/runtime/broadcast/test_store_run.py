@@ -56,8 +56,8 @@ def run(tmp_path_factory, s3_server, delta_run):
                 mp.delenv(k)
             tr.local.start("nocreds")
             _wait_for(tr, ["late", "nocreds"])
-            counts = dict(tr.coordinator.snapshots.store_counts)
-            entries = tr.coordinator.snapshots.store.entries()
+            counts = dict(tr.coordinator.publications.store_counts)
+            entries = tr.coordinator.publications.store.entries()
         finally:
             tr.close()
     logs = {p.stem: p.read_text() for p in (out / "workers").glob("*.log")}
@@ -93,7 +93,7 @@ def test_a_worker_that_cannot_read_the_store_says_so_and_gets_the_snapshot_whole
     assert counts["refused"] == 1
     nocreds = tr.coordinator.workers["nocreds"]
     assert nocreds.version == 6 and 6 in nocreds.installed
-    assert tr.coordinator.snapshots.sent["full_pushed"] >= 1
+    assert tr.coordinator.publications.sent["full_pushed"] >= 1
 
 
 @pytest.fixture(scope="module")

@@ -42,12 +42,12 @@ HEADERS = {  # the page loads only its own files and talks only to its own origi
 
 
 class StatusServer:
-    """Serves `snapshot()` (a JSON-safe dict) at /api/status and the page that draws it at /.
+    """Serves `state()` (a JSON-safe dict) at /api/status and the page that draws it at /.
     `token`: the page's own token (default: a new random one; the workers' token is never used here)."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, state: Callable[[], dict[str, Any]], host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None):
-        self.snapshot, self.token = snapshot, token or secrets.token_urlsafe(24)
+        self.state, self.token = state, token or secrets.token_urlsafe(24)
         self.assets = {path: (resources.files(__package__).joinpath(name).read_bytes(), kind)
                        for path, (name, kind) in ASSETS.items()}
         self._httpd = _Server((host, port), _handler_for(self))
@@ -158,9 +158,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _status(self) -> None:
         try:
-            body = json.dumps(self.status.snapshot(), allow_nan=False).encode()
+            body = json.dumps(self.status.state(), allow_nan=False).encode()
         except Exception as e:  # noqa: BLE001 - the page shows the error; the run goes on
-            log.warning("status snapshot failed: %s: %s", type(e).__name__, e)
+            log.warning("status page state failed: %s: %s", type(e).__name__, e)
             body = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
             return self._send(HTTPStatus.SERVICE_UNAVAILABLE, body, "application/json")
         self._send(HTTPStatus.OK, body, "application/json")

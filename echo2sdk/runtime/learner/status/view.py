@@ -1,4 +1,4 @@
-"""What the live status page shows, as one JSON-safe dict: `status_snapshot(view)`.
+"""What the live status page shows, as one JSON-safe dict: `page_state(view)`.
 
 `RunView` is the narrow, declared view of a run the page reads: the run's name and config, the coordinator's
 registry, the buffer's statistics, the metrics rows and v_t; nothing else of the recipe. Read from the
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from echo2sdk.config import Config
     from echo2sdk.runtime.coordinator import WorkerInfo
 
-__all__ = ["RunView", "status_snapshot", "MAX_POINTS"]
+__all__ = ["RunView", "page_state", "MAX_POINTS"]
 
 MAX_POINTS = 2000  # reward-curve points sent (the newest), whatever the run's length
 
@@ -63,7 +63,7 @@ class RunView:
     publication: _Version
 
 
-def status_snapshot(view: RunView) -> dict[str, Any]:
+def page_state(view: RunView) -> dict[str, Any]:
     """The run as the status page draws it: progress, workers, the newest broadcast plan, staleness, the
     learner's wait (bubble), the worker cost so far and the reward curve."""
     cfg, coord, version = view.cfg, view.registry, view.publication.version

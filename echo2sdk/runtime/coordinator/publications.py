@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from echo2sdk.runtime.coordinator.connection import Conn
     from echo2sdk.runtime.coordinator.registry import Registry
 
-__all__ = ["Snapshots", "MAX_REPAIRS_KEPT", "MAX_STORE_CHAIN"]
+__all__ = ["Publications", "MAX_REPAIRS_KEPT", "MAX_STORE_CHAIN"]
 
 log = logging.getLogger("echo2sdk.coordinator")
 
@@ -36,7 +36,7 @@ MAX_REPAIRS_KEPT = 4096  # broadcast repairs kept for the run's record (all are 
 MAX_STORE_CHAIN = 16  # deltas after an anchor in the store (with broadcast.anchor_every = 0, or after a skip)
 
 
-class Snapshots:
+class Publications:
     """The publications of this coordinator, handed to the live workers of `registry` over `delivery`.
     `q` = 1/gamma: the share of the active workers T_bcast counts; `base`: the model folder served to a
     worker that asks for the base (runtime/broadcast/bootstrap.py). All on the server's loop but `t_bcast`."""
