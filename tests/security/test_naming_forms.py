@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 import pytest
+from _calls import calls
 from _peers import TOKEN, fake_coordinator, finish, spawn_worker
 
 from echo2sdk.errors import ConfigError
@@ -136,15 +136,8 @@ def test_gated_adapters_are_built_only_through_load_adapter():
     import ast
 
     gated = {"ReasoningGymAdapter", "SandboxAdapter", "verifiers_adapter", "MixtureAdapter"}
-    root = Path(importlib.import_module("echo2sdk").__file__).parent
-    found = set()
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call):
-                f = node.func
-                called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-                if called in gated or (called == "load_object" and "ADAPTERS" in ast.unparse(node)):
-                    found.add(str(path.relative_to(root)))
+    found = {module for module, name, call in calls(gated | {"load_object"})
+             if name in gated or "ADAPTERS" in ast.unparse(call)}
     assert found - {"plugins.py"} == set(BUILT_ELSEWHERE), found
 
 

@@ -10,14 +10,12 @@ attacker; every address is on loopback."""
 
 from __future__ import annotations
 
-import ast
 import http.server
-import importlib
 import os
 import threading
-from pathlib import Path
 
 import pytest
+from _calls import calls
 from _peers import TOKEN, fake_coordinator, finish, spawn_worker
 
 from echo2sdk.errors import ConfigError
@@ -242,16 +240,8 @@ def test_a_store_without_credentials_never_asks_the_metadata_service(attacker, m
 def test_stores_are_built_in_one_place():
     """The metadata guard lives in runtime/broadcast/store.open_object_store: a storage client built anywhere else
     in the package would go without it."""
-    root = Path(importlib.import_module("echo2sdk").__file__).parent
     built = {"from_url", "S3Store", "GCSStore", "AzureStore", "LocalStore", "HTTPStore", "MemoryStore"}
-    found = []
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call):
-                f = node.func
-                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-                if name in built:
-                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    found = [f"{module}:{call.lineno}" for module, _, call in calls(built)]
     assert [f.split(":")[0] for f in found] == ["runtime/broadcast/store.py"], found
 
 
