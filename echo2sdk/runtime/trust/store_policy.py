@@ -78,8 +78,7 @@ def store_settings(info: StoreInfo, allowed: Collection[str] = (),
     operator did not allow."""
     allowed = frozenset(allowed)
     metadata = METADATA in allowed
-    signed = signs(scheme_of(info.url), metadata, env, info.options)
-    for allowance, why in _needs(info.url, dict(info.options), signed, env):
+    for allowance, why in _needs(info, metadata, env):
         if allowance is None:
             raise ConfigError(why)
         if allowance not in allowed and allowance.partition("=")[0] not in allowed:
@@ -92,8 +91,8 @@ def store_allowances(info: StoreInfo | None, metadata: bool = False, env: Mappin
     learner's operator configured, for the workers the learner starts itself. Exact values (store.NAME=VALUE)."""
     if info is None:
         return []
-    needs = _needs(info.url, dict(info.options), signs(scheme_of(info.url), metadata, env, info.options), env)
-    return sorted({allowance for allowance, _ in needs if allowance is not None} | ({METADATA} if metadata else set()))
+    needs = {allowance for allowance, _ in _needs(info, metadata, env) if allowance is not None}
+    return sorted(needs | ({METADATA} if metadata else set()))
 
 
 def _link_local(value: str) -> bool:
@@ -111,8 +110,11 @@ def _link_local(value: str) -> bool:
         return False
 
 
-def _needs(url: str, options: dict[str, str], signed: bool, env: Mapping[str, str]) -> Iterator[Need]:
-    scheme = scheme_of(url)
+def _needs(info: StoreInfo, metadata: bool, env: Mapping[str, str]) -> Iterator[Need]:
+    """What of the store `info` needs the operator's word on a machine of environment `env` (signing its requests
+    when it has credentials there, or `metadata`)."""
+    url, options, scheme = info.url, info.options, scheme_of(info.url)
+    signed = signs(scheme, metadata, env, options)
     if scheme not in STORE_SCHEMES:
         yield None, (f"the coordinator's store {shown(url)}: scheme {shown(scheme)} is not one a worker reads "
                      f"({', '.join(sorted(STORE_SCHEMES))})")
