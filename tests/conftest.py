@@ -4,7 +4,7 @@ hypothesis is imported here, at start-up, because its pytest plug-in otherwise i
 of a run that used no hypothesis test, through pytest's assertion rewriter; on CPython 3.11.7 that late
 `ast.parse` can fail with "SystemError: AST constructor recursion depth mismatch" (the AST converter's depth
 count is interpreter-wide, so an ast.parse in another thread at the same moment corrupts it: CPython gh-106905;
-tests/test_layers.py `_parse` retries for the same reason), turning a green run into exit 1."""
+tests/_ast_parse.py retries for the same reason), turning a green run into exit 1."""
 
 import os
 from pathlib import Path

@@ -27,6 +27,7 @@ import textwrap
 from pathlib import Path
 
 import echo2sdk
+from _ast_parse import parse
 
 PACKAGE = Path(echo2sdk.__file__).parent
 
@@ -55,25 +56,11 @@ def _module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _parse(source: str) -> ast.AST:
-    """ast.parse, tried again on CPython 3.11's "AST constructor recursion depth mismatch": 3.11 keeps the AST
-    converter's depth count in interpreter-wide state, so an ast.parse running at the same moment in another
-    thread (a library's background thread left by an earlier test in this process) corrupts the count of this
-    one (CPython gh-106905; 3.11.7 here). The source is fine; a second parse is not disturbed."""
-    for attempt in range(3):
-        try:
-            return ast.parse(source)
-        except SystemError as e:
-            if "recursion depth mismatch" not in str(e) or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 def imported_names(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
     """(line, absolute module name) for every import in `source` of module `module`."""
     out: list[tuple[int, str]] = []
     package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(_parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -23,7 +23,7 @@ from echo2sdk.errors import Echo2Error
 
 __all__ = ["Batch", "Batches", "DataLimits", "Stopped", "MAX_DROPS_IN_A_ROW", "per_task", "task_means", "is_measure"]
 
-log = logging.getLogger("echo2sdk.trainer")
+log = logging.getLogger("echo2sdk.learner")
 
 MAX_DROPS_IN_A_ROW = 8  # batches the learner step fails on in a row before the run ends (a bug, not data)
 

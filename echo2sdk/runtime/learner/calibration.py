@@ -23,7 +23,7 @@ from echo2sdk.runtime.learner.publication import Publication
 
 __all__ = ["decide", "Calibration", "Provisioning"]
 
-log = logging.getLogger("echo2sdk.trainer")
+log = logging.getLogger("echo2sdk.learner")
 
 
 def decide(

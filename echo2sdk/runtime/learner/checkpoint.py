@@ -351,7 +351,7 @@ def to_resume(out: Path, resume: str | os.PathLike[str] | None, leader: bool = T
             f"continue it with  echo2 run CONFIG --resume {out}  or delete {root} to start over"
         )
     if last is not None:
-        logging.getLogger("echo2sdk.trainer").info("a fresh run in %s: removing the finished run's checkpoints", out)
+        logging.getLogger("echo2sdk.learner").info("a fresh run in %s: removing the finished run's checkpoints", out)
         shutil.rmtree(root)
         (out / "published.json").unlink(missing_ok=True)
     return None

@@ -17,7 +17,7 @@ from typing import IO, Any
 
 __all__ = ["log_above", "one_line", "library_bars_off", "progress", "signals", "log_to", "event_log", "refusals_line"]
 
-log = logging.getLogger("echo2sdk.trainer")
+log = logging.getLogger("echo2sdk.learner")
 
 
 @contextlib.contextmanager

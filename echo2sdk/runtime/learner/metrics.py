@@ -31,7 +31,7 @@ from echo2sdk.runtime.sinks import Sinks, sample_rows
 
 __all__ = ["COLUMNS", "metrics_row", "shown_level", "RunMetrics", "summary", "NU_WINDOW"]
 
-log = logging.getLogger("echo2sdk.trainer")
+log = logging.getLogger("echo2sdk.learner")
 
 NU_WINDOW = 10  # steps over which metrics.jsonl's prompt_concentration is measured
 

@@ -25,7 +25,7 @@ from echo2sdk.runtime.learner import checkpoint
 
 __all__ = ["Publication", "Publisher", "WeightSource", "BcastTimes"]
 
-log = logging.getLogger("echo2sdk.trainer")
+log = logging.getLogger("echo2sdk.learner")
 
 
 class Publisher(Protocol):

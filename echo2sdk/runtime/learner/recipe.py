@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Trainer"]
 
-log = logging.getLogger("echo2sdk.trainer")
+log = logging.getLogger("echo2sdk.learner")
 
 LOCAL_GRACE_S = 10.0  # how long the run's own workers get to leave after the coordinator's shutdown
 

@@ -16,7 +16,7 @@ from echo2sdk.core.audit import SamplerAudit, WorkerStat, audit_items, replay_st
 
 __all__ = ["AuditReplay", "Quarantine", "ReplaySums"]
 
-log = logging.getLogger("echo2sdk.trainer")
+log = logging.getLogger("echo2sdk.learner")
 
 
 class Quarantine(Protocol):

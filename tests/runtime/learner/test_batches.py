@@ -111,7 +111,7 @@ def test_the_pool_is_sized_on_the_measured_filter_rate_up_to_its_cap(caplog):
 
 
 def test_the_fallback_says_it_fills_the_batch_and_a_partial_batch_does_not(caplog):
-    caplog.set_level("INFO", logger="echo2sdk.trainer")
+    caplog.set_level("INFO", logger="echo2sdk.learner")
     fallback = StalenessBuffer(staleness=2, group_size=G, filter_zero_variance=True, fallback_after=2)
     feeder = _feed(fallback, [_group(f"flat-{i}", (1.0, 1.0)) for i in range(2)], 0.05)
     b, learner = _batches(fallback), _Learner()

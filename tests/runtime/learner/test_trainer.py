@@ -422,10 +422,10 @@ def test_a_runs_log_file_stops_at_its_close(tmp_path):
 
     first = console.log_to(tmp_path / "a.log")
     assert console.log_to(tmp_path / "a.log") is None  # one handler per file
-    logging.getLogger("echo2sdk.trainer").info("first run")
+    logging.getLogger("echo2sdk.learner").info("first run")
     console.stop_logging_to(first)
     second = console.log_to(tmp_path / "b.log")
-    logging.getLogger("echo2sdk.trainer").info("second run")
+    logging.getLogger("echo2sdk.learner").info("second run")
     console.stop_logging_to(second)
     assert "first run" in (tmp_path / "a.log").read_text() and "second run" not in (tmp_path / "a.log").read_text()
     assert "second run" in (tmp_path / "b.log").read_text()
