@@ -235,15 +235,20 @@ def _plan(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     from echo2sdk.errors import ConfigError
 
+    skip = [f"--{n.replace('_', '-')}" for n in ("skip_rate", "skip_precision") if getattr(args, n) is not None]
+    if skip and args.scenario != "filter":
+        raise ConfigError(f"echo2 simulate: {', '.join(skip)} only with the 'filter' scenario, got {args.scenario!r}")
     if args.scenario == "launch":  # launch latency x spot preemptions x early activation
         from echo2sdk.sim.launch import launch_lines, run_launch
 
         print("\n".join(launch_lines(run_launch(args.out, quick=args.quick))))
         return 0
-    if args.scenario == "filter":  # dynamic sampling's filter rate x provisioning on raw or useful rollouts
+    if args.scenario == "filter":  # dynamic sampling's filter rate x provisioning on raw or useful rollouts x skip rate
         from echo2sdk.sim.filtering import filter_lines, run_filter
 
-        print("\n".join(filter_lines(run_filter(args.out, quick=args.quick))))
+        results = run_filter(args.out, quick=args.quick, skip_rate=args.skip_rate or 0.0,
+                             skip_precision=1.0 if args.skip_precision is None else args.skip_precision)
+        print("\n".join(filter_lines(results)))
         return 0
     if args.scenario != "paper":
         raise ConfigError(f"echo2 simulate: unknown scenario {args.scenario!r} (known: paper, launch, filter)")
@@ -390,7 +395,7 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
     sm.add_argument("scenario", choices=["paper", "launch", "filter"], help="'paper': Fig. 3(c), Fig. 4, Tables 2 and "
                     "4, cost; 'launch': launch latency x spot preemptions x early activation (writes DIR/launch.json); "
                     "'filter': dynamic sampling's filter rate x a pool sized on raw or on useful rollouts "
-                    "(writes DIR/filter.json)")
+                    "(x --skip-rate; writes DIR/filter.json)")
     sm.add_argument("--out", default="runs/paper", help="output folder for paper.json and the PNGs")
     sm.add_argument("--quick", action="store_true", help="smaller sweeps (seconds, for a smoke test)")
     sm.add_argument("--no-plots", action="store_true", help="write paper.json only (no matplotlib needed)")
@@ -398,6 +403,11 @@ def _simulate_parser(sub: argparse._SubParsersAction) -> None:
                     "snapshot's (measured by bench/delta.py), at S = 2, 3, 6")
     sm.add_argument("--anchor-every", type=int, default=10, help="with --delta-ratio: a full snapshot every N "
                     "publications (default 10)")
+    sm.add_argument("--skip-rate", type=float, metavar="S", help="with 'filter': also price the learner's "
+                    "pre-rollout prompt filter skipping a share S of the drawn prompts (0 <= S < 1, never generated), "
+                    "beside skip rate 0: generated groups are zero-variance at f_after = (f - S P) / (1 - S)")
+    sm.add_argument("--skip-precision", type=float, metavar="P", help="with --skip-rate: the share of skipped "
+                    "prompts that would have been zero-variance (default 1.0, the most skipping can save)")
     sm.set_defaults(func=_simulate)
 
 

@@ -9,6 +9,8 @@
 - :mod:`~echo2sdk.sim.clock`, :mod:`~echo2sdk.sim.workers`  the event queue; each worker's state
 - :mod:`~echo2sdk.sim.paper`    the paper's experiments (`echo2 simulate paper`)
 - :mod:`~echo2sdk.sim.launch`   launch latency x spot preemptions x early activation (`echo2 simulate launch`)
+- :mod:`~echo2sdk.sim.filtering`  dynamic sampling's filter rate x provisioning basis x prompt skip rate
+  (`echo2 simulate filter`)
 """
 
 from echo2sdk.sim.engine import Fault, SimConfig, SimResult, Simulation, SimWorker, provision, simulate

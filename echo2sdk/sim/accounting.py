@@ -30,7 +30,7 @@ class Ledger:
     actions: list[dict[str, Any]] = field(default_factory=list)  # the scheduler's, as applied
     timeline: list[tuple[float, float, float]] = field(default_factory=list)  # (t, mu_pool seen, true rate)
     fault_log: list[dict[str, Any]] = field(default_factory=list)
-    groups_filtered: int = 0  # completed groups dropped for zero reward variance (SimConfig.filter_rate)
+    groups_filtered: int = 0  # completed groups dropped for zero reward variance (SimConfig.filter_rate_after)
 
     def bill_start(self, w: WorkerState, now: float) -> None:
         if w.billed_since is None:

@@ -287,7 +287,8 @@ class Simulation:
         w.generated += n * self.cfg.groups_per_request
         w.busy_s += self.now - began
         for _ in range(self.cfg.groups_per_request):
-            if self.cfg.filter_rate and self.filter_rng.random() < self.cfg.filter_rate:
+            # skipped prompts were never drawn here: the generated groups are zero-variance at f_after
+            if self.cfg.filter_rate_after and self.filter_rng.random() < self.cfg.filter_rate_after:
                 self.ledger.groups_filtered += 1  # zero reward variance: dropped, generated all the same
                 continue
             self._gid += 1

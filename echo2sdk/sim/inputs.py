@@ -80,10 +80,16 @@ class SimConfig:
     seed: int = 0
     record_timeline: bool = False
     max_time_s: float = math.inf  # stop when the virtual clock passes this (default: 50 * steps * T_train)
-    # dynamic sampling: each completed GRPO group has zero reward variance (and is dropped) with probability f
+    # dynamic sampling: without prompt skipping, each GRPO group has zero reward variance (and is dropped) with
+    # probability f (f_before); with it, each generated group with probability filter_rate_after
     filter_rate: float = 0.0
-    # the pool is sized on "useful" rollouts (R / (1 - filter_rate) raw ones a step) or on "raw" ones (the paper's R)
+    # the pool is sized on "useful" rollouts (R / (1 - f_after) raw ones a step) or on "raw" ones (the paper's R)
     provision_for: Literal["useful", "raw"] = "useful"
+    # the learner's pre-rollout prompt filter: a share s of the drawn prompts is skipped, never generated (free), and
+    # each skipped prompt would have been zero-variance with probability skip_precision p (1.0: all of them, the most
+    # skipping can save; a measured precision lowers it). The generated groups' filter rate becomes f_after
+    skip_rate: float = 0.0
+    skip_precision: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.pool:
@@ -119,16 +125,36 @@ class SimConfig:
             raise ConfigError(f"filter_rate must be a number in [0, 1), got filter_rate={self.filter_rate!r}")
         if self.provision_for not in ("useful", "raw"):
             raise ConfigError(f"provision_for must be 'useful' or 'raw', got provision_for={self.provision_for!r}")
+        if not (checks.is_real(self.skip_rate) and 0 <= self.skip_rate < 1):
+            raise ConfigError(f"skip_rate must be a number in [0, 1) (the share of drawn prompts skipped before "
+                              f"generation), got skip_rate={self.skip_rate!r}")
+        checks.real("skip_precision", self.skip_precision, lo=0, hi=1)
+        if self.skip_rate and self._after() >= 1:
+            raise ConfigError(
+                f"skip_rate={self.skip_rate!r} with skip_precision={self.skip_precision!r} leaves no useful group: "
+                f"filter_rate={self.filter_rate!r} can be at most {1 - self.skip_rate * (1 - self.skip_precision):g} "
+                f"(every generated group zero-variance); lower skip_rate or raise skip_precision")
 
     @property
     def k(self) -> int:
         return capacity.publication_period(self.S, self.kappa)
 
+    def _after(self) -> float:
+        s, p = self.skip_rate, self.skip_precision
+        return min(1.0, max(0.0, (self.filter_rate - s * p) / (1 - s)))
+
+    @property
+    def filter_rate_after(self) -> float:
+        """f_after, the share of the generated groups that are zero-variance once a share s of the prompts is
+        skipped: f_after = (f_before - s p) / (1 - s), clamped to [0, 1) (s p > f_before, more zero-variance prompts
+        skipped than there were, gives 0). filter_rate itself when skip_rate is 0."""
+        return self._after() if self.skip_rate else self.filter_rate
+
     @property
     def R_provision(self) -> float:
-        """The rollouts a step the pool is sized for: R / (1 - f) generated to yield R useful ones
+        """The rollouts a step the pool is sized for: R / (1 - f_after) generated to yield R useful ones
         (provision_for="useful"), or R (the paper's rule, blind to filtering)."""
-        return capacity.raw_rate(self.R, self.filter_rate) if self.provision_for == "useful" else float(self.R)
+        return capacity.raw_rate(self.R, self.filter_rate_after) if self.provision_for == "useful" else float(self.R)
 
     def _check_launch(self) -> None:
         v = self.launch_s

@@ -52,7 +52,7 @@ class SimResult:
     ready_log: list[tuple[float, str]]
     stuck: str | None
     groups_filtered: int = 0  # dropped for zero reward variance (dynamic sampling)
-    filter_rate: float = 0.0  # measured: groups_filtered / groups completed
+    filter_rate: float = 0.0  # measured: groups_filtered / groups completed (f_after with skipping)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

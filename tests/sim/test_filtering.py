@@ -1,8 +1,11 @@
 """Dynamic sampling against the capacity rule (issue 35): the predicted filter rate, the rule in useful rollouts,
-and the simulator's learner starving on a pool sized on raw rollouts but not on one sized on useful ones."""
+and the simulator's learner starving on a pool sized on raw rollouts but not on one sized on useful ones; the
+learner's pre-rollout prompt skipping priced on the simulator (issue 44)."""
 
 from __future__ import annotations
 
+import json
+import math
 import random
 import subprocess
 import sys
@@ -11,7 +14,7 @@ import pytest
 
 from echo2sdk.core import capacity
 from echo2sdk.errors import CapacityError, ConfigError
-from echo2sdk.sim import simulate
+from echo2sdk.sim import filtering, simulate
 from echo2sdk.sim.paper import base_config, paper_pool
 
 
@@ -161,3 +164,82 @@ def test_echo2_simulate_filter_prints_the_grid(tmp_path):
     rows = [line for line in out.splitlines() if line.startswith("| 0")]
     assert len(rows) == 6 and (tmp_path / "filter.json").exists()
     assert "| 0.8 | raw |" in out and "| 0.8 | useful |" in out
+
+
+def _same(a, b) -> bool:
+    return (a.bubble_ratio, a.cost_total, a.cost_per_step_steady, a.machines_mean, a.mu_target, a.groups_filtered) == (
+        b.bubble_ratio, b.cost_total, b.cost_per_step_steady, b.machines_mean, b.mu_target, b.groups_filtered)
+
+
+def test_a_skip_rate_of_zero_leaves_the_simulation_as_it_was():
+    """Skip rate 0 is today's simulator, whatever the precision: the same filter stream, pool and costs."""
+    cfg = base_config(paper_pool(24), steps=10, seed=2, filter_rate=0.5)
+    skip0 = base_config(paper_pool(24), steps=10, seed=2, filter_rate=0.5, skip_rate=0.0, skip_precision=0.3)
+    assert skip0.filter_rate_after == cfg.filter_rate_after == 0.5 and skip0.R_provision == cfg.R_provision
+    a, b = simulate(cfg), simulate(skip0)
+    assert _same(a, b) and a.groups_filtered > 0
+    # the grid's skip-0 rows are the grid as it was (no skip dimension)
+    kw = {"rates": (0.5,), "seeds": (0,), "steps": 6, "pool": 24}
+    before = filtering.filter_grid(**kw)["rows"]
+    after = [r for r in filtering.filter_grid(**kw, skip_rates=(0.0, 0.4))["rows"] if r["skip_rate"] == 0.0]
+    keys = ("filter_rate", "provision_for", "bubble_ratio", "machines_mean", "cost_per_step", "mu_target",
+            "measured_filter_rate")
+    assert [{k: r[k] for k in keys} for r in before] == [{k: r[k] for k in keys} for r in after]
+
+
+def test_skipping_prompts_lowers_the_filter_rate_workers_and_cost_of_a_pool_sized_on_useful_rollouts():
+    """f = 0.5, a share s = 0.4 of the prompts skipped, each certain to be zero-variance (p = 1): the generated
+    groups are zero-variance at f_after = (0.5 - 0.4) / 0.6 = 1/6, the pool is sized on R / (1 - 1/6) raw rollouts a
+    step instead of R / 0.5, and it needs fewer machines and costs less a step, the learner still fed."""
+    kw = {"steps": 14, "seed": 0, "filter_rate": 0.5, "provision_for": "useful"}
+    cfg = base_config(paper_pool(40), skip_rate=0.4, **kw)
+    assert cfg.filter_rate_after == pytest.approx(1 / 6)
+    base, skip = simulate(base_config(paper_pool(40), **kw)), simulate(cfg)
+    assert 0.1 < skip.filter_rate < 0.23 and 0.4 < base.filter_rate < 0.6  # measured on the generated groups
+    assert skip.mu_target == pytest.approx(base.mu_target * 0.5 / (5 / 6), rel=0.05)
+    assert skip.machines_mean < 0.75 * base.machines_mean, (skip.machines_mean, base.machines_mean)
+    assert skip.cost_per_step_steady < base.cost_per_step_steady
+    assert skip.bubble_ratio < 0.02
+    # skipping at random (p = f) skips as many useful prompts as useless ones: nothing gained
+    blind = base_config(paper_pool(40), skip_rate=0.4, skip_precision=0.5, **kw)
+    assert blind.filter_rate_after == pytest.approx(0.5) and blind.R_provision == pytest.approx(cfg.R * 2)
+    # more zero-variance prompts skipped than there were (s p > f): f_after is clamped to 0
+    assert base_config(paper_pool(4), filter_rate=0.2, skip_rate=0.4).filter_rate_after == 0.0
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"skip_rate": 1.0}, "skip_rate=1.0"),
+    ({"skip_rate": -0.1}, "skip_rate=-0.1"),
+    ({"skip_rate": math.nan}, "skip_rate=nan"),
+    ({"skip_rate": "0.4"}, "skip_rate='0.4'"),
+    ({"skip_rate": True}, "skip_rate=True"),
+    ({"skip_rate": 0.4, "skip_precision": 1.5}, "skip_precision=1.5"),
+    ({"filter_rate": 0.8, "skip_rate": 0.5, "skip_precision": 0.5}, "skip_rate=0.5 with skip_precision=0.5 leaves "
+     "no useful group: filter_rate=0.8 can be at most 0.75"),
+])
+def test_a_bad_skip_rate_or_precision_is_named(kw, match):
+    with pytest.raises(ConfigError, match=match.replace("(", r"\(")):
+        base_config(paper_pool(4), **kw)
+
+
+def test_echo2_simulate_filter_prices_a_skip_rate_beside_none(tmp_path, monkeypatch, capsys):
+    from echo2sdk.cli import main
+
+    real = filtering.filter_grid
+    monkeypatch.setattr(filtering, "filter_grid", lambda **kw: real(**{**kw, "rates": (0.0, 0.5), "steps": 6,
+                                                                     "pool": 24}))
+    assert main(["simulate", "filter", "--quick", "--out", str(tmp_path), "--skip-rate", "0.4",
+                 "--skip-precision", "0.9"]) == 0
+    printed = capsys.readouterr().out
+    assert "| 0.5 | useful | 0 | 0.50 |" in printed and "| 0.5 | useful | 0.4 | 0.23 |" in printed  # (0.5 - 0.36) / 0.6
+    assert "- f = 0.5, skip rate 0.4 (f after 0.23): the pool sized on useful rollouts needs" in printed
+    saved = json.loads((tmp_path / "filter.json").read_text())
+    assert saved["skip_rates"] == [0.0, 0.4] and saved["skip_precision"] == 0.9 and len(saved["rows"]) == 8
+    row = next(r for r in saved["rows"]
+               if (r["filter_rate"], r["provision_for"], r["skip_rate"]) == (0.5, "useful", 0.4))
+    assert row["filter_rate_after"] == pytest.approx(0.14 / 0.6) and "cost_per_step" in row and "machines_mean" in row
+    # a bad skip rate fails before any run, naming the field; skipping belongs to the filter scenario only
+    assert main(["simulate", "filter", "--quick", "--out", str(tmp_path), "--skip-rate", "1.2"]) == 2
+    assert "skip_rate=1.2" in capsys.readouterr().err
+    assert main(["simulate", "launch", "--quick", "--out", str(tmp_path), "--skip-rate", "0.4"]) == 2
+    assert "--skip-rate only with the 'filter' scenario" in capsys.readouterr().err
