@@ -149,6 +149,24 @@ class LearnerConfig(_Section):
         "waits fills its batch with the newest of them (0: wait for informative groups only; "
         "learner.data_timeout_s ends a run that gets none)"
     )
+    prompt_skip: bool = Field(
+        False, description="pre-rollout prompt skipping (docs/prompt-skipping.md): a prompt whose recent groups were "
+        "all one reward is skipped before it is handed out, with probability 1 - p_explore ** (its streak of such "
+        "groups); p_explore adapts toward learner.prompt_skip_target"
+    )
+    prompt_skip_target: float = Field(
+        0.25, ge=0, le=1, description="the share of zero-variance groups among those generated that prompt skipping "
+        "steers toward (lower: skip more)"
+    )
+    prompt_skip_explore: float = Field(0.5, gt=0, le=1, description="p_explore at the start of the run")
+    prompt_skip_min_explore: float = Field(
+        0.05, gt=0, le=1, description="p_explore never goes below this: a prompt with a streak z is still handed out "
+        "with probability at least this ** z"
+    )
+    prompt_skip_eta: float = Field(0.02, ge=0, le=1, description="p_explore's step per group observed")
+    prompt_skip_memory: int = Field(
+        100_000, ge=1, description="prompts whose history is kept (the least recently seen forgotten first)"
+    )
     max_wait_s: float | None = Field(
         None, gt=0, description="a step that has waited this long for its R/n informative groups trains on the "
         "ones it has (at least learner.min_groups; with loss_type dapo the loss is a mean over loss tokens, so a "
@@ -220,6 +238,9 @@ class LearnerConfig(_Section):
             raise ValueError(str(e)) from None
         if self.epsilon >= 1:
             raise ValueError(f"learner.epsilon={self.epsilon}: the ratio's lower bound 1 - epsilon must stay > 0")
+        if self.prompt_skip_explore < self.prompt_skip_min_explore:
+            raise ValueError(f"learner.prompt_skip_explore={self.prompt_skip_explore} is below "
+                             f"learner.prompt_skip_min_explore={self.prompt_skip_min_explore}")
         return self
 
     @property

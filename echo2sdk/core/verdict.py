@@ -47,7 +47,8 @@ def rollout_means(before: Completed, now: Completed, *, group_size: int = 0, sec
     the correct counts of the groups completed since `spread_from`, an earlier reading, default `before`; None where
     they look alike), and filter_rate_predicted, the binary-reward filter rate at their accuracy p, group size G and
     nu (capacity.filter_rate: p^G + (1 - p)^G where alike); rollouts_per_s and useful_rollouts_per_s (those of
-    groups not filtered). None where none (or no scored record) completed."""
+    groups not filtered); rollouts_per_useful, rollouts generated per rollout of a group not filtered, 1 / (1 - f).
+    None where none (or no scored record) completed."""
     d = now.since(before)
     acc = d.correct / d.scored if d.scored > 0 else None
     rate = d.filtered_groups / d.groups if d.groups > 0 else None
@@ -63,6 +64,7 @@ def rollout_means(before: Completed, now: Completed, *, group_size: int = 0, sec
         "rollouts_per_s": round(d.records / seconds, 4) if seconds > 0 else None,
         "useful_rollouts_per_s": round(d.records * (1 - rate) / seconds, 4) if seconds > 0 and rate is not None
         else None,
+        "rollouts_per_useful": round(1 / (1 - rate), 4) if rate is not None and rate < 1 else None,
     }
 
 

@@ -18,12 +18,13 @@ def test_rollout_means_are_those_of_the_groups_completed_between_two_readings():
     got = rollout_means(before, now, group_size=4, seconds=2.0)
     assert got == {"rollouts": 8, "rollout_reward_mean": pytest.approx(5.6 / 8), "rollout_accuracy": 0.75, "filter_rate": 0.5,
                    "filter_rate_predicted": round(0.75**4 + 0.25**4, 4), "prompt_concentration": None,
-                   "rollouts_per_s": 4.0, "useful_rollouts_per_s": 2.0}  # one group: no spread to see
+                   "rollouts_per_s": 4.0, "useful_rollouts_per_s": 2.0, "rollouts_per_useful": 2.0}  # one group: no spread
     none = {"rollouts": 0, "rollout_reward_mean": None, "rollout_accuracy": None, "filter_rate": None, "filter_rate_predicted": None,
-            "prompt_concentration": None, "rollouts_per_s": None, "useful_rollouts_per_s": None}
+            "prompt_concentration": None, "rollouts_per_s": None, "useful_rollouts_per_s": None,
+            "rollouts_per_useful": None}
     assert rollout_means(now, now) == none
     assert rollout_means(Completed(), Completed(4, -2.0, 0, 0, 1)) == {
-        **none, "rollouts": 4, "rollout_reward_mean": -0.5, "filter_rate": 0.0}
+        **none, "rollouts": 4, "rollout_reward_mean": -0.5, "filter_rate": 0.0, "rollouts_per_useful": 1.0}
     # two prompts, one always solved (k = 4: 12 pairs), one never (k = 0): accuracy 0.5 as in 0.5^4 + 0.5^4 = 0.125,
     # but every group is filtered, and the prediction says so (nu at its floor: the widest spread)
     apart = rollout_means(Completed(), Completed(8, 4.0, 8, 4, 2, 2, 2, 4, 12), group_size=4)

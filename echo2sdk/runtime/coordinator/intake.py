@@ -21,6 +21,7 @@ from echo2sdk.runtime.protocol.groups import cut_prompt, decode_record, record_l
 from echo2sdk.runtime.protocol.messages import Ack, Trajectories, shown
 
 if TYPE_CHECKING:
+    from echo2sdk.runtime.coordinator.handout import Handout
     from echo2sdk.runtime.coordinator.connection import Conn
     from echo2sdk.runtime.coordinator.registry import Registry
 
@@ -40,8 +41,9 @@ class Intake:
     counts the rejected records by reason and `empty_groups` the groups refused for holding none (so that records
     pushed = accepted + rejected holds); a lying worker is quarantined in `registry`."""
 
-    def __init__(self, buffer: StalenessBuffer, registry: Registry, *, vocab_size: int, max_len: int):
-        self.buffer, self.registry = buffer, registry
+    def __init__(self, buffer: StalenessBuffer, registry: Registry, *, vocab_size: int, max_len: int,
+                 handout: Handout | None = None):
+        self.buffer, self.registry, self.handout = buffer, registry, handout
         self.vocab_size, self.max_len = vocab_size, max_len
         self.rejected: Counter[str] = Counter()
         self.empty_groups = 0  # groups of no record refused (summary.json's coordinator.empty_groups)
@@ -141,6 +143,8 @@ class Intake:
                     raise records
                 records = [_attributed(t, worker_id) for t in records]
                 self.buffer.add_group(records, vocab_size=self.vocab_size, max_len=self.max_len)
+                if self.handout is not None:  # the prompt filter learns the group's outcome
+                    self.handout.outcome(worker_id, records)
                 accepted += len(records)
             except TrajectoryRejected as e:
                 rejections.append((n, e))

@@ -7,17 +7,16 @@ and drops a worker gone silent for `worker_timeout_s`.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from echo2sdk.core.contracts import Task
 from echo2sdk.errors import ProtocolError
 from echo2sdk.runtime.broadcast.delivery import SnapshotDelivery
 from echo2sdk.runtime.coordinator.connection import Conn, abort
+from echo2sdk.runtime.coordinator.handout import Handout
 from echo2sdk.runtime.coordinator.handshake import Handshake
 from echo2sdk.runtime.coordinator.intake import Intake
 from echo2sdk.runtime.coordinator.registry import Registry
@@ -58,7 +57,7 @@ class Server:
         handshake: Handshake,
         intake: Intake,
         publications: Publications,
-        tasks: Iterator[Task],
+        handout: Handout,
         worker_config: WorkerConfig,
         host: str,
         port: int,
@@ -69,7 +68,7 @@ class Server:
         self.admission = handshake.admission
         self.worker_config, self.host, self.port, self.worker_timeout_s = worker_config, host, port, worker_timeout_s
         self.protocol_errors = 0
-        self._tasks, self._task_lock = tasks, threading.Lock()
+        self.handout = handout
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -173,7 +172,7 @@ class Server:
 
     async def _dispatch(self, conn: Conn, msg: WireMessage) -> None:
         if isinstance(msg, GetTasks):
-            tasks = self._next_tasks(msg.n) if conn.info.active else []  # an inactive worker idles
+            tasks = self._next_tasks(msg.n, conn.worker_id) if conn.info.active else []  # an inactive worker idles
             await conn.send(Tasks(rid=msg.rid, tasks=tasks))
         elif isinstance(msg, Trajectories):
             self.heap.received += conn.channel.last_frame_bytes
@@ -195,9 +194,8 @@ class Server:
             log.warning("worker %s refused snapshot v%s: %s", conn.worker_id, msg.version, shown(msg.reason, 200))
             await self.publications.on_rejected(conn, msg)
 
-    def _next_tasks(self, n: int) -> list[WireTask]:
-        with self._task_lock:
-            batch = list(itertools.islice(self._tasks, n))
+    def _next_tasks(self, n: int, worker_id: str) -> list[WireTask]:
+        batch = self.handout.take(n, worker_id)
         return [WireTask(id=t.id, messages=t.messages, answer=t.answer, info=t.info) for t in batch]
 
     async def _monitor(self) -> None:

@@ -9,11 +9,13 @@ from typing import Any
 
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.contracts import Task
+from echo2sdk.core.prompt_filter import PromptFilter
 from echo2sdk.errors import ConfigError
 from echo2sdk.runtime.broadcast.bootstrap import ModelFolder
 from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery, check_delivery
 from echo2sdk.runtime.broadcast.store import SnapshotStore
 from echo2sdk.runtime.coordinator.connection import WRITE_TIMEOUT_S, WriteLimit
+from echo2sdk.runtime.coordinator.handout import Handout
 from echo2sdk.runtime.coordinator.handshake import Handshake
 from echo2sdk.runtime.coordinator.intake import Intake
 from echo2sdk.runtime.coordinator.registry import Registry
@@ -57,6 +59,7 @@ class Coordinator:
         base: ModelFolder | None = None,
         revoked: Revocations | None = None,
         store: SnapshotStore | None = None,
+        prompt_filter: PromptFilter | None = None,
     ):
         """`worker_config`: a complete WorkerConfig (its staleness and heartbeat_s must be the buffer's S and
         `heartbeat_s`), or a mapping, validated and completed with them. `tls`: True (a certificate made for
@@ -67,7 +70,9 @@ class Coordinator:
         the base (runtime/broadcast/bootstrap.py). `revoked`: worker names refused and dropped
         (runtime/trust/worker_keys.py; its file re-read when it changes). gamma: T_bcast counts q = 1/gamma of
         the workers. `store`: the run's snapshot store (runtime/broadcast/store.py; needs the chain broadcast):
-        every publication is written there, and joiners and workers without a delta's base take it from there."""
+        every publication is written there, and joiners and workers without a delta's base take it from there.
+        `prompt_filter`: prompts that will likely not teach are skipped before they are handed out
+        (core/prompt_filter.py; runtime/coordinator/handout.py)."""
         self.buffer = buffer
         self.worker_config = checked_worker_config(worker_config, heartbeat_s=heartbeat_s, staleness=buffer.staleness)
         self.token = token or new_token()
@@ -78,12 +83,13 @@ class Coordinator:
         self.write_limit = WriteLimit(write_timeout_s)
         self.registry = Registry(buffer, revoked or Revocations())
         buffer.pool_of = self.registry.budget_pool  # byte budgets per credential and for the shared token
-        self.intake = Intake(buffer, self.registry, vocab_size=vocab_size, max_len=max_len)
+        self.handout = Handout(tasks, prompt_filter)
+        self.intake = Intake(buffer, self.registry, vocab_size=vocab_size, max_len=max_len, handout=self.handout)
         self.publications = Publications(self.delivery, self.registry, base=base, q=1.0 / gamma, store=store)
         self.handshake = Handshake(self.registry, self.publications, self.admission, token=self.token,
                                    identity=self.identity, timeout_s=handshake_s, write_limit=self.write_limit)
         self.server = Server(registry=self.registry, handshake=self.handshake, intake=self.intake,
-                             publications=self.publications, tasks=tasks, worker_config=self.worker_config,
+                             publications=self.publications, handout=self.handout, worker_config=self.worker_config,
                              host=host, port=port, worker_timeout_s=worker_timeout_s)
 
     # -- lifecycle (called from the learner thread) -----------------------------------------------------

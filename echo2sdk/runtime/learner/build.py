@@ -7,6 +7,7 @@ from typing import Any
 
 from echo2sdk.config import Config
 from echo2sdk.core import lr_schedule
+from echo2sdk.core.prompt_filter import PromptFilter
 from echo2sdk.runtime.broadcast.delivery import DirectPush, SnapshotDelivery
 from echo2sdk.runtime.broadcast.store import SnapshotStore, run_url
 from echo2sdk.runtime.protocol.messages import StoreInfo, WorkerConfig
@@ -77,6 +78,17 @@ def buffer_args(cfg: Config) -> dict[str, Any]:
                 filter_zero_variance=L.filter_zero_variance, fallback_after=L.filter_patience * k,
                 groups_per_worker=groups, bytes_per_worker=per_worker, bytes_per_pool=per_worker * token_workers,
                 task_names=mixture_names(cfg.task.adapter, cfg.task.options))
+
+
+def prompt_filter(cfg: Config) -> PromptFilter | None:
+    """The pre-rollout prompt filter learner.prompt_skip asks for (core/prompt_filter.py), seeded from run.seed;
+    None when off."""
+    L = cfg.learner
+    if not L.prompt_skip:
+        return None
+    return PromptFilter(target=L.prompt_skip_target, explore=L.prompt_skip_explore,
+                        min_explore=L.prompt_skip_min_explore, eta=L.prompt_skip_eta, max_prompts=L.prompt_skip_memory,
+                        seed=cfg.run.seed)
 
 
 def record_budget(max_len: int) -> int:

@@ -169,6 +169,8 @@ class Trainer:
         kept = ckpt.secrets() if ckpt is not None else {}
         self._tasks = CountedTasks(adapter.tasks(cfg.run.seed), skip=ckpt.state.get("tasks_issued", 0) if ckpt else 0)
         self.coordinator = self._coordinator(kept)
+        if ckpt is not None and self.coordinator.handout.filter is not None and ckpt.state.get("prompt_filter"):
+            self.coordinator.handout.filter.load_state_dict(ckpt.state["prompt_filter"])
         host, port = self.coordinator.start()
         log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d); learner %s (precision=%s) on %d rank(s)", host, port,
                  L.trajectories_per_step, L.staleness, cfg.kappa, "bf16 autocast" if self.learner.autocast else "fp32",
@@ -198,6 +200,7 @@ class Trainer:
             worker_config=build.worker_config(cfg, self.model_path),
             base=ModelFolder(self.model_path, cfg.learner.snapshot_dtype),  # for workers started with --bootstrap
             vocab_size=self.learner.vocab_size,
+            prompt_filter=build.prompt_filter(cfg),
             **build.coordinator_args(cfg, token, signing_key),
             **build.coordinator_tls(cfg, kept),
         )
@@ -309,6 +312,7 @@ class Trainer:
         row = self.metrics.record(
             {"step": step, "version": self.version, "time_s": round(now - t_start, 3)}, batch.metrics(now),
             st.metrics(), self.publication.metrics(), self.replay.metrics(audit), self.batches.metrics(),
+            self.coordinator.handout.metrics(),
             self.metrics.since_last(self.buffer.stats(), self.coordinator.stats(), batch.records,
                                     self.buffer.task_names))
         self.health.check(row)  # no reward signal, adapter failures: warnings on the console and in run.log
@@ -368,6 +372,8 @@ class Trainer:
             "world_size": self.topo.world,
             "lr_schedule": self.learner.schedule_state(),
         }
+        if (skip := self.coordinator.handout.filter) is not None:
+            state["prompt_filter"] = skip.state_dict()
         path = checkpoint.save(
             self.out / "checkpoints", self.step, keep=self.cfg.run.keep_checkpoints, optimizer=optimizer, state=state,
             write_model=lambda d: self.learner.save(str(d), tokenizer_from=self.model_path, state=model),
@@ -394,6 +400,7 @@ class Trainer:
             learner_ranks=self.topo.world,
             quarantined=dict(coord.quarantined),  # worker id -> why (core/audit.py)
             **self.batches.summary(), **self.replay.summary(),
+            prompt_filter=self.coordinator.handout.stats(),
             warnings=list(self.health.warnings),  # what runtime/learner/health.py warned about during the run
             config=redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         )

@@ -42,10 +42,17 @@ ROW = {
     "sampler_var": dict, "sampler_replay_gap": dict, "sampler_replay_var": dict, "t_audit_replay_s": float,
     "records_withheld": int, "workers_quarantined": int, "batches_dropped": int,
     "batches_withheld": int, "records_withheld_total": int, "version_span": int,
+    "prompts_handed": int, "prompts_skipped": int, "prompts_skipped_by_reason": dict,
+    "prompt_explore": (float, None), "filter_rate_unskipped": (float, None), "rollouts_per_useful": (float, None),
 }
 
 #: Columns the tiny run leaves None (tiny-random's prompts all look alike): their types are seen in RECORDED.
 RECORDED_ONLY = {"prompt_concentration", "reward_concentration"}
+#: Columns the tiny run leaves None, and where their other type is seen: learner.prompt_skip is off there
+#: (tests/runtime/learner/test_prompt_skip.py runs with it), and tiny-random fills no group with signal (f = 1, so no
+#: rollouts per useful one: tests/core/test_verdict.py).
+NOT_IN_TINY_RUN = {"prompt_explore": "test_prompt_skip.py", "filter_rate_unskipped": "test_prompt_skip.py",
+                   "rollouts_per_useful": "test_verdict.py"}
 
 #: summary.json of the main job's configuration (no broadcast.delta: "deltas", no broadcast.store: "store"): its
 #: keys in order, and those of its objects ("workers": one worker's row; "config": its sections, config.py's own).
@@ -55,7 +62,7 @@ SUMMARY = [
     "T_train_median_s", "T_train_full_batch_s", "T_bcast_median_s", "T_bcast_received_median_s", "mu_pool_measured",
     "mu_min", "bubble_ratio", "capacity", "buffer", "coordinator", "workers", "checkpoint", "last_checkpoint",
     "save_errors", "stopped", "learner_ranks", "quarantined", "batches_dropped", "batches_partial",
-    "batches_dropped_records_by_worker", "batches_withheld", "records_withheld_by_worker", "warnings", "config",
+    "batches_dropped_records_by_worker", "batches_withheld", "records_withheld_by_worker", "prompt_filter", "warnings", "config",
 ]
 SUMMARY_OBJECTS = {
     # "why" only where the pool was not enough (or none could be)
@@ -76,14 +83,16 @@ SUMMARY_OBJECTS = {
                 "trajectories", "rejected", "rollouts_per_s", "alive", "active", "relay_addr", "relay_reachable",
                 "credential", "rejoins", "adapter_failures", "groups_dropped"],
     "last_checkpoint": ["path", "step", "bytes", "save_s"],
+    "prompt_filter": ["enabled", "forced", "forgotten", "foreign", "pending"],  # the filter's own with prompt_skip
     "config": ["model", "task", "rollout", "learner", "broadcast", "scheduler", "provisioning", "run"],
 }
 OPTIONAL = {"capacity": {"why"}}
 
 #: Keys that the recorded main job's files (RECORDED) predate.
 ADDED_SINCE_RECORDED = {
-    "metrics": ["t_bcast_received_s", "version_span"],
-    "summary": ["T_bcast_received_median_s"],
+    "metrics": ["t_bcast_received_s", "version_span", "prompts_handed", "prompts_skipped", "prompts_skipped_by_reason",
+                "prompt_explore", "filter_rate_unskipped", "rollouts_per_useful"],
+    "summary": ["T_bcast_received_median_s", "prompt_filter"],
     "capacity": ["mu_min_without_broadcast", "short_because_of_broadcast"],
     "coordinator": ["empty_groups"],
 }
@@ -102,7 +111,8 @@ def _check_row(row: dict) -> None:
 def _summary_keys(summary: dict) -> dict[str, list[str]]:
     """summary.json's keys ("summary") and those of its objects (SUMMARY_OBJECTS' names; "workers": the first row's),
     the optional ones (OPTIONAL) left out."""
-    objects = {name: summary[name][0] if name == "workers" else summary[name] for name in SUMMARY_OBJECTS}
+    objects = {name: summary[name][0] if name == "workers" else summary[name] for name in SUMMARY_OBJECTS
+               if name in summary}  # an object added since the recorded main job is absent there
     return {"summary": list(summary), **{name: [k for k in obj if k not in OPTIONAL.get(name, ())]
                                          for name, obj in objects.items()}}
 
@@ -195,12 +205,14 @@ def test_metrics_and_summary_keep_their_keys_order_and_types(tiny_run):
         assert all(type(r[key]) in _kinds(ROW[key]) for key in r), r
     seen = {key: {type(r[key]) for r in rows["recorded main job" if key in RECORDED_ONLY else "tiny run"]}
             for key in ROW}
-    unseen = {key: kinds for key, kind in ROW.items() if (kinds := set(_kinds(kind)) - {type(None)} - seen[key])}
+    unseen = {key: kinds for key, kind in ROW.items()
+              if key not in NOT_IN_TINY_RUN and (kinds := set(_kinds(kind)) - {type(None)} - seen[key])}
     assert unseen == {}, f"types no row has: {unseen}"
     summaries = {name: json.loads((d / "summary.json").read_text()) for name, d in runs.items()}
     for name, summary in summaries.items():
         recorded = name == "recorded main job"
-        assert _summary_keys(summary) == {k: _pinned(k, recorded) for k in ("summary", *SUMMARY_OBJECTS)}, name
+        names = [k for k in SUMMARY_OBJECTS if not (recorded and k in ADDED_SINCE_RECORDED["summary"])]
+        assert _summary_keys(summary) == {k: _pinned(k, recorded) for k in ("summary", *names)}, name
         assert all(set(w) == set(SUMMARY_OBJECTS["workers"]) for w in summary["workers"]), name
         assert set(summary["capacity"]) - set(SUMMARY_OBJECTS["capacity"]) == set(), name
 
@@ -243,8 +255,11 @@ def _components_columns(records: list, st_withheld: list[bool] = (), t_bcast=(0.
     coordinator = {"adapter_failures": {}, "rejected": {"stale": 2}, "workers_alive": 2, "broadcast_repairs": 0,
                    "quarantines": 0}
     pool = RunMetrics(out=None, sinks=None, R=2, kappa=1, group_size=2).since_last(buffer, coordinator, records)
+    from echo2sdk.runtime.coordinator.handout import Handout
+
     return [{"step": 2, "version": 5, "time_s": 3.0}, batch.metrics(now=3.0), st.metrics(),
-            {"t_publish_s": 0.0, **BcastTimes(*t_bcast).columns()}, audit.metrics({}), {"batches_dropped": 0}, pool]
+            {"t_publish_s": 0.0, **BcastTimes(*t_bcast).columns()}, audit.metrics({}), {"batches_dropped": 0},
+            Handout(iter(())).metrics(), pool]
 
 
 def test_a_metrics_row_is_the_components_columns_in_order():
