@@ -7,10 +7,14 @@ tables.jsonl, histograms.jsonl where they exist), so a crashed or running run ca
     t_bcast.png       T_bcast per published snapshot version (q = 1/gamma of the workers, and all of them; the
                       moment q of them had the copy complete, before the install)
     workers.png       workers alive vs wall time; trajectories delivered per worker
-    cost.png          worker cost so far vs wall time (only when the run's workers have prices)
+    cost.png          worker cost so far vs wall time (only when the run's workers have prices), billed as
+                      summary.json's bill (core/bill.py)
     tasks.png         a mixture's components: the workers' accuracy (or reward) and the filter rate per task
     filter.png        dynamic sampling: the filter rate per step against its predictions (from the reward's values
                       and from accuracy), and the rollouts a second raw and useful against mu_min
+    skipping.png      pre-rollout prompt skipping: the prompts skipped per step, stacked by reason (recent groups
+                      all right, all wrong, all one reward); the filter rate f measured vs f had none been skipped,
+                      and the filter's explore probability
 
 A figure whose data the run lacks is skipped with a line saying why. Needs matplotlib (the `plot` extra);
 drawn on matplotlib's Agg canvas without pyplot, so it changes no global state.
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from echo2sdk.core import capacity, verdict
+from echo2sdk.core import bill, capacity, verdict
 from echo2sdk.errors import DependencyNotInstalled, Echo2Error
 
 __all__ = ["Run", "Plots", "load_run", "plot_run"]
@@ -259,8 +263,7 @@ def _cost(fig: Any, run: Run) -> str | None:
     if not workers:
         return "no summary.json worker table (the run has not finished): prices and join times unknown"
     prices = (run.config.get("scheduler") or {}).get("prices") or {}
-    spans = _billed_spans(workers, run.rows[-1]["time_s"])
-    billed = [(prices.get(w["worker_id"], w.get("price_per_hour") or 0.0), a, b) for w, (a, b) in zip(workers, spans)]
+    billed = bill.billed(workers, prices, run.rows[-1]["time_s"])  # (price, join, last heartbeat) on the run's clock
     if not any(p > 0 for p, _, _ in billed):
         return "no prices in this run (every worker's price_per_hour is 0 and scheduler.prices is empty)"
     scale, unit = _time_unit(run.rows)
@@ -340,6 +343,54 @@ def _filter(fig: Any, run: Run) -> str | None:
     return _step_panels(fig, (left, right), f"{run.dir.name}: dynamic sampling and capacity in useful rollouts")
 
 
+#: why the prompt filter skipped a prompt before rollout (metrics `prompts_skipped_by_reason`): legend, colour
+_SKIP_REASONS = {"all_correct": ("recent groups all right", "tab:green"),
+                 "all_wrong": ("recent groups all wrong", "tab:red"),
+                 "all_same": ("recent groups all one reward (no correctness)", "tab:gray")}
+
+
+def _skipping(fig: Any, run: Run) -> str | None:
+    """Pre-rollout prompt skipping: the prompts the filter skipped each step, stacked by why (their recent groups
+    all right, all wrong, or all one reward); the filter rate f measured on the groups generated against the
+    estimate of f had no prompt been skipped, and the filter's exploration probability."""
+    rows = run.rows
+    if all("prompts_skipped" not in r for r in rows):
+        return "no prompt filter columns (prompts_skipped is in no row: a run older than pre-rollout prompt skipping)"
+    if all(r.get("prompt_explore") is None for r in rows):
+        return "the prompt filter is off (prompt_explore is null in every row)"
+    fig.set_size_inches(10, 3.8)
+    left, right = fig.subplots(1, 2)
+    steps = [r["step"] for r in rows]
+    by_reason = [r.get("prompts_skipped_by_reason") or {} for r in rows]
+    reasons = [*_SKIP_REASONS, *sorted({k for b in by_reason for k in b} - set(_SKIP_REASONS))]
+    bottom = [0] * len(rows)
+    for reason in reasons:
+        counts = [b.get(reason, 0) for b in by_reason]
+        label, color = _SKIP_REASONS.get(reason, (reason, None))
+        left.bar(steps, counts, bottom=bottom, width=0.8, color=color, label=label)
+        bottom = [a + c for a, c in zip(bottom, counts)]
+    left.set_ylim(0, max(1.0, 1.4 * max(bottom)))  # room for the legend
+    _integer_ticks(left, "y")
+    skipped, handed = sum(r.get("prompts_skipped") or 0 for r in rows), sum(r.get("prompts_handed") or 0 for r in rows)
+    left.set(xlabel="learner step", ylabel="prompts skipped",
+             title=f"Prompts skipped before rollout\nrun: {skipped} skipped, {handed} handed to workers")
+    for key, label, style in (("filter_rate", "f measured", {"color": "black"}),
+                              ("filter_rate_unskipped", "f had none been skipped (est.)",
+                               {"color": "tab:orange", "linestyle": "--"}),
+                              ("prompt_explore", "explore probability", {"color": "tab:blue", "linestyle": ":"})):
+        values = _percent(rows, key)
+        if any(v is not None for v in values):
+            right.plot(steps, values, **_line(rows), **style, label=label)
+    right.set(xlabel="learner step", ylabel="%", ylim=(-3, 128), yticks=range(0, 101, 20),
+              title="Filter rate f (groups filtered) per step\nmeasured vs had no prompt been skipped")
+    for ax in (left, right):
+        _integer_ticks(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", ncols=2 if ax is right else 1)
+    fig.suptitle(f"{run.dir.name}: pre-rollout prompt skipping")
+    return None
+
+
 def _step_panels(fig: Any, axes: tuple, title: str) -> None:
     """Panels against the learner step: integer ticks, a grid, a legend each; the figure's title."""
     for ax in axes:
@@ -358,6 +409,7 @@ _FIGURES = {
     "cost.png": _cost,
     "tasks.png": _tasks,
     "filter.png": _filter,
+    "skipping.png": _skipping,
 }
 
 
@@ -396,13 +448,6 @@ def _bcast_per_version(run: Run) -> tuple[dict[int, tuple[float, float | None, f
             out[r["version"] - r["version"] % kappa] = value
         last = value[:2]
     return out, f"newest published when measured, kappa = {kappa}"
-
-
-def _billed_spans(workers: list[dict[str, Any]], end_s: float) -> list[tuple[float, float]]:
-    """Each worker's [join, last heartbeat] on the run's clock (seconds from the first step's start), the
-    newest heartbeat aligned with the last step's end: summary.json keeps monotonic clock readings."""
-    ref = max(w.get("last_seen", 0.0) for w in workers)
-    return [(w.get("joined_at", ref) - ref + end_s, w.get("last_seen", ref) - ref + end_s) for w in workers]
 
 
 def _integer_ticks(ax: Any, which: str = "x") -> None:

@@ -22,9 +22,10 @@ from echo2sdk.plot import load_run, plot_run  # noqa: E402
 
 RECORDED = Path(__file__).parent / "data" / "smollm2_4step"
 ALL = ["reward.png", "staleness.png", "learner_time.png", "t_bcast.png", "workers.png", "cost.png", "tasks.png",
-       "filter.png"]
+       "filter.png", "skipping.png"]
 NO_MIX = "no task mixture (metrics rows have no per-task 'tasks')"
 NO_FILTER = "no filter rate measured (filter_rate is null in every row: no group completed, or a run older than the metric)"
+NO_SKIPPING = "no prompt filter columns (prompts_skipped is in no row: a run older than pre-rollout prompt skipping)"
 #: the main job (examples/math_smollm2.toml) as it ran on 2026-12-07: 20 steps with every issue-35 metric
 RECORDED_FILTER = Path(__file__).parent / "data" / "math_20step"
 
@@ -52,12 +53,13 @@ def _check_png(path: Path) -> tuple[int, int]:
 
 def test_recorded_run_gives_every_png_but_cost_which_says_why(run_dir):
     result = plot_run(run_dir)
-    assert [p.name for p in result.written] == ALL[:-3]
+    assert [p.name for p in result.written] == ALL[:-4]
     assert all(p.parent == run_dir / "plots" for p in result.written)
     for p in result.written:
         _check_png(p)
     assert result.skipped == {"cost.png": "no prices in this run (every worker's price_per_hour is 0 and "
-                                          "scheduler.prices is empty)", "tasks.png": NO_MIX, "filter.png": NO_FILTER}
+                                          "scheduler.prices is empty)", "tasks.png": NO_MIX, "filter.png": NO_FILTER,
+                              "skipping.png": NO_SKIPPING}
 
 
 def test_prices_sink_files_and_per_version_t_bcast_are_used_when_present(run_dir, tmp_path):
@@ -79,8 +81,8 @@ def test_prices_sink_files_and_per_version_t_bcast_are_used_when_present(run_dir
     run = load_run(run_dir)
     assert run.histograms["staleness"][4] == {3: 16} and run.tables["t_bcast"][0][0] == 4
     result = plot_run(run_dir, tmp_path / "pngs")
-    assert [p.name for p in result.written] == ALL[:-2]
-    assert result.skipped == {"tasks.png": NO_MIX, "filter.png": NO_FILTER}
+    assert [p.name for p in result.written] == ALL[:-3]
+    assert result.skipped == {"tasks.png": NO_MIX, "filter.png": NO_FILTER, "skipping.png": NO_SKIPPING}
     for p in result.written:
         _check_png(p)
 
@@ -92,7 +94,7 @@ def test_a_crashed_run_plots_from_metrics_alone(run_dir):
     run = load_run(run_dir)
     assert len(run.rows) == 4 and run.summary == {}
     result = plot_run(run_dir)
-    assert [p.name for p in result.written] == ALL[:-3]
+    assert [p.name for p in result.written] == ALL[:-4]
     assert "has not finished" in result.skipped["cost.png"]
     for p in result.written:
         _check_png(p)
@@ -114,9 +116,10 @@ def test_cli_plot_prints_the_pngs_and_the_skipped_ones(run_dir, tmp_path):
     r = _echo2("plot", str(run_dir), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[:5] == [str(tmp_path / "out" / name) for name in ALL[:-3]]
+    assert lines[:5] == [str(tmp_path / "out" / name) for name in ALL[:-4]]
     assert lines[5].startswith("cost.png: skipped: no prices in this run")
     assert lines[6] == f"tasks.png: skipped: {NO_MIX}" and lines[7] == f"filter.png: skipped: {NO_FILTER}"
+    assert lines[8] == f"skipping.png: skipped: {NO_SKIPPING}"
     r = _echo2("plot", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "echo2: error:" in r.stderr and "Traceback" not in r.stderr
 
@@ -160,3 +163,32 @@ def test_a_run_with_dynamic_sampling_gets_its_filter_figure(tmp_path):
     (d / "summary.json").unlink()
     assert "filter.png" not in plot_run(d, tmp_path / "crashed").skipped
     _check_png(tmp_path / "crashed" / "filter.png")
+
+
+def _with_prompt_filter(d: Path, explore: float | None = 0.1) -> list[dict]:
+    """The main job's rows as a run with the prompt filter would have written them (issue 44): prompts skipped
+    by reason, f had none been skipped, the explore probability (None: the filter off)."""
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    for k, row in enumerate(rows):  # all-wrong prompts early, all-right ones as the policy learns
+        reasons = {"all_correct": k // 3, "all_wrong": max(0, 4 - k // 2), "all_same": int(k in (7, 12))}
+        on = explore is not None
+        row.update(prompts_handed=8, prompts_skipped=sum(reasons.values()) if on else 0,
+                   prompts_skipped_by_reason=reasons if on else {}, prompt_explore=explore,
+                   filter_rate_unskipped=None if not on or k == 0 else min(1.0, (row["filter_rate"] or 0) + 0.1),
+                   rollouts_per_useful=None)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_a_run_with_the_prompt_filter_gets_its_skipping_figure(tmp_path):
+    d = tmp_path / "math"
+    shutil.copytree(RECORDED_FILTER, d)
+    _with_prompt_filter(d)
+    result = plot_run(d)
+    assert "skipping.png" not in result.skipped and "filter.png" not in result.skipped
+    _check_png(d / "plots" / "skipping.png")
+    rows = _with_prompt_filter(d, explore=None)  # the filter off: the columns are there, nothing to draw
+    assert all(r["prompts_skipped"] == 0 for r in rows)
+    result = plot_run(d, tmp_path / "off")
+    assert result.skipped["skipping.png"] == "the prompt filter is off (prompt_explore is null in every row)"
+    assert "filter.png" not in result.skipped

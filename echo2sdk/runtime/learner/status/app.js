@@ -18,6 +18,11 @@ function fmt(x, digits) {
   return x === null || x === undefined ? "-" : Number(x).toFixed(digits);
 }
 
+// A fraction as a percentage, as the page shows every rate (the filter rate, accuracy).
+function pct(x) {
+  return x === null || x === undefined ? "-" : `${fmt(100 * x, 1)} %`;
+}
+
 function clear(el) { while (el.firstChild) el.removeChild(el.firstChild); }
 
 function drawFacts(s) {
@@ -35,6 +40,17 @@ function drawFacts(s) {
   const f = s.failures;
   $("failures").textContent = f.last ? `${f.last} (${fmt(100 * f.rate, 1)} %) / ${f.total}` : `0 / ${f.total}`;
   $("progress-bar").style.width = `${run.steps ? (100 * run.step) / run.steps : 0}%`;
+  drawPromptFilter(s.prompt_filter);
+}
+
+// Pre-rollout prompt skipping at the last step: "off" where the filter is off, "-" before the first step.
+function drawPromptFilter(p) {
+  const off = p.enabled === false, r = p.skipped_by_reason;
+  $("skipped").textContent = off ? "off" : p.enabled
+    ? `${p.skipped ?? 0} (${r.all_correct ?? 0} / ${r.all_wrong ?? 0} / ${r.all_same ?? 0})` : "-";
+  $("filter-rate").textContent = `${pct(p.filter_rate)} / ${off ? "off" : pct(p.filter_rate_unskipped)}`;
+  $("per-useful").textContent = fmt(p.rollouts_per_useful, 2);
+  $("explore").textContent = off ? "off" : pct(p.explore);
 }
 
 function drawWorkers(workers) {
@@ -157,7 +173,6 @@ function drawTasks(tasks) {
   for (const t of tasks) {
     const tr = document.createElement("tr");
     tr.dataset.task = t.name;
-    const pct = (x) => (x === null || x === undefined ? "-" : `${fmt(100 * x, 1)} %`);
     for (const text of [t.name, String(t.groups_completed ?? 0), pct(t.rollout_accuracy), fmt(t.rollout_reward_mean, 3),
                         pct(t.filter_rate), String(t.trajectories), pct(t.accuracy)]) {
       const td = document.createElement("td");

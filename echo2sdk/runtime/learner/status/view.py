@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from echo2sdk.core import capacity
+from echo2sdk.core import bill, capacity
 from echo2sdk.core.broadcast.planner import SOURCE
 from echo2sdk.core.verdict import wait_by_cause
 from echo2sdk.runtime.learner.metrics import shown_level
@@ -65,7 +65,7 @@ class RunView:
 
 def page_state(view: RunView) -> dict[str, Any]:
     """The run as the status page draws it: progress, workers, the newest broadcast plan, staleness, the
-    learner's wait (bubble), the worker cost so far and the reward curve."""
+    learner's wait (bubble), the worker cost so far, the prompt filter's last step and the reward curve."""
     cfg, coord, version = view.cfg, view.registry, view.publication.version
     rows = list(view.metrics.rows)  # the learner thread appends; a copy is a consistent view
     workers, quarantined = list(coord.workers.values()), dict(coord.quarantined)
@@ -85,6 +85,7 @@ def page_state(view: RunView) -> dict[str, Any]:
                     "last_train_s": last.get("t_train_s"),
                     "wait_by_cause_s": wait_by_cause(rows)},
         "cost": _cost(workers, cfg.scheduler.prices),
+        "prompt_filter": _prompt_filter(last),
         # the workers' view, as the progress bar shows it: under dynamic sampling the trained batch holds
         # mixed-reward groups only, so its mean is not the policy's level
         "reward": [[r["step"], r["time_s"], *shown_level(r)] for r in rows[-MAX_POINTS:]],
@@ -111,7 +112,7 @@ def _state(w: WorkerInfo, quarantined: Mapping[str, str]) -> str:
 
 def _worker(w: WorkerInfo, version: int, prices: dict[str, float], quarantined: Mapping[str, str]) -> dict[str, Any]:
     return {"id": w.worker_id, "state": _state(w, quarantined), "version": w.version, "lag": version - w.version,
-            "mu": w.rollouts_per_s, "price": prices.get(w.worker_id, w.price_per_hour),
+            "mu": w.rollouts_per_s, "price": bill.price_per_hour(w.worker_id, w.price_per_hour, prices),
             "trajectories": w.trajectories, "rejected": w.rejected}
 
 
@@ -135,10 +136,23 @@ def _cost(workers: list[WorkerInfo], prices: dict[str, float]) -> dict[str, floa
     now = time.monotonic()
     usd = rate = 0.0
     for w in workers:
-        price = prices.get(w.worker_id, w.price_per_hour)
+        price = bill.price_per_hour(w.worker_id, w.price_per_hour, prices)
         usd += price * max(0.0, (now if w.alive else w.last_seen) - w.joined_at) / 3600
         rate += price if w.alive else 0.0
     return {"usd": usd, "usd_per_hour": rate}
+
+
+def _prompt_filter(last: dict[str, Any]) -> dict[str, Any]:
+    """The last step's pre-rollout prompt skipping (metrics.jsonl's columns of it): `enabled` is None before the
+    first step, False when the filter is off (its explore probability is null; or a row without the columns);
+    prompts skipped since the previous step and why, prompts handed, the filter rate f measured on the groups
+    generated against f had none been skipped, and rollouts generated per rollout in an informative group."""
+    return {"enabled": None if not last else last.get("prompt_explore") is not None,
+            "explore": last.get("prompt_explore"), "handed": last.get("prompts_handed"),
+            "skipped": last.get("prompts_skipped"),
+            "skipped_by_reason": dict(last.get("prompts_skipped_by_reason") or {}),
+            "filter_rate": last.get("filter_rate"), "filter_rate_unskipped": last.get("filter_rate_unskipped"),
+            "rollouts_per_useful": last.get("rollouts_per_useful")}
 
 
 def _json_safe(value: Any) -> Any:

@@ -1,6 +1,6 @@
 """The live status page (run.status_port): its server's token checks and bounds, and a real run's page loaded in
-a real headless Chromium (worker rows, the version and the reward curve advancing while the run goes on, 401
-without the token)."""
+a real headless Chromium (worker rows, the version and the reward curve advancing while the run goes on, the prompt
+filter's facts, 401 without the token)."""
 
 from __future__ import annotations
 
@@ -167,6 +167,13 @@ def _watch(browser, shot, seen: dict) -> None:
         assert page["failures"].endswith("/ 0")  # no adapter failures in the run
         # the run's wait split by cause: three numbers in seconds (tiny-random's groups are all filtered)
         assert re.fullmatch(r"[\d.]+ / [\d.]+ / [\d.]+ s", page["causes"]), page["causes"]
+        # the prompt filter's last step (issue 44): skipped by reason, f measured / unskipped, its explore
+        # probability; "off" (and no unskipped estimate) where this run's filter is off
+        pct, off = r"(-|[\d.]+ %)", page["explore"] == "off"
+        assert off or re.fullmatch(r"[\d.]+ %", page["explore"]), page["explore"]
+        assert re.fullmatch("off" if off else r"\d+ \(\d+ / \d+ / \d+\)", page["skipped"]), page["skipped"]
+        assert re.fullmatch(f"{pct} / {'off' if off else pct}", page["filter_rate"]), page["filter_rate"]
+        assert re.fullmatch(r"-|[\d.]+", page["per_useful"]), page["per_useful"]
         assert browser.save_screenshot(str(shot))
     except BaseException as e:  # noqa: BLE001 - handed to the test's thread
         seen["error"] = e
@@ -191,7 +198,50 @@ def _page(browser) -> dict:
         " connection: document.getElementById('connection').textContent,"
         " failures: document.getElementById('failures').textContent,"
         " causes: document.getElementById('wait-causes').textContent,"
+        " skipped: document.getElementById('skipped').textContent,"
+        " filter_rate: document.getElementById('filter-rate').textContent,"
+        " per_useful: document.getElementById('per-useful').textContent,"
+        " explore: document.getElementById('explore').textContent,"
         " chain_nodes: n('#chains circle.node.active'), bars: n('#staleness rect.bar')}")
+
+
+FACTS_SHOT = "/tmp/status_page_prompt_filter.png"  # the facts with the filter on, for a person to look at
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+def test_prompt_filter_facts_in_a_headless_browser(tmp_path):
+    """The page over a fixed state (fake_run.py: the recorded math run, its last step with the prompt filter's
+    columns): prompts skipped by reason, f measured / unskipped, rollouts per useful one, the explore probability;
+    then the same step with the filter off."""
+    from fake_run import FILTER_ON, rows, view
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from echo2sdk.runtime.learner.status import page_state
+
+    run = rows()
+    run[-1].update(FILTER_ON)
+    state = {"now": page_state(view(run))}
+    server, browser = StatusServer(lambda: state["now"]), None
+    server.start()
+    facts = ("const t = (id) => document.getElementById(id).textContent;"
+             "return [t('connection'), t('skipped'), t('filter-rate'), t('per-useful'), t('explore')]")
+    f = f"{100 * run[-1]['filter_rate']:.1f} %"
+    try:
+        browser = _browser(tmp_path / "chromium-profile")
+        browser.get(f"http://{server.host}:{server.port}/?token={server.token}")
+        wait = WebDriverWait(browser, 60, poll_frequency=0.2)
+        wait.until(lambda b: b.execute_script(facts)[0] == "live")
+        assert browser.execute_script(facts)[1:] == ["3 (2 / 1 / 0)", f"{f} / 95.0 %", "1.33", "10.0 %"]
+        assert browser.save_screenshot(FACTS_SHOT)
+        run[-1].update(prompts_skipped=0, prompts_skipped_by_reason={}, prompt_explore=None,
+                       filter_rate_unskipped=None, rollouts_per_useful=None)
+        state["now"] = page_state(view(run))
+        wait.until(lambda b: b.execute_script(facts)[1:] == ["off", f"{f} / off", "-", "off"])
+    finally:
+        if browser is not None:
+            browser.quit()
+        server.stop()
 
 
 @pytest.mark.slow
