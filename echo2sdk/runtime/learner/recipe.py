@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from echo2sdk.config import Config
 from echo2sdk.core.audit import BatchWithheld
+from echo2sdk.core.bill import bill
 from echo2sdk.core.buffer import StalenessBuffer
 from echo2sdk.core.contracts import TaskAdapter
 from echo2sdk.core.verdict import sizing_filter_rate
@@ -387,11 +388,12 @@ class Trainer:
     def summary(self, wall_s: float) -> dict[str, Any]:
         """summary.json (metrics.summary): the run's measured capacity numbers, then each component's part."""
         cfg, coord, stopped = self.cfg, self.coordinator, self._stop_signal
+        workers = coord.worker_table()
         out = summary(
             self.rows, wall_s, S=cfg.learner.staleness, kappa=cfg.kappa, R=cfg.learner.trajectories_per_step,
             group_size=cfg.rollout.group_size,
             mu_pool=sum(r for w in coord.workers.values() if (r := w.rollouts_per_s) > 0),
-            buffer=self.buffer.stats(), coordinator=coord.stats(), workers=coord.worker_table(),
+            buffer=self.buffer.stats(), coordinator=coord.stats(), workers=workers,
             # what the run leaves to load: DIR/checkpoint, or the last checkpoint where a signal stopped the run
             checkpoint=self.last_writes.final_policy() if stopped is None else (self.last_checkpoint or {}).get("path"),
             last_checkpoint=self.last_checkpoint,
@@ -400,7 +402,8 @@ class Trainer:
             learner_ranks=self.topo.world,
             quarantined=dict(coord.quarantined),  # worker id -> why (core/audit.py)
             **self.batches.summary(), **self.replay.summary(),
-            prompt_filter=self.coordinator.handout.stats(),
+            prompt_filter=coord.handout.stats(),
+            bill=bill(self.rows, workers, cfg.scheduler.prices, wall_s),  # rollouts, machine-time, $ per point gained
             warnings=list(self.health.warnings),  # what runtime/learner/health.py warned about during the run
             config=redact(cfg.model_dump()),  # run.token never lands in a file the run writes
         )

@@ -62,7 +62,7 @@ SUMMARY = [
     "T_train_median_s", "T_train_full_batch_s", "T_bcast_median_s", "T_bcast_received_median_s", "mu_pool_measured",
     "mu_min", "bubble_ratio", "capacity", "buffer", "coordinator", "workers", "checkpoint", "last_checkpoint",
     "save_errors", "stopped", "learner_ranks", "quarantined", "batches_dropped", "batches_partial",
-    "batches_dropped_records_by_worker", "batches_withheld", "records_withheld_by_worker", "prompt_filter", "warnings", "config",
+    "batches_dropped_records_by_worker", "batches_withheld", "records_withheld_by_worker", "prompt_filter", "bill", "warnings", "config",
 ]
 SUMMARY_OBJECTS = {
     # "why" only where the pool was not enough (or none could be)
@@ -84,6 +84,8 @@ SUMMARY_OBJECTS = {
                 "credential", "rejoins", "adapter_failures", "groups_dropped"],
     "last_checkpoint": ["path", "step", "bytes", "save_s"],
     "prompt_filter": ["enabled", "forced", "forgotten", "foreign", "pending"],  # the filter's own with prompt_skip
+    "bill": ["measure", "rollouts_generated", "machine_hours", "cost_usd", "accuracy_first5", "accuracy_last5",
+             "gain_points", "rollouts_per_point", "machine_hours_per_point", "usd_per_point"],
     "config": ["model", "task", "rollout", "learner", "broadcast", "scheduler", "provisioning", "run"],
 }
 OPTIONAL = {"capacity": {"why"}}
@@ -92,7 +94,7 @@ OPTIONAL = {"capacity": {"why"}}
 ADDED_SINCE_RECORDED = {
     "metrics": ["t_bcast_received_s", "version_span", "prompts_handed", "prompts_skipped", "prompts_skipped_by_reason",
                 "prompt_explore", "filter_rate_unskipped", "rollouts_per_useful"],
-    "summary": ["T_bcast_received_median_s", "prompt_filter"],
+    "summary": ["T_bcast_received_median_s", "prompt_filter", "bill"],
     "capacity": ["mu_min_without_broadcast", "short_because_of_broadcast"],
     "coordinator": ["empty_groups"],
 }
