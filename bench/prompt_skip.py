@@ -16,7 +16,10 @@ line comparing the two (ratio of the times to --level: on / off), and one over a
     # level 2, 40 steps:
     .venv/bin/python bench/prompt_skip.py --seeds 0 1 --set task.options.difficulty=2 --set learner.steps=40 \\
         --out runs/prompt_skip_l2
-    # the smoke path (tests/test_benchmarks.py):
+    # prompts that repeat, of mixed difficulty: 32 level-1 and 48 level-2 problems cycled, held-out eval at level 2
+    .venv/bin/python bench/prompt_skip.py --seeds 0 1 --problems 1:32,2:48 --eval-option difficulty=2 \
+        --out runs/prompt_skip_mixed
+    # the smoke path:
     .venv/bin/python bench/prompt_skip.py --seeds 0 --set model.policy='"tiny-random"' --set learner.steps=2 \\
         --set rollout.max_new_tokens=4 --eval-tasks 4 --out DIR
 """
@@ -32,18 +35,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # vs_trl.py beside this file (also when loaded by a test)
+import vs_trl  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 ECHO2 = [sys.executable, "-m", "echo2sdk.cli"]
 
 
 def time_to_level(rows: list[dict[str, Any]], level: float, window: int) -> tuple[float, int] | None:
     """(time_s, step) at the end of the first step whose trailing `window` steps' mean rollout_accuracy >= level
-    (steps at which no group completed have no accuracy and are left out)."""
-    seen = [(r["time_s"], r["step"], r["rollout_accuracy"]) for r in rows if r.get("rollout_accuracy") is not None]
-    for k in range(window, len(seen) + 1):
-        if statistics.fmean(a for _, _, a in seen[k - window:k]) >= level - 1e-9:
-            return seen[k - 1][0], seen[k - 1][1]
-    return None
+    (vs_trl's rule; steps at which no group completed have no accuracy and are left out)."""
+    seen = [r for r in rows if r.get("rollout_accuracy") is not None]
+    reach = vs_trl.time_to_level([r["time_s"] for r in seen], [r["rollout_accuracy"] for r in seen], level, window)
+    return None if reach is None else (reach[0], seen[reach[1] - 1]["step"])
 
 
 def figures(run_dir: Path, level: float, window: int) -> dict[str, Any]:
@@ -79,9 +83,10 @@ def figures(run_dir: Path, level: float, window: int) -> dict[str, Any]:
     }
 
 
-def evaluate(runs: dict[str, Path], tasks: int, out: Path) -> dict[str, float]:
+def evaluate(runs: dict[str, Path], tasks: int, out: Path, options: list[str] | None = None) -> dict[str, float]:
     """Held-out accuracy of the base model and of each run's trained policy on the same tasks (`echo2 eval --task`
-    with the run's own task, model, answer length and temperature, read from its config.json)."""
+    with the run's own task, model, answer length and temperature, read from its config.json; `options`, KEY=VALUE
+    task options, replace the run's: e.g. procedural level-2 problems for a run on a problem file)."""
     scores: dict[str, float] = {}
     for name, run_dir in runs.items():
         cfg = json.loads((run_dir / "config.json").read_text())
@@ -90,13 +95,31 @@ def evaluate(runs: dict[str, Path], tasks: int, out: Path) -> dict[str, float]:
                "--trained", str(run_dir / "checkpoint"), "--tasks", str(tasks), "--json", str(path),
                "--max-new-tokens", str(cfg["rollout"]["max_new_tokens"]),
                "--temperature", str(cfg["rollout"]["temperature"])]
-        for key, value in (cfg["task"].get("options") or {}).items():
-            cmd += ["--task-option", f"{key}={json.dumps(value)}"]
+        given = options if options is not None else [
+            f"{key}={json.dumps(value)}" for key, value in (cfg["task"].get("options") or {}).items()]
+        for kv in given:
+            cmd += ["--task-option", kv]
         subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         table = json.loads(path.read_text())["table"]
         for label, row in table.items():
             scores["base" if label.startswith("base") else name] = row["accuracy"]
     return scores
+
+
+def write_problems(path: Path, spec: str) -> Path:
+    """COUNT procedural problems of each LEVEL (spec "1:32,2:48"; seeded, so every run trains on the same file)."""
+    import random
+
+    from echo2_math import problems
+
+    rng, lines = random.Random(20261207), []
+    for part in spec.split(","):
+        level, count = (int(x) for x in part.split(":"))
+        for _ in range(count):
+            p = problems.generate(rng, level)
+            lines.append(json.dumps({"question": p.question, "answer": p.answer, "level": level}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def main() -> None:
@@ -107,12 +130,21 @@ def main() -> None:
     ap.add_argument("--level", type=float, default=0.85, help="the workers' accuracy to reach")
     ap.add_argument("--window", type=int, default=3, help="steps in the trailing mean that must reach --level")
     ap.add_argument("--eval-tasks", type=int, default=200, help="held-out tasks per policy (0: no eval)")
+    ap.add_argument("--eval-option", action="append", metavar="KEY=VALUE",
+                    help="task options of the held-out eval instead of the run's (repeatable)")
+    ap.add_argument("--problems", metavar="LEVEL:COUNT,...",
+                    help="train on a problem file instead: COUNT seeded problems of each math LEVEL (e.g. 1:32,2:48), "
+                    "written to OUT/problems.jsonl and cycled in epochs: prompts that repeat, of mixed difficulty")
     ap.add_argument("--out", default="runs/prompt_skip")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.problems:
+        path = write_problems(out / "problems.jsonl", args.problems)
+        args.set.append(f'task.options={{files=["{path}"]}}')
     print(json.dumps({"bench": "prompt_skip", "config": args.config, "seeds": args.seeds, "set": args.set,
-                      "level": args.level, "window": args.window, "eval_tasks": args.eval_tasks}), flush=True)
+                      "problems": args.problems, "level": args.level, "window": args.window,
+                      "eval_tasks": args.eval_tasks, "eval_options": args.eval_option}), flush=True)
     by_seed: dict[int, dict[str, dict[str, Any]]] = {}
     for seed in args.seeds:
         dirs = {}
@@ -126,7 +158,7 @@ def main() -> None:
             by_seed.setdefault(seed, {})[name] = {"process_s": round(time.perf_counter() - t0, 1),
                                                   **figures(run_dir, args.level, args.window)}
         if args.eval_tasks:
-            scores = evaluate(dirs, args.eval_tasks, out)
+            scores = evaluate(dirs, args.eval_tasks, out, args.eval_option)
             for name in dirs:
                 by_seed[seed][name]["eval_accuracy"] = scores.get(name)
                 by_seed[seed][name]["eval_accuracy_base"] = scores.get("base")

@@ -150,9 +150,9 @@ class LearnerConfig(_Section):
         "learner.data_timeout_s ends a run that gets none)"
     )
     prompt_skip: bool = Field(
-        False, description="pre-rollout prompt skipping (docs/prompt-skipping.md): a prompt whose recent groups were "
-        "all one reward is skipped before it is handed out, with probability 1 - p_explore ** (its streak of such "
-        "groups); p_explore adapts toward learner.prompt_skip_target"
+        False, description="pre-rollout prompt skipping (docs/recipes.md, 'Prompt skipping'): a prompt whose "
+        "recent groups were all one reward is skipped before it is handed out, with probability 1 - p_explore ** "
+        "(its streak of such groups); p_explore adapts toward learner.prompt_skip_target"
     )
     prompt_skip_target: float = Field(
         0.25, ge=0, le=1, description="the share of zero-variance groups among those generated that prompt skipping "

@@ -250,3 +250,26 @@ def test_vs_trl_runs_both_sides_and_prints_the_comparison(tmp_path):
         expected = result["echo2_time_to_level_s"] / result["trl_time_to_level_s"]
         assert result["ratio"] == pytest.approx(expected, abs=2e-3)
     assert png.stat().st_size > 0
+
+
+def test_prompt_skip_bench_reads_a_runs_figures_from_its_files(tmp_path):
+    """bench/prompt_skip.py's per-run figures from a run folder's metrics.jsonl and summary.json (written here by
+    hand): the filter rate over the run, rollouts per trained trajectory, the wait by cause, the time to the level."""
+    bench = _bench("prompt_skip")
+    rows = [{"step": s, "time_s": 10.0 * s, "rollout_accuracy": a, "rollouts": 32, "trajectories": 16,
+             "learner_wait_s": 2.0, "learner_wait_filtered_s": 1.5, "learner_wait_empty_s": 0.5,
+             "learner_wait_snapshot_s": 0.0} for s, a in ((1, 0.5), (2, None), (3, 0.9), (4, 0.9), (5, 0.95))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"wall_s": 55.0, "buffer": {"filtered_groups": 30, "completed_groups": 40}, "bubble_ratio": 0.2,
+               "rollout_accuracy_first5": 0.8, "rollout_accuracy_last5": 0.8, "coordinator": {"rejected": {"stale": 3}},
+               "prompt_filter": {"skipped": 7, "skipped_by_reason": {"all_correct": 7}, "f_unskipped": 0.8,
+                                 "precision": 1.0, "explore": 0.05, "repeat_share": 0.6}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    fig = bench.figures(tmp_path, 0.85, 3)
+    assert fig["f"] == 0.75 and fig["rollouts_per_trained"] == 2.0 and fig["stale_refused"] == 3
+    assert (fig["learner_wait_s"], fig["wait_filtered_s"], fig["wait_empty_s"]) == (10.0, 7.5, 2.5)
+    # trailing 3 of the steps with an accuracy: (0.5, 0.9, 0.9) = 0.77 at step 4, (0.9, 0.9, 0.95) at step 5
+    assert (fig["time_to_0.85_s"], fig["step_to_0.85"]) == (50.0, 5)
+    assert fig["skipped"] == 7 and fig["explore_end"] == 0.05
+    off, on = dict(fig, **{"time_to_0.85_s": 100.0}), fig
+    assert bench.compare(off, on, 0.85)["time_ratio_on_off"] == 0.5

@@ -4,10 +4,10 @@ A GRPO group whose n rewards are all one value has zero advantage; dynamic sampl
 (the filter rate f). A prompt that gave such a group is likely to give one again (GRESO, Zheng et al. 2025), so the
 learner skips it before rollout with a probability that grows with its streak of zero-variance groups:
 
-    p_skip(x) = 1 - p_explore ** z(x)
+    p_skip(x) = min(1 - p_explore ** z(x), 1 - p_min)
 
 where z(x) is the number of consecutive zero-variance groups prompt x gave most recently (0: never seen, or its last
-group was mixed: always handed out). p_explore adapts online toward a target share f* of zero-variance groups among
+group was mixed: always handed out); every prompt goes out with probability at least p_min. p_explore adapts online toward a target share f* of zero-variance groups among
 the groups generated, by one stochastic-approximation step per observed group:
 
     p_explore <- clip(p_explore + eta * (f* - [group was zero-variance]), p_min, 1)
@@ -15,8 +15,12 @@ the groups generated, by one stochastic-approximation step per observed group:
 (more zero-variance groups than f* lower it: skip more; fewer raise it). p_min > 0 keeps exploring: a prompt the
 policy could not solve may become solvable, and one it always solves may start to fail.
 
-A prompt is known by its content (the chat messages and the answer), not by the task id: procedural streams and
-datasets read again in later epochs give the same prompt a new id. Prompts that never repeat (a reasoning-gym stream,
+Each prompt's history remembers the worker whose group set it last: `forget_worker` (a quarantined worker) clears
+the streaks that worker set.
+
+A prompt is known by its content (the chat messages and the answer; an environment task, which has neither, by its
+info), not by the task id: procedural streams and datasets read again in later epochs give the same prompt a new id.
+A task with none of the three has no identity and is never judged (`prompt_key` gives None). Prompts that never repeat (a reasoning-gym stream,
 a large dataset in its first epoch) have no history and are never skipped; `stats()["repeat_share"]` says how many
 prompts handed out had one.
 
@@ -39,24 +43,35 @@ from typing import Any
 from echo2sdk.core import checks
 from echo2sdk.errors import ConfigError
 
-__all__ = ["PromptFilter", "REASONS", "prompt_key", "outcome_of"]
+__all__ = ["PromptFilter", "REASONS", "MIXED", "COUNTS", "prompt_key", "outcome_of", "zero_reason"]
 
 #: why a prompt is skipped: its last zero-variance groups were all right, all wrong, or one reward without a verdict
 REASONS = ("all_correct", "all_wrong", "all_same")
 MIXED = "mixed"
+#: the counters a checkpoint carries (state_dict's "counts")
+COUNTS = ("handed", "handed_known", "handed_repeat", "observed", "zero_variance", "known_observed",
+          "known_zero_variance")
 
 
-def prompt_key(messages: Sequence[Mapping[str, Any]], answer: str = "") -> str:
-    """The identity of a prompt: a 128-bit BLAKE2b of its chat messages and its answer."""
-    text = json.dumps([list(messages), answer], sort_keys=True, ensure_ascii=False, default=str)
+def prompt_key(messages: Sequence[Mapping[str, Any]], answer: str = "", info: Mapping[str, Any] | None = None
+               ) -> str | None:
+    """The identity of a prompt: a 128-bit BLAKE2b of its chat messages and its answer; of its info for a task with
+    neither (an environment's, made by the worker from e.g. a seed); None for a task with none of the three (nothing
+    tells two such tasks apart). A text task's info is left out: it may carry what changes from one reading of the
+    same prompt to the next (a dataset's epoch)."""
+    if messages or answer:
+        identity: object = [list(messages), answer]
+    elif info:
+        identity = {"info": dict(info)}
+    else:
+        return None
+    text = json.dumps(identity, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def outcome_of(rewards: Sequence[float], correct: Sequence[bool | None]) -> str:
-    """What a group says about its prompt: "mixed" (its rewards differ: it teaches), else why the next may not:
-    "all_correct" / "all_wrong" when every member carries that verdict, "all_same" otherwise."""
-    if len(set(rewards)) > 1:
-        return MIXED
+def zero_reason(correct: Sequence[object]) -> str:
+    """Why a zero-variance group's prompt may not teach: "all_correct" / "all_wrong" when every member carries that
+    verdict (True / False), "all_same" otherwise."""
     if correct and all(c is True for c in correct):
         return "all_correct"
     if correct and all(c is False for c in correct):
@@ -64,10 +79,17 @@ def outcome_of(rewards: Sequence[float], correct: Sequence[bool | None]) -> str:
     return "all_same"
 
 
+def outcome_of(rewards: Sequence[float], correct: Sequence[object]) -> str:
+    """What a group of these rewards and verdicts says about its prompt: "mixed" (its rewards differ: it teaches),
+    else zero_reason."""
+    return MIXED if len(set(rewards)) > 1 else zero_reason(correct)
+
+
 @dataclass
 class _History:
     streak: int = 0  # z(x): consecutive zero-variance groups, most recent first
     reason: str = MIXED  # the last group's outcome
+    worker: str = ""  # whose group set it last
 
 
 class PromptFilter:
@@ -96,27 +118,30 @@ class PromptFilter:
         self.known_zero_variance = 0  # ... that were zero-variance again: the precision of a skip
 
     # ---------------------------------------------------------------------------------------------- decisions
-    def decide(self, key: str) -> str | None:
-        """None: hand the prompt out; else the reason it is skipped (REASONS), with p_skip = 1 - p_explore ** z."""
+    def decide(self, key: str) -> tuple[str | None, int]:
+        """(None, z): hand the prompt out (z > 0: explored despite its streak); (reason, z): skip it (REASONS), with
+        p_skip = min(1 - p_explore ** z, 1 - p_min)."""
         with self._lock:
             h = self._seen.get(key)
+            z = 0 if h is None else h.streak
             if h is not None:
                 self._seen.move_to_end(key)
-            if h is not None and h.streak > 0 and self._rng.random() >= self.explore ** h.streak:
+            if z > 0 and self._rng.random() < min(1 - self.explore ** z, 1 - self.min_explore):
                 self.skipped[h.reason] += 1
-                return h.reason
+                return h.reason, z
             self.handed += 1
             self.handed_repeat += h is not None
-            self.handed_known += h is not None and h.streak > 0
-            return None
+            self.handed_known += z > 0
+            return None, z
 
-    def observe(self, key: str, outcome: str, explored: bool = False) -> None:
-        """A generated group's outcome (outcome_of) for prompt `key`; `explored`: handed out despite a streak (its
-        outcome measures how often a skip is right). Adapts p_explore toward the target."""
+    def observe(self, key: str, outcome: str, explored: bool = False, worker: str = "") -> None:
+        """A generated group's outcome (outcome_of) for prompt `key`, from `worker`; `explored`: handed out despite
+        a streak (its outcome measures how often a skip is right). Adapts p_explore toward the target."""
         zero = outcome != MIXED
         with self._lock:
             h = self._seen.pop(key, None) or _History()
             h.streak, h.reason = (h.streak + 1, outcome) if zero else (0, MIXED)
+            h.worker = worker
             self._seen[key] = h
             while len(self._seen) > self.max_prompts:
                 self._seen.popitem(last=False)
@@ -126,6 +151,14 @@ class PromptFilter:
                 self.known_observed += 1
                 self.known_zero_variance += zero
             self.explore = min(1.0, max(self.min_explore, self.explore + self.eta * (self.target - zero)))
+
+    def forget_worker(self, worker: str) -> int:
+        """Clear the streaks `worker`'s groups set last (a quarantined worker's word is not taken). Returns how many."""
+        with self._lock:
+            mine = [h for h in self._seen.values() if h.worker == worker and h.streak]
+            for h in mine:
+                h.streak, h.reason = 0, MIXED
+            return len(mine)
 
     def streak(self, key: str) -> int:
         """z(x) of a prompt now (0 when unknown)."""
@@ -167,11 +200,8 @@ class PromptFilter:
         with self._lock:
             return {
                 "explore": self.explore,
-                "history": [[k, h.streak, h.reason] for k, h in self._seen.items()],
-                "counts": {"handed": self.handed, "handed_known": self.handed_known,
-                           "handed_repeat": self.handed_repeat, "observed": self.observed,
-                           "zero_variance": self.zero_variance, "known_observed": self.known_observed,
-                           "known_zero_variance": self.known_zero_variance},
+                "history": [[k, h.streak, h.reason, h.worker] for k, h in self._seen.items()],
+                "counts": {name: getattr(self, name) for name in COUNTS},
                 "skipped": dict(self.skipped),
                 "rng": _rng_state(self._rng),
             }
@@ -181,11 +211,11 @@ class PromptFilter:
         with self._lock:
             self.explore = min(1.0, max(self.min_explore, float(state["explore"])))
             self._seen = OrderedDict()
-            for key, streak, reason in state["history"][-self.max_prompts:]:
-                self._seen[str(key)] = _History(int(streak), reason if reason in REASONS else MIXED)
-            for name, value in state["counts"].items():
-                if hasattr(self, name):
-                    setattr(self, name, int(value))
+            for key, streak, reason, *worker in state["history"][-self.max_prompts:]:
+                self._seen[str(key)] = _History(max(0, int(streak)), reason if reason in REASONS else MIXED,
+                                                str(worker[0]) if worker else "")
+            for name in COUNTS:
+                setattr(self, name, max(0, int(state["counts"].get(name, 0))))
             self.skipped = Counter({r: int(n) for r, n in state["skipped"].items() if r in REASONS})
             self._rng.setstate(_rng_unstate(state["rng"]))
 

@@ -11,7 +11,7 @@ from echo2sdk.errors import ConfigError
 
 
 def skip_share(f: PromptFilter, key: str, draws: int = 4000) -> float:
-    return sum(f.decide(key) is not None for _ in range(draws)) / draws
+    return sum(f.decide(key)[0] is not None for _ in range(draws)) / draws
 
 
 def test_a_groups_outcome_says_why_its_prompt_may_not_teach():
@@ -25,7 +25,9 @@ def test_a_groups_outcome_says_why_its_prompt_may_not_teach():
 
 def test_a_prompt_is_known_by_its_content_not_its_task_id():
     q = ({"role": "user", "content": "What is 3 + 5?"},)
-    assert prompt_key(q, "8") == prompt_key(tuple(dict(m) for m in q), "8")
+    assert prompt_key(q, "8") == prompt_key(tuple(dict(m) for m in q), "8", {"epoch": 1})  # a dataset read again
+    assert prompt_key((), "", {"seed": 1}) != prompt_key((), "", {"seed": 2})  # an env task known by its info
+    assert prompt_key((), "", {}) is None  # nothing tells it apart: never judged
     assert prompt_key(q, "8") != prompt_key(q, "9")
     assert prompt_key(q, "8") != prompt_key(({"role": "user", "content": "What is 3 + 6?"},), "8")
 
@@ -69,9 +71,9 @@ def test_explore_settles_where_the_measured_share_meets_the_target():
     generated = zero = 0
     for rnd in range(40):
         for key, dull in prompts:
-            if f.decide(key) is None:
-                outcome = "all_correct" if dull else "mixed"
-                f.observe(key, outcome, explored=f.streak(key) > 0)
+            skipped, z = f.decide(key)
+            if skipped is None:
+                f.observe(key, "all_correct" if dull else "mixed", explored=z > 0)
                 if rnd >= 20:
                     generated += 1
                     zero += dull
@@ -101,6 +103,31 @@ def test_a_restored_filter_decides_as_the_original_would_have():
     assert b.stats() == a.stats()
     keys = [f"p{i % 20}" for i in range(300)]
     assert [b.decide(k) for k in keys] == [a.decide(k) for k in keys]
+
+
+def test_every_prompt_goes_out_with_probability_at_least_min_explore_however_long_its_streak():
+    f = PromptFilter(explore=0.05, min_explore=0.05, eta=0.0, seed=4)
+    for _ in range(20):
+        f.observe("x", "all_correct")
+    assert f.streak("x") == 20
+    assert 0.93 < skip_share(f, "x", draws=8000) < 0.97  # 1 - 0.05, not 1 - 0.05 ** 20
+
+
+def test_a_quarantined_workers_streaks_are_cleared_and_no_one_elses():
+    f = PromptFilter(explore=0.05, min_explore=0.05, eta=0.0, seed=5)
+    f.observe("a", "all_wrong", worker="liar")
+    f.observe("b", "all_wrong", worker="liar")
+    f.observe("b", "all_wrong", worker="honest")  # b's streak was set last by an honest worker
+    f.observe("c", "all_correct", worker="honest")
+    assert f.forget_worker("liar") == 1
+    assert (f.streak("a"), f.streak("b"), f.streak("c")) == (0, 2, 1)
+
+
+def test_a_checkpoint_sets_only_the_filters_counters():
+    f = PromptFilter(seed=0)
+    state = {**f.state_dict(), "counts": {"handed": 3, "_lock": 1, "max_prompts": 1, "explore": 0.9}}
+    f.load_state_dict(state)
+    assert f.handed == 3 and f.max_prompts == 100_000 and f.explore == 0.5
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

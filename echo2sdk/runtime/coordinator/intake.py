@@ -143,12 +143,20 @@ class Intake:
                     raise records
                 records = [_attributed(t, worker_id) for t in records]
                 self.buffer.add_group(records, vocab_size=self.vocab_size, max_len=self.max_len)
-                if self.handout is not None:  # the prompt filter learns the group's outcome
-                    self.handout.outcome(worker_id, records)
+                if self.handout is not None:
+                    self._teach(worker_id, records)
                 accepted += len(records)
             except TrajectoryRejected as e:
                 rejections.append((n, e))
         return accepted, rejections, None
+
+    def _teach(self, worker_id: str, records: list[Trajectory]) -> None:
+        """The prompt filter learns an admitted group's outcome; a failure there costs the filter one outcome, never
+        the rest of the push (its groups already buffered stay counted)."""
+        try:
+            self.handout.outcome(worker_id, records)
+        except Exception:
+            log.exception("prompt filter: the outcome of group %s was not counted", shown(records[0].meta.group_id, 60))
 
     def _decode(self, blob: memoryview | None, size: int) -> dict:
         if blob is None:  # over the limit: read past, never held

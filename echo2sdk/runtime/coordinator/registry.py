@@ -47,6 +47,8 @@ class Registry:
         self.join_active = True  # whether a worker that joins is handed tasks at once (join_idle)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False
+        #: told of a quarantined or revoked worker (the coordinator's hand-out: its word on prompts is dropped)
+        self.forget_worker: Callable[[str], None] = lambda worker_id: None
 
     # -- reading (any thread) -------------------------------------------------------------------------------
     def alive_workers(self) -> list[WorkerInfo]:
@@ -178,6 +180,7 @@ class Registry:
         while len(self.quarantined) > KEEP_QUARANTINED:  # a shared token lets a liar come back under a new id
             self.quarantined.popitem(last=False)        # anyway: per-worker credentials (revocation) stop that
         dropped = self.buffer.drop_worker(worker_id)
+        self.forget_worker(worker_id)
         log.warning("worker %s quarantined: %s; %d buffered record(s) dropped", shown(worker_id, 60), reason, dropped)
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._close_quarantined, worker_id)
@@ -205,6 +208,7 @@ class Registry:
 
     def _revoke(self, info: WorkerInfo) -> None:
         dropped = self.buffer.drop_worker(info.worker_id)
+        self.forget_worker(info.worker_id)
         conn = self.conns.get(info.worker_id)
         if conn is not None:
             self.drop(conn, "revoked")

@@ -84,6 +84,7 @@ class Coordinator:
         self.registry = Registry(buffer, revoked or Revocations())
         buffer.pool_of = self.registry.budget_pool  # byte budgets per credential and for the shared token
         self.handout = Handout(tasks, prompt_filter)
+        self.registry.forget_worker = self.handout.forget_worker  # a quarantined worker's word on prompts is dropped
         self.intake = Intake(buffer, self.registry, vocab_size=vocab_size, max_len=max_len, handout=self.handout)
         self.publications = Publications(self.delivery, self.registry, base=base, q=1.0 / gamma, store=store)
         self.handshake = Handshake(self.registry, self.publications, self.admission, token=self.token,

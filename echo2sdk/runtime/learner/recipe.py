@@ -170,8 +170,8 @@ class Trainer:
         kept = ckpt.secrets() if ckpt is not None else {}
         self._tasks = CountedTasks(adapter.tasks(cfg.run.seed), skip=ckpt.state.get("tasks_issued", 0) if ckpt else 0)
         self.coordinator = self._coordinator(kept)
-        if ckpt is not None and self.coordinator.handout.filter is not None and ckpt.state.get("prompt_filter"):
-            self.coordinator.handout.filter.load_state_dict(ckpt.state["prompt_filter"])
+        if ckpt is not None:  # the prompt filter's history and counts (learner.prompt_skip)
+            self.coordinator.handout.load_state_dict(ckpt.state.get("handout") or {})
         host, port = self.coordinator.start()
         log.info("coordinator on %s:%d (R=%d, S=%d, kappa=%d); learner %s (precision=%s) on %d rank(s)", host, port,
                  L.trajectories_per_step, L.staleness, cfg.kappa, "bf16 autocast" if self.learner.autocast else "fp32",
@@ -364,17 +364,17 @@ class Trainer:
         t0 = time.perf_counter()
         model = self.ops.model_state() if self.topo.world > 1 else None
         optimizer = self.ops.optimizer_state()
+        handout = self.coordinator.handout.state_dict()  # the stream's position and the filter, at one moment
         state = {
             "version": self.version,
             "published": max(self.publication.published, default=0),
-            "tasks_issued": self._tasks.issued if self._tasks is not None else 0,
+            "tasks_issued": handout["tasks_issued"],
             "metrics_bytes": self.metrics.bytes,
             "steps_planned": self.cfg.learner.steps,
             "world_size": self.topo.world,
             "lr_schedule": self.learner.schedule_state(),
+            "handout": {k: v for k, v in handout.items() if k != "tasks_issued"},
         }
-        if (skip := self.coordinator.handout.filter) is not None:
-            state["prompt_filter"] = skip.state_dict()
         path = checkpoint.save(
             self.out / "checkpoints", self.step, keep=self.cfg.run.keep_checkpoints, optimizer=optimizer, state=state,
             write_model=lambda d: self.learner.save(str(d), tokenizer_from=self.model_path, state=model),

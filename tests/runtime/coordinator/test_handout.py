@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 
 from echo2sdk.core.contracts import Task
-from echo2sdk.core.prompt_filter import PromptFilter
+from echo2sdk.core.prompt_filter import PromptFilter, prompt_key
 from echo2sdk.core.records import Meta, Trajectory
-from echo2sdk.runtime.coordinator.handout import MAX_DRAWS_PER_TASK, Handout
+from echo2sdk.runtime.coordinator.handout import MAX_DRAWS_PER_REQUEST, MAX_DRAWS_PER_TASK, Handout
 from echo2sdk.runtime.learner.tasks import CountedTasks
 
 
@@ -46,6 +46,7 @@ def test_a_prompt_that_gave_a_zero_variance_group_is_skipped_and_the_stream_coun
     skipped = h.stats()["skipped_by_reason"]["all_correct"]
     assert skipped > 0 and contents.count("q0") < contents.count("q1")
     assert tasks.issued == 4 + len(later) + skipped  # skipped prompts are drawn past: a resume starts after them
+    assert h.state_dict()["tasks_issued"] == tasks.issued
     m = h.metrics()
     assert m["prompts_handed"] == 4 + len(later) and m["prompts_skipped"] == skipped
     assert m["prompts_skipped_by_reason"]["all_correct"] == skipped and m["prompt_explore"] == 0.05
@@ -67,7 +68,7 @@ def test_an_outcome_counts_only_from_the_worker_handed_the_task_and_only_once():
 
 def test_a_stream_of_only_skippable_prompts_never_starves_a_worker():
     f = PromptFilter(explore=0.05, min_explore=0.05, eta=0.0, seed=0)
-    tasks = CountedTasks(stream(1))  # one prompt, forever
+    tasks = CountedTasks(itertools.islice(stream(1), 100_000))  # one prompt (finite: a broken bound fails, not hangs)
     h = Handout(tasks, f)
     (t,) = h.take(1, "w")
     for _ in range(10):
@@ -80,7 +81,53 @@ def test_a_stream_of_only_skippable_prompts_never_starves_a_worker():
     assert h.forced > 0
 
 
-def test_pending_tasks_are_bounded():
-    h = Handout(stream(1000), PromptFilter(seed=0), max_pending=8)
-    h.take(20, "w")
-    assert h.stats()["pending"] == 8 and h.forgotten == 12
+def test_pending_tasks_are_bounded_per_worker_and_one_worker_cannot_push_out_anothers():
+    h = Handout(stream(1000), PromptFilter(seed=0), max_pending_per_worker=8)
+    honest = h.take(4, "honest")
+    h.take(20, "greedy")
+    h.take(20, "greedy")
+    assert h.stats()["pending"] == 4 + 8 and h.forgotten == 32
+    h.outcome("honest", group(honest[0], [0.0, 1.0], [False, True]))
+    assert h.filter.stats()["observed"] == 1  # the honest worker's task was still remembered
+
+
+def test_a_request_draws_a_bounded_number_of_prompts():
+    f = PromptFilter(explore=0.05, min_explore=0.05, eta=0.0, seed=0)
+    tasks = CountedTasks(stream(1))
+    h = Handout(tasks, f)
+    (t,) = h.take(1, "w")
+    for _ in range(6):
+        h.outcome("w", group(t, [0.0, 0.0], [False, False]))
+        (t,) = h.take(1, "w")
+    before = tasks.issued
+    assert len(h.take(1024, "w")) == 1024
+    assert tasks.issued - before <= MAX_DRAWS_PER_REQUEST + 1024
+
+
+def test_a_quarantined_worker_loses_its_pending_tasks_and_its_streaks():
+    f = PromptFilter(explore=0.05, min_explore=0.05, eta=0.0, seed=0)
+    h = Handout(stream(2), f)
+    a, b = h.take(2, "liar")
+    h.outcome("liar", group(a, [0.0, 0.0], [False, False]))
+    assert f.stats()["zero_variance"] == 1 and h.stats()["pending"] == 1
+    h.forget_worker("liar")
+    assert h.stats()["pending"] == 0 and f.streak(prompt_key(a.messages, a.answer, a.info)) == 0
+
+
+def test_a_resumed_handout_counts_its_first_metrics_row_from_the_checkpoint():
+    f = PromptFilter(explore=0.05, min_explore=0.05, eta=0.0, seed=0)
+    h = Handout(stream(2), f)
+    for _ in range(5):
+        for t in h.take(2, "w"):
+            h.outcome("w", group(t, [0.0, 0.0], [False, False]))
+    state = h.state_dict()
+    again = Handout(stream(2), PromptFilter(explore=0.05, min_explore=0.05, eta=0.0, seed=0))
+    again.load_state_dict(state)
+    assert again.stats()["handed"] == h.stats()["handed"]
+    assert again.metrics()["prompts_handed"] == 0 and again.metrics()["prompts_skipped"] == 0
+
+
+def test_an_env_task_with_no_identity_is_never_judged():
+    f = PromptFilter(explore=0.05, min_explore=0.05, eta=0.0, seed=0)
+    h = Handout(iter([Task(id=str(i), messages=()) for i in range(50)]), f)
+    assert len(h.take(50, "w")) == 50 and f.stats()["handed"] == 0 and h.stats()["pending"] == 0

@@ -48,7 +48,7 @@ def test_a_run_skips_prompts_that_gave_zero_variance_groups_and_a_resume_keeps_t
     assert all(r["prompts_skipped"] == sum(r["prompts_skipped_by_reason"].values()) for r in rows)
     assert all(isinstance(r["prompt_explore"], float) for r in rows)
     assert any(isinstance(r["filter_rate_unskipped"], float) for r in rows)
-    state = json.loads(next((out / "checkpoints").glob("step-*/state.json")).read_text())
+    state = json.loads(next((out / "checkpoints").glob("step-*/state.json")).read_text())["handout"]
     assert len(state["prompt_filter"]["history"]) == 3 and state["prompt_filter"]["explore"] == pytest.approx(
         tr.coordinator.handout.filter.explore, abs=0.05)  # the checkpoint was written before the last groups came
 
@@ -58,8 +58,10 @@ def test_a_run_skips_prompts_that_gave_zero_variance_groups_and_a_resume_keeps_t
         restored = resumed.coordinator.handout.filter
         assert restored.explore == state["prompt_filter"]["explore"]  # as checkpointed, not the default 0.5
         assert restored.stats()["prompts_tracked"] == 3 and restored.handed == state["prompt_filter"]["counts"]["handed"]
-        assert all(restored.streak(k) == z for k, z, _ in state["prompt_filter"]["history"])
+        assert all(restored.streak(k) == z for k, z, *_ in state["prompt_filter"]["history"])
         summary2 = resumed.run()
     finally:
         resumed.close()
     assert summary2["steps"] == 5 and summary2["prompt_filter"]["skipped"] > sum(state["prompt_filter"]["skipped"].values())
+    resumed_rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][3:]
+    assert resumed_rows[0]["prompts_handed"] < state["handed"]  # counted from the checkpoint, not from 0

@@ -83,7 +83,7 @@ SUMMARY_OBJECTS = {
                 "trajectories", "rejected", "rollouts_per_s", "alive", "active", "relay_addr", "relay_reachable",
                 "credential", "rejoins", "adapter_failures", "groups_dropped"],
     "last_checkpoint": ["path", "step", "bytes", "save_s"],
-    "prompt_filter": ["enabled", "forced", "forgotten", "foreign", "pending"],  # the filter's own with prompt_skip
+    "prompt_filter": ["enabled", "handed_all", "forced", "forgotten", "foreign", "pending"],  # the filter's own with prompt_skip
     "bill": ["measure", "rollouts_generated", "machine_hours", "cost_usd", "accuracy_first5", "accuracy_last5",
              "gain_points", "rollouts_per_point", "machine_hours_per_point", "usd_per_point"],
     "config": ["model", "task", "rollout", "learner", "broadcast", "scheduler", "provisioning", "run"],

@@ -37,6 +37,10 @@ function drawFacts(s) {
   $("wait-causes").textContent = `${fmt(c.filtered, 1)} / ${fmt(c.snapshot, 1)} / ${fmt(c.empty, 1)} s`;
   $("tbcast").textContent = `${fmt(s.broadcast.t_bcast_s, 2)} s / ${fmt(s.broadcast.t_bcast_all_s, 2)} s`;
   $("cost").textContent = `$${fmt(s.cost.usd, 4)} (${fmt(s.cost.usd_per_hour, 2)} $/h)`;
+  const b = s.bill;
+  $("per-point").textContent = b.gain_points > 0
+    ? `${fmt(b.rollouts_per_point, 1)} rollouts, ${fmt(b.machine_hours_per_point, 4)} h, $${fmt(b.usd_per_point, 4)}`
+    : "no gain yet";
   const f = s.failures;
   $("failures").textContent = f.last ? `${f.last} (${fmt(100 * f.rate, 1)} %) / ${f.total}` : `0 / ${f.total}`;
   $("progress-bar").style.width = `${run.steps ? (100 * run.step) / run.steps : 0}%`;

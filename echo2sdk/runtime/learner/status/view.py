@@ -65,7 +65,8 @@ class RunView:
 
 def page_state(view: RunView) -> dict[str, Any]:
     """The run as the status page draws it: progress, workers, the newest broadcast plan, staleness, the
-    learner's wait (bubble), the worker cost so far, the prompt filter's last step and the reward curve."""
+    learner's wait (bubble), the worker cost so far and per point of accuracy gained (the bill), the prompt
+    filter's last step and the reward curve."""
     cfg, coord, version = view.cfg, view.registry, view.publication.version
     rows = list(view.metrics.rows)  # the learner thread appends; a copy is a consistent view
     workers, quarantined = list(coord.workers.values()), dict(coord.quarantined)
@@ -85,6 +86,7 @@ def page_state(view: RunView) -> dict[str, Any]:
                     "last_train_s": last.get("t_train_s"),
                     "wait_by_cause_s": wait_by_cause(rows)},
         "cost": _cost(workers, cfg.scheduler.prices),
+        "bill": _bill(rows, workers, cfg.scheduler.prices),
         "prompt_filter": _prompt_filter(last),
         # the workers' view, as the progress bar shows it: under dynamic sampling the trained batch holds
         # mixed-reward groups only, so its mean is not the policy's level
@@ -140,6 +142,15 @@ def _cost(workers: list[WorkerInfo], prices: dict[str, float]) -> dict[str, floa
         usd += price * max(0.0, (now if w.alive else w.last_seen) - w.joined_at) / 3600
         rate += price if w.alive else 0.0
     return {"usd": usd, "usd_per_hour": rate}
+
+
+def _bill(rows: list[dict[str, Any]], workers: list[WorkerInfo], prices: dict[str, float]) -> dict[str, Any]:
+    """summary.json's `bill` so far (core/bill.py): rollouts, machine-hours and dollars per point of accuracy
+    gained between the first and the last five steps; a live worker billed to now."""
+    now = time.monotonic()
+    table = [{"worker_id": w.worker_id, "price_per_hour": w.price_per_hour, "joined_at": w.joined_at,
+              "last_seen": now if w.alive else w.last_seen} for w in workers]
+    return bill.bill(rows, table, prices)
 
 
 def _prompt_filter(last: dict[str, Any]) -> dict[str, Any]:

@@ -37,3 +37,16 @@ def test_worker_prices_come_from_the_config_first():
     state = page_state(view(rows(), prices="{local-1 = 2.0}"))
     assert {w["id"]: w["price"] for w in state["workers"]} == {"local-0": 0.5, "local-1": 2.0}
     assert state["cost"]["usd_per_hour"] == pytest.approx(2.5)
+
+
+def test_the_bill_per_point_gained_so_far_reaches_the_page():
+    run = rows()  # the recorded main job: the workers' accuracy rose from its first five steps to its last five
+    state = json.loads(json.dumps(page_state(view(run, prices="{local-1 = 2.0}"))))
+    b = state["bill"]
+    first = [r["rollout_accuracy"] for r in run[:5] if r["rollout_accuracy"] is not None]
+    last = [r["rollout_accuracy"] for r in run[-5:] if r["rollout_accuracy"] is not None]
+    assert b["measure"] == "accuracy" and b["rollouts_generated"] == sum(r["rollouts"] for r in run)
+    assert b["gain_points"] == pytest.approx(100 * (sum(last) / len(last) - sum(first) / len(first)))
+    assert b["gain_points"] > 0 and b["rollouts_per_point"] == pytest.approx(b["rollouts_generated"] / b["gain_points"])
+    assert b["usd_per_point"] == pytest.approx(b["cost_usd"] / b["gain_points"]) and b["cost_usd"] > 0
+    assert page_state(view([]))["bill"]["rollouts_per_point"] is None  # no step yet: no gain, no price per point
