@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["WINDOW", "price_per_hour", "billed_spans", "billed", "bill"]
+__all__ = ["WINDOW", "price_per_hour", "billed_spans", "billed", "bill", "mean_of"]
 
 WINDOW = 5  # rows averaged at each end of the run (summary.json's *_first5 / *_last5)
 
@@ -68,7 +68,7 @@ def bill(rows: Sequence[Mapping[str, Any]], workers: Sequence[Mapping[str, Any]]
       the gain is not positive (a run that did not improve has no price per point) or unknown.
     """
     key = "rollout_accuracy" if any(r.get("rollout_accuracy") is not None for r in rows) else "rollout_reward_mean"
-    first, last = _mean(rows[:WINDOW], key), _mean(rows[-WINDOW:], key)
+    first, last = mean_of(rows[:WINDOW], key), mean_of(rows[-WINDOW:], key)
     gain = None if first is None or last is None else 100 * (last - first)
     end = wall_s if wall_s is not None else rows[-1]["time_s"] if rows else 0.0
     spans = billed(workers, prices, end)
@@ -89,7 +89,8 @@ def bill(rows: Sequence[Mapping[str, Any]], workers: Sequence[Mapping[str, Any]]
     }
 
 
-def _mean(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+def mean_of(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The mean of `key` over the rows that have it (None where none does): summary.json's *_first5 / *_last5."""
     values = [r[key] for r in rows if r.get(key) is not None]
     return statistics.fmean(values) if values else None
 

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from echo2sdk.core import checks
+from echo2sdk.core.buffer import has_signal
+from echo2sdk.core.records import Trajectory
 from echo2sdk.errors import ConfigError
 
 __all__ = ["PromptFilter", "REASONS", "MIXED", "COUNTS", "prompt_key", "outcome_of", "zero_reason"]
@@ -79,10 +81,11 @@ def zero_reason(correct: Sequence[object]) -> str:
     return "all_same"
 
 
-def outcome_of(rewards: Sequence[float], correct: Sequence[object]) -> str:
-    """What a group of these rewards and verdicts says about its prompt: "mixed" (its rewards differ: it teaches),
-    else zero_reason."""
-    return MIXED if len(set(rewards)) > 1 else zero_reason(correct)
+def outcome_of(records: Sequence[Trajectory]) -> str:
+    """What a group says about its prompt: "mixed" when it carries signal as dynamic sampling counts it
+    (core/buffer.has_signal: two loss-carrying members with different rewards), else zero_reason of its members'
+    verdicts (meta.extra "correct")."""
+    return MIXED if has_signal(records) else zero_reason([t.meta.extra.get("correct") for t in records])
 
 
 @dataclass

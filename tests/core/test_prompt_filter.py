@@ -7,6 +7,7 @@ import json
 import pytest
 
 from echo2sdk.core.prompt_filter import REASONS, PromptFilter, outcome_of, prompt_key
+from echo2sdk.core.records import Meta, Trajectory
 from echo2sdk.errors import ConfigError
 
 
@@ -14,13 +15,19 @@ def skip_share(f: PromptFilter, key: str, draws: int = 4000) -> float:
     return sum(f.decide(key)[0] is not None for _ in range(draws)) / draws
 
 
+def group(rewards: list[float], correct: list[object]) -> list[Trajectory]:
+    return [Trajectory(prompt="p", response=f"r{k}", reward=r, version=0,
+                       meta=Meta(group_id="g", prompt_ids=(1,), response_ids=(2,), logprobs=(-0.1,), extra={"correct": c}))
+            for k, (r, c) in enumerate(zip(rewards, correct, strict=True))]
+
+
 def test_a_groups_outcome_says_why_its_prompt_may_not_teach():
-    assert outcome_of([1.0, 0.0, 1.0], [True, False, True]) == "mixed"
-    assert outcome_of([1.1, 1.1], [True, True]) == "all_correct"
-    assert outcome_of([0.0, 0.0], [False, False]) == "all_wrong"
-    assert outcome_of([0.5, 0.5], [None, None]) == "all_same"
-    assert outcome_of([0.0, 0.0], [True, False]) == "all_same"  # one reward, verdicts differ: no signal all the same
-    assert outcome_of([1.0, 1.1], [True, True]) == "mixed"  # all right but the format reward differs: it teaches
+    assert outcome_of(group([1.0, 0.0, 1.0], [True, False, True])) == "mixed"
+    assert outcome_of(group([1.1, 1.1], [True, True])) == "all_correct"
+    assert outcome_of(group([0.0, 0.0], [False, False])) == "all_wrong"
+    assert outcome_of(group([0.5, 0.5], [None, None])) == "all_same"
+    assert outcome_of(group([0.0, 0.0], [True, False])) == "all_same"  # one reward, verdicts differ: no signal all the same
+    assert outcome_of(group([1.0, 1.1], [True, True])) == "mixed"  # all right but the format reward differs: it teaches
 
 
 def test_a_prompt_is_known_by_its_content_not_its_task_id():

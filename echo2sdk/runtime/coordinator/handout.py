@@ -15,9 +15,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from echo2sdk.core.buffer import has_signal
 from echo2sdk.core.contracts import Task
-from echo2sdk.core.prompt_filter import MIXED, PromptFilter, prompt_key, zero_reason
+from echo2sdk.core.prompt_filter import PromptFilter, outcome_of, prompt_key
 
 __all__ = ["Handout", "MAX_DRAWS_PER_TASK", "MAX_DRAWS_PER_REQUEST", "MAX_PENDING_PER_WORKER"]
 
@@ -83,8 +82,8 @@ class Handout:
 
     def outcome(self, worker: str, records: Sequence[Any]) -> None:
         """A group admitted from `worker` (records sharing meta.group_id = the task's id): its outcome goes to the
-        filter if this worker was handed that task and it is still remembered; else nothing. Zero variance as
-        dynamic sampling counts it (core/buffer.has_signal: among the records that carry loss)."""
+        filter (outcome_of: zero variance as dynamic sampling counts it) if this worker was handed that task and it is
+        still remembered; else nothing."""
         if self.filter is None or not records:
             return
         task_id = records[0].meta.group_id
@@ -93,8 +92,7 @@ class Handout:
             if pending is None:
                 self.foreign += any(task_id in other for other in self._pending.values())
                 return
-        outcome = MIXED if has_signal(records) else zero_reason([t.meta.extra.get("correct") for t in records])
-        self.filter.observe(pending.key, outcome, pending.explored, worker)
+        self.filter.observe(pending.key, outcome_of(records), pending.explored, worker)
 
     def forget_worker(self, worker: str) -> None:
         """A quarantined or revoked worker: its pending tasks are dropped and the streaks its groups set cleared."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from echo2sdk.core import capacity
+from echo2sdk.core.bill import mean_of
 from echo2sdk.core.buffer import Completed
 from echo2sdk.core.verdict import NO_VALUES, filtered_share, reward_prediction, rollout_means, sizing_filter_rate, \
     verdict
@@ -236,11 +237,6 @@ class Timing:
                    statistics.median(received) if received else None)
 
 
-def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.fmean(values) if values else None
-
-
 def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R: int, mu_pool: float,
             group_size: int = 0, **rest: Any) -> dict[str, Any]:
     """summary.json: the first and last five steps' rewards and accuracies, the staleness, the capacity rule's
@@ -258,7 +254,7 @@ def summary(rows: list[dict[str, Any]], wall_s: float, *, S: int, kappa: int, R:
     return {
         "steps": len(rows),
         "wall_s": round(wall_s, 2),
-        **{f"{name}_{part}": _mean(rs, key) for name, key in (
+        **{f"{name}_{part}": mean_of(rs, key) for name, key in (
             ("reward", "reward_mean"), ("accuracy", "accuracy"), ("rollout_reward", "rollout_reward_mean"),
             ("rollout_accuracy", "rollout_accuracy")) for part, rs in (("first5", head), ("last5", tail))},
         "staleness_max": max((r["staleness_max"] for r in rows), default=0),

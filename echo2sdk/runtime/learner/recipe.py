@@ -97,7 +97,6 @@ class Trainer:
         self.status: Any = None  # the live status page (run.status_port), a StatusServer once started
         self._stop = threading.Event()  # set by the first SIGTERM/SIGINT
         self._stop_signal: int | None = None
-        self._tasks: CountedTasks | None = None
         self._rows_at_setup = 0  # rows restored by a resume (calibrate runs before this process trains)
         self._held = contextlib.ExitStack()  # process-wide settings undone by close()
         self._ready = self._stopped_followers = self._leader_clean = False
@@ -168,8 +167,8 @@ class Trainer:
         adapter = self._adapter or load_adapter(cfg.task.adapter, cfg.task.options)
         self.buffer = StalenessBuffer(**build.buffer_args(cfg))
         kept = ckpt.secrets() if ckpt is not None else {}
-        self._tasks = CountedTasks(adapter.tasks(cfg.run.seed), skip=ckpt.state.get("tasks_issued", 0) if ckpt else 0)
-        self.coordinator = self._coordinator(kept)
+        tasks = CountedTasks(adapter.tasks(cfg.run.seed), skip=ckpt.state.get("tasks_issued", 0) if ckpt else 0)
+        self.coordinator = self._coordinator(kept, tasks)
         if ckpt is not None:  # the prompt filter's history and counts (learner.prompt_skip)
             self.coordinator.handout.load_state_dict(ckpt.state.get("handout") or {})
         host, port = self.coordinator.start()
@@ -190,14 +189,14 @@ class Trainer:
             # appended to: a worker orphaned by a killed learner may still write here while its successor does
             self.local.start(f"local-{i}")
 
-    def _coordinator(self, kept: dict[str, bytes]) -> Coordinator:
+    def _coordinator(self, kept: dict[str, bytes], tasks: CountedTasks) -> Coordinator:
         """The coordinator with the run's token (given, kept by the checkpoint, or drawn) and signing key."""
         cfg = self.cfg
         token = self.secrets.token(kept)
         signing_key = self.secrets.load_signing_key(kept, cfg.broadcast.topology)
         return Coordinator(
             buffer=self.buffer,
-            tasks=self._tasks,
+            tasks=tasks,
             worker_config=build.worker_config(cfg, self.model_path),
             base=ModelFolder(self.model_path, cfg.learner.snapshot_dtype),  # for workers started with --bootstrap
             vocab_size=self.learner.vocab_size,

@@ -85,8 +85,7 @@ def page_state(view: RunView) -> dict[str, Any]:
                     "train_total_s": busy, "last_wait_s": last.get("learner_wait_s"),
                     "last_train_s": last.get("t_train_s"),
                     "wait_by_cause_s": wait_by_cause(rows)},
-        "cost": _cost(workers, cfg.scheduler.prices),
-        "bill": _bill(rows, workers, cfg.scheduler.prices),
+        **_cost_and_bill(rows, workers, cfg.scheduler.prices),
         "prompt_filter": _prompt_filter(last),
         # the workers' view, as the progress bar shows it: under dynamic sampling the trained batch holds
         # mixed-reward groups only, so its mean is not the policy's level
@@ -132,25 +131,18 @@ def _broadcast(delivery: Any, workers: list[WorkerInfo], last: dict[str, Any]) -
     return {**out, "version": None, "chains": [[w.worker_id] for w in workers if w.alive], "leaves": []}
 
 
-def _cost(workers: list[WorkerInfo], prices: dict[str, float]) -> dict[str, float]:
-    """Rollout worker cost so far: each worker at its price (scheduler.prices first, else the one it announced)
-    from its join to now (or to its last heartbeat once gone), as echo2 plot's cost.png bills it."""
-    now = time.monotonic()
-    usd = rate = 0.0
-    for w in workers:
-        price = bill.price_per_hour(w.worker_id, w.price_per_hour, prices)
-        usd += price * max(0.0, (now if w.alive else w.last_seen) - w.joined_at) / 3600
-        rate += price if w.alive else 0.0
-    return {"usd": usd, "usd_per_hour": rate}
-
-
-def _bill(rows: list[dict[str, Any]], workers: list[WorkerInfo], prices: dict[str, float]) -> dict[str, Any]:
-    """summary.json's `bill` so far (core/bill.py): rollouts, machine-hours and dollars per point of accuracy
-    gained between the first and the last five steps; a live worker billed to now."""
+def _cost_and_bill(rows: list[dict[str, Any]], workers: list[WorkerInfo], prices: dict[str, float]
+                   ) -> dict[str, dict[str, Any]]:
+    """"cost": the rollout workers' cost so far and $/h now; "bill": summary.json's `bill` so far (core/bill.py:
+    rollouts, machine-hours and dollars per point of accuracy gained between the first and the last five steps).
+    One billing, as echo2 plot's cost.png bills: each worker at its price (scheduler.prices first, else the one it
+    announced) from its join to now (to its last heartbeat once gone)."""
     now = time.monotonic()
     table = [{"worker_id": w.worker_id, "price_per_hour": w.price_per_hour, "joined_at": w.joined_at,
               "last_seen": now if w.alive else w.last_seen} for w in workers]
-    return bill.bill(rows, table, prices)
+    b = bill.bill(rows, table, prices)
+    rate = sum(bill.price_per_hour(w.worker_id, w.price_per_hour, prices) for w in workers if w.alive)
+    return {"cost": {"usd": b["cost_usd"] or 0.0, "usd_per_hour": rate}, "bill": b}
 
 
 def _prompt_filter(last: dict[str, Any]) -> dict[str, Any]:
